@@ -1,0 +1,206 @@
+//! One in-flight budget per process, shared by every engine, array and loader.
+//!
+//! Each physical read holds a [`Permit`] for one request and its length in bytes from the moment
+//! it is issued until the consumer takes its result, so the memory held by reads that are
+//! in flight or finished-but-unconsumed stays bounded. When the budget is spent, IO workers wait
+//! (back-pressure) instead of allocating more. Several users of one process therefore share one
+//! limit instead of multiplying their concurrency.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+/// Default cap on requests in flight in one process (`ZCROP_IO_MAX_REQUESTS` overrides it).
+pub const DEFAULT_MAX_REQUESTS: usize = 4096;
+/// Default cap on bytes in flight in one process (`ZCROP_IO_MAX_BYTES` overrides it): 1 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
+/// A limit on requests and bytes in flight.
+#[derive(Debug)]
+pub struct Budget {
+    max_requests: usize,
+    max_bytes: u64,
+    requests: AtomicUsize,
+    bytes: AtomicU64,
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    freed: Condvar,
+}
+
+impl Budget {
+    /// A budget of `max_requests` requests and `max_bytes` bytes (each at least 1).
+    pub fn new(max_requests: usize, max_bytes: u64) -> Arc<Self> {
+        Arc::new(Budget {
+            max_requests: max_requests.max(1),
+            max_bytes: max_bytes.max(1),
+            requests: AtomicUsize::new(0),
+            bytes: AtomicU64::new(0),
+            waiters: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            freed: Condvar::new(),
+        })
+    }
+
+    /// The process-wide budget every engine uses unless given another. Its limits come from
+    /// `ZCROP_IO_MAX_REQUESTS` and `ZCROP_IO_MAX_BYTES` when set, else the defaults.
+    pub fn global() -> &'static Arc<Budget> {
+        static GLOBAL: OnceLock<Arc<Budget>> = OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+            Budget::new(
+                env("ZCROP_IO_MAX_REQUESTS").map_or(DEFAULT_MAX_REQUESTS, |v| v as usize),
+                env("ZCROP_IO_MAX_BYTES").unwrap_or(DEFAULT_MAX_BYTES),
+            )
+        })
+    }
+
+    /// The request limit.
+    pub fn max_requests(&self) -> usize {
+        self.max_requests
+    }
+
+    /// The byte limit.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Requests and bytes held right now.
+    pub fn in_flight(&self) -> (usize, u64) {
+        (
+            self.requests.load(Ordering::Acquire),
+            self.bytes.load(Ordering::Acquire),
+        )
+    }
+
+    /// Takes one request of `bytes` bytes if the budget allows it now. A read larger than the
+    /// whole byte budget is admitted when nothing else holds bytes, so it cannot starve.
+    pub fn try_acquire(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
+        // Compare-and-swap, so the counters never exceed the limits, not even for an instant.
+        self.requests
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                (r < self.max_requests).then_some(r + 1)
+            })
+            .ok()?;
+        let took_bytes = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                let fits = b == 0 || b.saturating_add(bytes) <= self.max_bytes;
+                fits.then_some(b.saturating_add(bytes))
+            })
+            .is_ok();
+        if !took_bytes {
+            self.requests.fetch_sub(1, Ordering::AcqRel);
+            self.notify_waiters();
+            return None;
+        }
+        Some(Permit {
+            budget: Arc::clone(self),
+            bytes,
+        })
+    }
+
+    /// Waits until one request of `bytes` bytes fits, checking `give_up` now and then; returns
+    /// `None` if `give_up` said so first (e.g. the engine is shutting down).
+    pub fn acquire(self: &Arc<Self>, bytes: u64, give_up: impl Fn() -> bool) -> Option<Permit> {
+        loop {
+            if let Some(p) = self.try_acquire(bytes) {
+                return Some(p);
+            }
+            if give_up() {
+                return None;
+            }
+            let mut guard = self.lock.lock();
+            self.waiters.fetch_add(1, Ordering::AcqRel);
+            // Re-check under the lock: a release between the failed try and here notifies
+            // under the same lock, so the wake-up cannot be lost.
+            if let Some(p) = self.try_acquire(bytes) {
+                self.waiters.fetch_sub(1, Ordering::AcqRel);
+                return Some(p);
+            }
+            self.freed.wait_for(&mut guard, Duration::from_millis(20));
+            self.waiters.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn release(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        self.requests.fetch_sub(1, Ordering::AcqRel);
+        self.notify_waiters();
+    }
+
+    fn notify_waiters(&self) {
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            let _guard = self.lock.lock();
+            self.freed.notify_all();
+        }
+    }
+}
+
+/// One request's share of a [`Budget`]; released on drop.
+#[derive(Debug)]
+pub struct Permit {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Permit {
+    /// Bytes this permit holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_requests_and_bytes() {
+        let b = Budget::new(2, 100);
+        let p1 = b.try_acquire(60).unwrap();
+        assert!(b.try_acquire(60).is_none(), "bytes over the cap");
+        let p2 = b.try_acquire(40).unwrap();
+        assert!(b.try_acquire(0).is_none(), "requests over the cap");
+        assert_eq!(b.in_flight(), (2, 100));
+        drop(p1);
+        assert_eq!(b.in_flight(), (1, 40));
+        drop(p2);
+        assert_eq!(b.in_flight(), (0, 0));
+    }
+
+    #[test]
+    fn oversized_read_is_admitted_alone() {
+        let b = Budget::new(10, 100);
+        let big = b.try_acquire(1000).expect("nothing else in flight");
+        assert!(b.try_acquire(1).is_none());
+        drop(big);
+        assert!(b.try_acquire(1).is_some());
+    }
+
+    #[test]
+    fn acquire_waits_for_release() {
+        let b = Budget::new(1, 10);
+        let held = b.try_acquire(10).unwrap();
+        let b2 = Arc::clone(&b);
+        let waiter = std::thread::spawn(move || b2.acquire(10, || false).map(|p| p.bytes()));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "must wait while the budget is spent");
+        drop(held);
+        assert_eq!(waiter.join().unwrap(), Some(10));
+    }
+
+    #[test]
+    fn acquire_gives_up() {
+        let b = Budget::new(1, 10);
+        let _held = b.try_acquire(1).unwrap();
+        assert!(b.acquire(1, || true).is_none());
+    }
+}

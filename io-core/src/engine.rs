@@ -1,0 +1,565 @@
+//! [`IoEngine`]: the batch API, backend selection and the planning of physical reads.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::budget::Budget;
+use crate::coalesce::{CoalesceLimits, coalesce};
+use crate::error::{EngineError, IoError};
+use crate::fdcache::FdCache;
+use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::op::{Ctx, Delivery, Part, PhysOp};
+use crate::portable;
+use crate::request::{Completion, ReadRange, ReadRequest};
+#[cfg(target_os = "linux")]
+use crate::uring;
+
+/// When the io_uring backend tries `preadv2(RWF_NOWAIT)` before the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FastPath {
+    /// While it keeps hitting the page cache (the default).
+    #[default]
+    Auto,
+    /// For every read.
+    Always,
+    /// Never: every read goes through the ring.
+    Never,
+}
+
+/// Which backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// io_uring where it works, else the portable backend (and say why).
+    #[default]
+    Auto,
+    /// io_uring or an error.
+    Uring,
+    /// Blocking `pread` on a thread pool.
+    Portable,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(BackendChoice::Auto),
+            "uring" | "io_uring" | "io-uring" => Ok(BackendChoice::Uring),
+            "portable" | "pread" => Ok(BackendChoice::Portable),
+            other => Err(format!(
+                "unknown IO backend {other:?} (expected auto, uring or portable)"
+            )),
+        }
+    }
+}
+
+/// The backend an engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Linux io_uring.
+    Uring,
+    /// Blocking `pread` on a thread pool.
+    Portable,
+}
+
+impl BackendKind {
+    /// A short stable name: `"io_uring"` or `"portable"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Uring => "io_uring",
+            BackendKind::Portable => "portable",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How an engine reads.
+#[derive(Debug, Clone)]
+pub struct IoConfig {
+    /// Backend choice.
+    pub backend: BackendChoice,
+    /// Worker threads: rings for io_uring, pool threads for the portable backend. `0` picks:
+    /// one ring per core (at most 4), or `queue_depth` pool threads (at most 64).
+    pub threads: usize,
+    /// Reads in flight per engine at most (split across rings).
+    pub queue_depth: usize,
+    /// Open files with `O_DIRECT` (bypassing the page cache), with ranges rounded out to the
+    /// device's alignment and sliced back. Files whose filesystem refuses it are read buffered
+    /// (counted in [`MetricsSnapshot::direct_fallbacks`]).
+    pub direct: bool,
+    /// When nearby ranges of one file merge into one read.
+    pub coalesce: CoalesceLimits,
+    /// When the io_uring backend tries a `preadv2(RWF_NOWAIT)` page-cache read first.
+    pub fast_path: FastPath,
+    /// Open files kept in the LRU cache.
+    pub fd_cache_capacity: usize,
+    /// The in-flight budget; `None` uses the process-wide [`Budget::global`].
+    pub budget: Option<Arc<Budget>>,
+}
+
+/// Default reads in flight per engine.
+pub const DEFAULT_QUEUE_DEPTH: usize = 64;
+/// Default number of open files cached.
+pub const DEFAULT_FD_CACHE: usize = 1024;
+
+impl Default for IoConfig {
+    fn default() -> Self {
+        IoConfig {
+            backend: BackendChoice::Auto,
+            threads: 0,
+            queue_depth: DEFAULT_QUEUE_DEPTH,
+            direct: false,
+            coalesce: CoalesceLimits::LOCAL,
+            fast_path: FastPath::Auto,
+            fd_cache_capacity: DEFAULT_FD_CACHE,
+            budget: None,
+        }
+    }
+}
+
+impl IoConfig {
+    /// The defaults, overridden by `ZCROP_IO_BACKEND` (`auto`, `uring`, `portable`),
+    /// `ZCROP_IO_DIRECT` (`1`), `ZCROP_IO_THREADS` and `ZCROP_IO_QUEUE_DEPTH`. Unparsable
+    /// values are reported as errors, not ignored.
+    pub fn from_env() -> Result<Self, EngineError> {
+        let mut c = IoConfig::default();
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        if let Some(v) = var("ZCROP_IO_BACKEND") {
+            c.backend = v
+                .parse()
+                .map_err(|e| EngineError::Config(format!("ZCROP_IO_BACKEND: {e}")))?;
+        }
+        if let Some(v) = var("ZCROP_IO_DIRECT") {
+            c.direct = matches!(v.as_str(), "1" | "true" | "yes");
+        }
+        let num = |name: &str| -> Result<Option<usize>, EngineError> {
+            var(name)
+                .map(|v| {
+                    v.parse::<usize>()
+                        .map_err(|_| EngineError::Config(format!("{name}={v:?} is not a number")))
+                })
+                .transpose()
+        };
+        if let Some(n) = num("ZCROP_IO_THREADS")? {
+            c.threads = n;
+        }
+        if let Some(n) = num("ZCROP_IO_QUEUE_DEPTH")? {
+            c.queue_depth = n;
+        }
+        Ok(c)
+    }
+}
+
+/// A batch-first reader of byte ranges. Cheap to clone; the workers stop when the last clone
+/// and the last [`Batch`] are dropped.
+#[derive(Debug, Clone)]
+pub struct IoEngine {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    queue: Option<Sender<PhysOp>>,
+    ctx: Arc<Ctx>,
+    backend: BackendKind,
+    fallback_reason: Option<String>,
+    coalesce: CoalesceLimits,
+    queue_depth: usize,
+    threads: Vec<JoinHandle<()>>,
+    #[cfg(target_os = "linux")]
+    wakers: Vec<Arc<crate::sys::EventFd>>,
+}
+
+impl IoEngine {
+    /// Starts an engine.
+    #[allow(clippy::needless_pass_by_value)] // a config is consumed by starting an engine
+    pub fn new(config: IoConfig) -> Result<Self, EngineError> {
+        if config.queue_depth == 0 {
+            return Err(EngineError::Config("queue_depth must be at least 1".into()));
+        }
+        let ctx = Arc::new(Ctx {
+            fds: FdCache::new(config.fd_cache_capacity),
+            metrics: Metrics::default(),
+            budget: config
+                .budget
+                .clone()
+                .unwrap_or_else(|| Arc::clone(Budget::global())),
+            direct: config.direct,
+            shutdown: AtomicBool::new(false),
+        });
+        let (tx, rx) = crossbeam_channel::unbounded::<PhysOp>();
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+
+        let mut fallback_reason = None;
+        if config.backend != BackendChoice::Portable {
+            match Self::start_uring(&config, cores, &rx, &ctx) {
+                Ok((threads, wakers)) => {
+                    log::info!(
+                        "zcrop-io: io_uring backend, {} ring(s), queue depth {}",
+                        threads.len(),
+                        config.queue_depth
+                    );
+                    return Ok(IoEngine {
+                        inner: Arc::new(Inner {
+                            queue: Some(tx),
+                            ctx,
+                            backend: BackendKind::Uring,
+                            fallback_reason: None,
+                            coalesce: config.coalesce,
+                            queue_depth: config.queue_depth,
+                            threads,
+                            #[cfg(target_os = "linux")]
+                            wakers,
+                        }),
+                    });
+                }
+                Err(EngineError::UringUnavailable { reason })
+                    if config.backend == BackendChoice::Auto =>
+                {
+                    log::warn!("zcrop-io: io_uring unavailable ({reason}); using portable pread");
+                    fallback_reason = Some(reason);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let n = if config.threads == 0 {
+            config.queue_depth.min(64)
+        } else {
+            config.threads
+        };
+        let threads = portable::spawn(n, &rx, &ctx)?;
+        log::info!("zcrop-io: portable backend, {n} pread thread(s)");
+        Ok(IoEngine {
+            inner: Arc::new(Inner {
+                queue: Some(tx),
+                ctx,
+                backend: BackendKind::Portable,
+                fallback_reason,
+                coalesce: config.coalesce,
+                queue_depth: config.queue_depth,
+                threads,
+                #[cfg(target_os = "linux")]
+                wakers: Vec::new(),
+            }),
+        })
+    }
+
+    #[cfg(target_os = "linux")]
+    #[allow(clippy::type_complexity)]
+    fn start_uring(
+        config: &IoConfig,
+        cores: usize,
+        rx: &Receiver<PhysOp>,
+        ctx: &Arc<Ctx>,
+    ) -> Result<(Vec<JoinHandle<()>>, Vec<Arc<crate::sys::EventFd>>), EngineError> {
+        uring::probe().map_err(|reason| EngineError::UringUnavailable { reason })?;
+        let rings = if config.threads == 0 {
+            cores.clamp(1, 4)
+        } else {
+            config.threads
+        }
+        .min(config.queue_depth);
+        let mut threads = Vec::with_capacity(rings);
+        let mut wakers = Vec::with_capacity(rings);
+        for i in 0..rings {
+            // Split the depth so the rings together keep `queue_depth` reads in flight.
+            let depth = config.queue_depth / rings + usize::from(i < config.queue_depth % rings);
+            match uring::spawn(i, depth, config.fast_path, rx, ctx) {
+                Ok(h) => {
+                    threads.push(h.thread);
+                    wakers.push(h.waker);
+                }
+                Err(e) => {
+                    // Stop the rings already started before reporting.
+                    ctx.shutdown.store(true, Ordering::Release);
+                    for w in &wakers {
+                        w.notify();
+                    }
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    ctx.shutdown.store(false, Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
+        Ok((threads, wakers))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    #[allow(clippy::type_complexity)]
+    fn start_uring(
+        _config: &IoConfig,
+        _cores: usize,
+        _rx: &Receiver<PhysOp>,
+        _ctx: &Arc<Ctx>,
+    ) -> Result<(Vec<JoinHandle<()>>, Vec<()>), EngineError> {
+        Err(EngineError::UringUnavailable {
+            reason: "io_uring exists only on Linux".into(),
+        })
+    }
+
+    /// The process-wide engine, configured by [`IoConfig::from_env`] on first use. Every array
+    /// and loader that is not given an engine shares this one (and [`Budget::global`]).
+    pub fn shared() -> Result<IoEngine, EngineError> {
+        static SHARED: Mutex<Option<IoEngine>> = Mutex::new(None);
+        let mut guard = SHARED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(e) = guard.as_ref() {
+            return Ok(e.clone());
+        }
+        let engine = IoEngine::new(IoConfig::from_env()?)?;
+        *guard = Some(engine.clone());
+        Ok(engine)
+    }
+
+    /// The backend this engine runs.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.backend
+    }
+
+    /// Why io_uring was not used, when [`BackendChoice::Auto`] fell back to the portable backend.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.inner.fallback_reason.as_deref()
+    }
+
+    /// Reads in flight per engine at most.
+    pub fn queue_depth(&self) -> usize {
+        self.inner.queue_depth
+    }
+
+    /// The engine's counters now.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.ctx.metrics.snapshot()
+    }
+
+    /// Submits a batch of reads and returns at once. Iterate the returned [`Batch`] to receive
+    /// each result as it completes, tagged with its request's id.
+    ///
+    /// Nearby ranges of one file are merged into one read and identical ones read once (see
+    /// [`CoalesceLimits`]); each request still gets its own [`Completion`].
+    pub fn submit(&self, requests: impl IntoIterator<Item = ReadRequest>) -> Batch {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let ops = plan(requests, self.inner.coalesce, &tx);
+        let total: usize = ops.iter().map(|o| o.parts.len()).sum();
+        Metrics::add(&self.inner.ctx.metrics.requests, total as u64);
+        if let Some(queue) = &self.inner.queue {
+            for op in ops {
+                if let Err(crossbeam_channel::SendError(op)) = queue.send(op) {
+                    op.fail_shutdown(&self.inner.ctx);
+                }
+            }
+        }
+        #[cfg(target_os = "linux")]
+        for w in &self.inner.wakers {
+            w.notify();
+        }
+        Batch {
+            rx,
+            ready: VecDeque::new(),
+            remaining: total,
+            _engine: self.clone(),
+        }
+    }
+
+    /// Reads a batch and returns every result in the order of `requests` (ids are ignored).
+    pub fn read_all(&self, requests: Vec<ReadRequest>) -> Vec<Result<Bytes, IoError>> {
+        let described: Vec<(Arc<Path>, ReadRange)> = requests
+            .iter()
+            .map(|r| (Arc::clone(&r.path), r.range))
+            .collect();
+        let batch = self.submit(
+            requests
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| ReadRequest { id: i as u64, ..r }),
+        );
+        let mut out: Vec<Option<Result<Bytes, IoError>>> = vec![None; described.len()];
+        for c in batch {
+            out[c.id as usize] = Some(c.result);
+        }
+        out.into_iter()
+            .zip(described)
+            .map(|(r, (path, range))| r.unwrap_or(Err(IoError::Shutdown { path, range })))
+            .collect()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.ctx.shutdown.store(true, Ordering::Release);
+        // Closing the queue ends the portable workers' loops.
+        self.queue.take();
+        #[cfg(target_os = "linux")]
+        for w in &self.wakers {
+            w.notify();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Groups requests by file and plans the physical reads: coalesced bounded ranges, one read per
+/// distinct suffix length, one read for all whole-file requests.
+fn plan(
+    requests: impl IntoIterator<Item = ReadRequest>,
+    limits: CoalesceLimits,
+    sink: &Sender<Delivery>,
+) -> Vec<PhysOp> {
+    #[derive(Default)]
+    struct FileReqs {
+        bounded: Vec<(u64, u64)>,
+        bounded_ids: Vec<u64>,
+        whole: Vec<u64>,
+        suffix: Vec<(u64, u64)>, // (n, id)
+    }
+    let mut files: Vec<(Arc<Path>, FileReqs)> = Vec::new();
+    let mut index: HashMap<Arc<Path>, usize> = HashMap::new();
+    for r in requests {
+        let i = *index.entry(Arc::clone(&r.path)).or_insert_with(|| {
+            files.push((Arc::clone(&r.path), FileReqs::default()));
+            files.len() - 1
+        });
+        let f = &mut files[i].1;
+        match r.range {
+            ReadRange::Bounded { offset, len } => {
+                f.bounded.push((offset, len));
+                f.bounded_ids.push(r.id);
+            }
+            ReadRange::Whole => f.whole.push(r.id),
+            ReadRange::Suffix(n) => f.suffix.push((n, r.id)),
+        }
+    }
+    let mut ops = Vec::new();
+    for (path, f) in files {
+        for m in coalesce(&f.bounded, limits) {
+            let parts = m
+                .members
+                .iter()
+                .map(|mem| {
+                    let (offset, len) = f.bounded[mem.index];
+                    Part {
+                        id: f.bounded_ids[mem.index],
+                        range: ReadRange::Bounded { offset, len },
+                        offset_in_read: mem.offset_in_read,
+                        len: Some(len),
+                    }
+                })
+                .collect();
+            ops.push(PhysOp {
+                path: Arc::clone(&path),
+                range: ReadRange::Bounded {
+                    offset: m.offset,
+                    len: m.len,
+                },
+                parts,
+                sink: sink.clone(),
+            });
+        }
+        let whole_parts = |ids: &mut dyn Iterator<Item = u64>, range: ReadRange| -> Vec<Part> {
+            ids.map(|id| Part {
+                id,
+                range,
+                offset_in_read: 0,
+                len: None,
+            })
+            .collect()
+        };
+        if !f.whole.is_empty() {
+            ops.push(PhysOp {
+                path: Arc::clone(&path),
+                range: ReadRange::Whole,
+                parts: whole_parts(&mut f.whole.into_iter(), ReadRange::Whole),
+                sink: sink.clone(),
+            });
+        }
+        let mut suffix = f.suffix;
+        suffix.sort_unstable_by_key(|&(n, _)| n);
+        for group in suffix.chunk_by(|a, b| a.0 == b.0) {
+            let range = ReadRange::Suffix(group[0].0);
+            ops.push(PhysOp {
+                path: Arc::clone(&path),
+                range,
+                parts: whole_parts(&mut group.iter().map(|&(_, id)| id), range),
+                sink: sink.clone(),
+            });
+        }
+    }
+    ops
+}
+
+/// The results of one [`IoEngine::submit`], in completion order. Iterating blocks until the
+/// next result arrives and ends after the last one. Dropping it early is fine: reads still in
+/// flight finish and their results are discarded.
+#[derive(Debug)]
+pub struct Batch {
+    rx: Receiver<Delivery>,
+    ready: VecDeque<Completion>,
+    remaining: usize,
+    _engine: IoEngine,
+}
+
+impl Batch {
+    /// Results not yet returned.
+    pub fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    /// The next result if one has arrived, without waiting.
+    pub fn try_next(&mut self) -> Option<Completion> {
+        if self.ready.is_empty()
+            && self.remaining > 0
+            && let Ok(d) = self.rx.try_recv()
+        {
+            self.ready.extend(d.completions);
+            drop(d.permit);
+        }
+        self.pop()
+    }
+
+    fn pop(&mut self) -> Option<Completion> {
+        let c = self.ready.pop_front()?;
+        self.remaining -= 1;
+        Some(c)
+    }
+}
+
+impl Iterator for Batch {
+    type Item = Completion;
+
+    fn next(&mut self) -> Option<Completion> {
+        if self.ready.is_empty() && self.remaining > 0 {
+            match self.rx.recv() {
+                // The permit inside `d` is released here, as the consumer takes the results.
+                Ok(d) => {
+                    self.ready.extend(d.completions);
+                    drop(d.permit);
+                }
+                Err(_) => {
+                    log::error!(
+                        "zcrop-io: workers stopped with {} reads pending",
+                        self.remaining
+                    );
+                    self.remaining = 0;
+                }
+            }
+        }
+        self.pop()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.ready.len(), Some(self.remaining))
+    }
+}

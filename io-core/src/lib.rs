@@ -1,0 +1,55 @@
+//! # zcrop-io: batched byte-range reads
+//!
+//! **Job:** turn huge batches of `(file, byte range)` reads into as few syscalls as possible and
+//! keep the storage device saturated: Linux io_uring rings owned by IO threads, a portable
+//! `pread` thread-pool fallback, coalescing of nearby ranges, and one in-flight budget shared
+//! by every user in the process.
+//!
+//! **Must not know about:** Zarr, chunks, codecs, arrays or crops. Callers hand it byte ranges
+//! tagged with their own ids and get bytes back.
+//!
+//! ## Use
+//!
+//! ```no_run
+//! use zcrop_io::{IoEngine, ReadRange, ReadRequest};
+//!
+//! let engine = IoEngine::shared()?; // io_uring where it works, else pread; one per process
+//! let reqs = vec![
+//!     ReadRequest::new(0, std::path::Path::new("shard.bin"), ReadRange::Suffix(16 * 64 + 4)),
+//!     ReadRequest::new(1, std::path::Path::new("shard.bin"), ReadRange::new(4096, 32 * 1024)),
+//! ];
+//! for done in engine.submit(reqs) {
+//!     // Each result arrives as soon as it is read, tagged with its id.
+//!     let bytes = done.result?;
+//!     println!("request {} gave {} bytes", done.id, bytes.len());
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Unsafe code
+//!
+//! Only two modules contain `unsafe`: `sys` (syscalls and the buffers the kernel fills) and
+//! `uring` (handing those buffers to io_uring). Every block carries a `// SAFETY:` comment.
+
+pub mod budget;
+pub mod coalesce;
+mod engine;
+pub mod error;
+mod fdcache;
+mod metrics;
+mod op;
+mod portable;
+pub mod request;
+mod sys;
+#[cfg(target_os = "linux")]
+mod uring;
+
+pub use budget::{Budget, Permit};
+pub use coalesce::{CoalesceLimits, MergedRead, coalesce};
+pub use engine::{
+    BackendChoice, BackendKind, Batch, DEFAULT_FD_CACHE, DEFAULT_QUEUE_DEPTH, FastPath, IoConfig,
+    IoEngine,
+};
+pub use error::{EngineError, IoError};
+pub use metrics::MetricsSnapshot;
+pub use request::{Completion, ReadRange, ReadRequest, RequestId};

@@ -1,0 +1,420 @@
+//! The life of one physical read, shared by every backend so they behave identically:
+//! [`PhysOp`] (planned) -> [`resolve`] (file open, range known) -> [`Active`] (permit held,
+//! buffer allocated, being read) -> a [`Delivery`] of one [`Completion`] per request served.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use crossbeam_channel::Sender;
+
+use crate::budget::{Budget, Permit};
+use crate::error::IoError;
+use crate::fdcache::{FdCache, OpenFile};
+use crate::metrics::Metrics;
+use crate::request::{Completion, ReadRange, RequestId};
+use crate::sys::{self, ReadBuf};
+
+/// Everything a backend worker shares with the engine.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) fds: FdCache,
+    pub(crate) metrics: Metrics,
+    pub(crate) budget: Arc<Budget>,
+    pub(crate) direct: bool,
+    pub(crate) shutdown: AtomicBool,
+}
+
+impl Ctx {
+    pub(crate) fn shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+}
+
+/// One requested range served by a physical read.
+#[derive(Debug, Clone)]
+pub(crate) struct Part {
+    pub(crate) id: RequestId,
+    /// The range as the caller asked for it (for error messages).
+    pub(crate) range: ReadRange,
+    /// Where its bytes start in the physical read.
+    pub(crate) offset_in_read: u64,
+    /// Its length; `None` takes the whole physical read (whole-file and suffix requests).
+    pub(crate) len: Option<u64>,
+}
+
+/// Results for one physical read, sent to the batch that asked. The permit is released when
+/// the consumer takes the delivery off the channel.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    pub(crate) completions: Vec<Completion>,
+    pub(crate) permit: Option<Permit>,
+}
+
+/// A planned physical read.
+#[derive(Debug)]
+pub(crate) struct PhysOp {
+    pub(crate) path: Arc<Path>,
+    pub(crate) range: ReadRange,
+    pub(crate) parts: Vec<Part>,
+    pub(crate) sink: Sender<Delivery>,
+}
+
+impl PhysOp {
+    /// Fails every request this read serves with `err`.
+    pub(crate) fn fail(self, err: &IoError, ctx: &Ctx) {
+        Metrics::add(&ctx.metrics.errors, self.parts.len() as u64);
+        let completions = self
+            .parts
+            .iter()
+            .map(|p| Completion {
+                id: p.id,
+                result: Err(err.with_range(p.range)),
+            })
+            .collect();
+        let _ = self.sink.send(Delivery {
+            completions,
+            permit: None,
+        });
+    }
+
+    /// Fails every request because the engine is shutting down.
+    pub(crate) fn fail_shutdown(self, ctx: &Ctx) {
+        let err = IoError::Shutdown {
+            path: Arc::clone(&self.path),
+            range: self.range,
+        };
+        self.fail(&err, ctx);
+    }
+
+    /// Serves every request from `data` (the bytes of the whole physical range).
+    fn serve(self, data: &Bytes, permit: Option<Permit>) {
+        let completions = self
+            .parts
+            .iter()
+            .map(|p| Completion {
+                id: p.id,
+                result: Ok(slice_part(data, p)),
+            })
+            .collect();
+        let _ = self.sink.send(Delivery {
+            completions,
+            permit,
+        });
+    }
+}
+
+fn slice_part(data: &Bytes, p: &Part) -> Bytes {
+    let start = p.offset_in_read as usize;
+    match p.len {
+        Some(len) => data.slice(start..start + len as usize),
+        None => data.clone(),
+    }
+}
+
+/// The largest offset a file can have (`off_t` is signed).
+const MAX_FILE_OFFSET: u64 = i64::MAX as u64;
+
+/// A physical read whose file is open and whose byte range is known.
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    op: PhysOp,
+    file: Arc<OpenFile>,
+    /// Absolute offset of the requested bytes.
+    offset: u64,
+    /// Number of requested bytes.
+    len: u64,
+    /// Absolute offset where reading starts (`offset` rounded down under `O_DIRECT`).
+    read_start: u64,
+    /// Bytes to read from `read_start` (rounded up under `O_DIRECT`).
+    read_len: u64,
+}
+
+impl Resolved {
+    /// Bytes the budget is charged for.
+    pub(crate) fn charge(&self) -> u64 {
+        self.read_len
+    }
+
+    /// Fails the read because the engine is shutting down.
+    pub(crate) fn fail_shutdown(self, ctx: &Ctx) {
+        self.op.fail_shutdown(ctx);
+    }
+
+    /// Allocates the buffer under `permit`.
+    pub(crate) fn activate(self, permit: Permit) -> Active {
+        let align = self.file.direct_align.map(|(mem, _)| mem);
+        let buf = ReadBuf::new(self.read_len as usize, align);
+        Active {
+            res: self,
+            buf,
+            permit,
+        }
+    }
+}
+
+/// What [`resolve`] made of a planned read.
+pub(crate) enum Resolution {
+    /// Ready to be charged to the budget and read.
+    Read(Resolved),
+    /// Finished without IO (an error, or an empty range) and already delivered.
+    Finished,
+}
+
+/// Opens the file and fixes the byte range. Errors and empty ranges are delivered here.
+pub(crate) fn resolve(op: PhysOp, ctx: &Ctx) -> Resolution {
+    let opened = match ctx.fds.get(&op.path, ctx.direct) {
+        Ok(o) => o,
+        Err(e) => {
+            let err = IoError::from_os(e, &op.path, op.range);
+            op.fail(&err, ctx);
+            return Resolution::Finished;
+        }
+    };
+    if opened.direct_fell_back {
+        Metrics::add(&ctx.metrics.direct_fallbacks, 1);
+    }
+    let file = opened.file;
+    let (offset, len) = match op.range {
+        ReadRange::Bounded { offset, len }
+            if len > 0
+                && offset
+                    .checked_add(len)
+                    .is_some_and(|end| end <= MAX_FILE_OFFSET) =>
+        {
+            (offset, len)
+        }
+        // Whole-file, suffix and empty reads need the length now; so do ranges beyond any
+        // possible file (the kernel would answer EINVAL, the truth is "past the end").
+        range => {
+            let file_len = match file.file.metadata() {
+                Ok(m) => m.len(),
+                Err(e) => {
+                    let err = IoError::from_os(e, &op.path, range);
+                    op.fail(&err, ctx);
+                    return Resolution::Finished;
+                }
+            };
+            match range.resolve(file_len) {
+                Some(r) => r,
+                None => {
+                    let err = IoError::RangePastEof {
+                        path: Arc::clone(&op.path),
+                        range,
+                        file_len,
+                    };
+                    op.fail(&err, ctx);
+                    return Resolution::Finished;
+                }
+            }
+        }
+    };
+    if len == 0 {
+        op.serve(&Bytes::new(), None);
+        return Resolution::Finished;
+    }
+    let (read_start, read_len) = match file.direct_align {
+        Some((_, a)) => {
+            let start = offset & !(a - 1);
+            let end = (offset + len).div_ceil(a) * a;
+            (start, end - start)
+        }
+        None => (offset, len),
+    };
+    Resolution::Read(Resolved {
+        op,
+        file,
+        offset,
+        len,
+        read_start,
+        read_len,
+    })
+}
+
+/// A physical read in progress: its buffer fills as the kernel delivers bytes.
+#[derive(Debug)]
+pub(crate) struct Active {
+    res: Resolved,
+    buf: ReadBuf,
+    permit: Permit,
+}
+
+/// What the next syscall of an [`Active`] read should do.
+pub(crate) struct NextRead {
+    pub(crate) fd: RawFd,
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: u32,
+    pub(crate) offset: u64,
+}
+
+/// Largest single read syscall we issue (the kernel caps reads near 2 GiB anyway).
+const MAX_READ_PER_CALL: usize = 1 << 30;
+
+impl Active {
+    /// Buffer bytes needed before the request is satisfied.
+    fn need(&self) -> usize {
+        (self.res.offset - self.res.read_start + self.res.len) as usize
+    }
+
+    /// Whether all requested bytes have arrived.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.buf.filled() >= self.need()
+    }
+
+    /// Whether a short read means the end of the file: a read returned 0, or an `O_DIRECT`
+    /// read stopped at an unaligned length (which only the end of the file produces).
+    fn hit_eof(&self, last: usize) -> bool {
+        last == 0
+            || self
+                .res
+                .file
+                .direct_align
+                .is_some_and(|(_, a)| !(self.buf.filled() as u64).is_multiple_of(a))
+    }
+
+    /// The next read to issue for the missing bytes.
+    pub(crate) fn next_read(&mut self) -> NextRead {
+        let filled = self.buf.filled();
+        let (ptr, spare) = self.buf.spare();
+        NextRead {
+            fd: self.res.file.file.as_raw_fd(),
+            ptr,
+            len: spare.min(MAX_READ_PER_CALL) as u32,
+            offset: self.res.read_start + filled as u64,
+        }
+    }
+
+    /// Records that the kernel wrote `n` bytes at the pointer of the last [`Self::next_read`].
+    ///
+    /// # Safety
+    /// Those `n` bytes must really have been written.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn advance(&mut self, n: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.buf.advance(n) };
+    }
+
+    /// One `pread` (or `preadv2(RWF_NOWAIT)`) for the missing bytes.
+    pub(crate) fn pread_once(&mut self, nowait: bool) -> std::io::Result<usize> {
+        let offset = self.res.read_start + self.buf.filled() as u64;
+        sys::pread(
+            &self.res.file.file,
+            &mut self.buf,
+            offset,
+            MAX_READ_PER_CALL,
+            nowait,
+        )
+    }
+
+    /// After a syscall returned `n` bytes (already recorded): finishes and delivers the read if
+    /// it is over and returns `None`, or returns the read if more must be read (a short read:
+    /// the caller issues [`Self::next_read`] again).
+    pub(crate) fn after_read(self, n: usize, ctx: &Ctx) -> Option<Self> {
+        if self.is_complete() {
+            self.finish_ok(ctx);
+            None
+        } else if self.hit_eof(n) {
+            self.finish_eof(ctx);
+            None
+        } else {
+            Metrics::add(&ctx.metrics.short_read_resubmits, 1);
+            Some(self)
+        }
+    }
+
+    /// Completes every request from the buffer.
+    fn finish_ok(self, ctx: &Ctx) {
+        Metrics::add(&ctx.metrics.physical_reads, 1);
+        Metrics::add(&ctx.metrics.bytes_read, self.buf.filled() as u64);
+        let lead = (self.res.offset - self.res.read_start) as usize;
+        let len = self.res.len as usize;
+        let data = self.buf.into_bytes().slice(lead..lead + len);
+        self.res.op.serve(&data, Some(self.permit));
+    }
+
+    /// The file ended before the read did: requests wholly inside the bytes obtained succeed,
+    /// the others fail with [`IoError::RangePastEof`].
+    fn finish_eof(self, ctx: &Ctx) {
+        Metrics::add(&ctx.metrics.physical_reads, 1);
+        Metrics::add(&ctx.metrics.bytes_read, self.buf.filled() as u64);
+        let lead = (self.res.offset - self.res.read_start) as usize;
+        let got = self.buf.filled().saturating_sub(lead);
+        let file_len = self
+            .res
+            .file
+            .file
+            .metadata()
+            .map_or(self.res.read_start + self.buf.filled() as u64, |m| m.len());
+        let data = self.buf.into_bytes();
+        let data = data.slice(lead.min(data.len())..);
+        let op = self.res.op;
+        let completions = op
+            .parts
+            .iter()
+            .map(|p| {
+                let fits = p
+                    .len
+                    .is_some_and(|len| (p.offset_in_read + len) as usize <= got);
+                let result = if fits {
+                    Ok(slice_part(&data, p))
+                } else {
+                    Metrics::add(&ctx.metrics.errors, 1);
+                    Err(IoError::RangePastEof {
+                        path: Arc::clone(&op.path),
+                        range: p.range,
+                        file_len,
+                    })
+                };
+                Completion { id: p.id, result }
+            })
+            .collect();
+        let _ = op.sink.send(Delivery {
+            completions,
+            permit: Some(self.permit),
+        });
+    }
+
+    /// Fails every request with the OS error `e`.
+    pub(crate) fn finish_err(self, e: std::io::Error, ctx: &Ctx) {
+        let err = IoError::from_os(e, &self.res.op.path, self.res.op.range);
+        let Active { res, permit, .. } = self;
+        res.op.fail(&err, ctx);
+        drop(permit);
+    }
+
+    /// Fails every request with `e` and leaks the buffer instead of freeing it: for reads the
+    /// kernel may still be writing into (an io_uring ring that broke mid-flight).
+    pub(crate) fn abandon(self, e: &std::io::Error, ctx: &Ctx) {
+        let err = IoError::from_os(
+            std::io::Error::new(e.kind(), e.to_string()),
+            &self.res.op.path,
+            self.res.op.range,
+        );
+        let Active { res, buf, permit } = self;
+        std::mem::forget(buf);
+        res.op.fail(&err, ctx);
+        drop(permit);
+    }
+
+    /// Reads to the end with blocking `pread`s (the portable backend, and the io_uring
+    /// backend's page-cache fast path once data turned out to be cached).
+    pub(crate) fn run_blocking(mut self, ctx: &Ctx) {
+        loop {
+            match self.pread_once(false) {
+                Ok(n) => match self.after_read(n, ctx) {
+                    None => return,
+                    Some(again) => self = again,
+                },
+                Err(e) if is_retryable(&e) => Metrics::add(&ctx.metrics.retries, 1),
+                Err(e) => return self.finish_err(e, ctx),
+            }
+        }
+    }
+}
+
+/// `EINTR` and `EAGAIN`: try the same read again.
+pub(crate) fn is_retryable(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN))
+}

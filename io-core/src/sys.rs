@@ -1,0 +1,301 @@
+//! Raw buffers and syscalls: the unsafe module of io-core besides the io_uring backend.
+//!
+//! - [`ReadBuf`]: a buffer the kernel reads into, uninitialised beyond what was read, plainly
+//!   allocated or aligned for `O_DIRECT`, turned into [`Bytes`] without a copy.
+//! - [`pread`]: `pread`/`preadv2(RWF_NOWAIT)` into a [`ReadBuf`].
+//! - [`dio_alignment`]: the `O_DIRECT` alignment a file needs (`statx(STATX_DIOALIGN)`).
+//! - [`EventFd`]: wakes an io_uring worker when new work is queued.
+#![allow(unsafe_code)]
+
+use std::alloc::{self, Layout};
+use std::fs::File;
+use std::io;
+use std::ptr::NonNull;
+
+use bytes::Bytes;
+
+/// Memory for one read: `cap` bytes of which the first `filled` were written by the kernel.
+#[derive(Debug)]
+pub(crate) struct ReadBuf {
+    storage: Storage,
+    filled: usize,
+}
+
+#[derive(Debug)]
+enum Storage {
+    /// A `Vec` whose length is `filled` and capacity the read size.
+    Plain(Vec<u8>),
+    /// An aligned allocation for `O_DIRECT`.
+    Aligned(AlignedAlloc),
+}
+
+impl ReadBuf {
+    /// A buffer for `cap` bytes; aligned to `align` when given (a power of two).
+    pub(crate) fn new(cap: usize, align: Option<usize>) -> Self {
+        let storage = match align {
+            Some(a) if cap > 0 => Storage::Aligned(AlignedAlloc::new(cap, a)),
+            _ => Storage::Plain(Vec::with_capacity(cap)),
+        };
+        ReadBuf { storage, filled: 0 }
+    }
+
+    /// Bytes written so far.
+    pub(crate) fn filled(&self) -> usize {
+        self.filled
+    }
+
+    /// Total capacity.
+    pub(crate) fn capacity(&self) -> usize {
+        match &self.storage {
+            Storage::Plain(v) => v.capacity(),
+            Storage::Aligned(a) => a.cap,
+        }
+    }
+
+    /// Pointer to the first unwritten byte and how many bytes remain. The pointer stays valid
+    /// (the allocation never moves) until the buffer is dropped or turned into [`Bytes`].
+    pub(crate) fn spare(&mut self) -> (*mut u8, usize) {
+        let base = match &mut self.storage {
+            Storage::Plain(v) => v.as_mut_ptr(),
+            Storage::Aligned(a) => a.ptr.as_ptr(),
+        };
+        let cap = self.capacity();
+        // SAFETY: `filled <= cap`, so the offset stays inside (or one past) the allocation.
+        (unsafe { base.add(self.filled) }, cap - self.filled)
+    }
+
+    /// Records that the kernel wrote `n` more bytes at [`Self::spare`].
+    ///
+    /// # Safety
+    /// The `n` bytes after the previously filled ones must have been written (initialised).
+    pub(crate) unsafe fn advance(&mut self, n: usize) {
+        assert!(n <= self.capacity() - self.filled, "advance past capacity");
+        self.filled += n;
+        if let Storage::Plain(v) = &mut self.storage {
+            // SAFETY: the caller guarantees the first `filled` bytes are initialised, and
+            // `filled <= capacity` was just checked.
+            unsafe { v.set_len(self.filled) };
+        }
+    }
+
+    /// The filled bytes as [`Bytes`], without copying.
+    pub(crate) fn into_bytes(self) -> Bytes {
+        match self.storage {
+            Storage::Plain(v) => Bytes::from(v),
+            Storage::Aligned(a) => {
+                let filled = self.filled;
+                Bytes::from_owner(FilledAligned { alloc: a, filled })
+            }
+        }
+    }
+}
+
+/// An aligned heap allocation, freed on drop.
+#[derive(Debug)]
+struct AlignedAlloc {
+    ptr: NonNull<u8>,
+    cap: usize,
+    layout: Layout,
+}
+
+// SAFETY: the allocation is owned exclusively (like a `Box<[u8]>`), so it may move between
+// threads and shared references to it are only reads.
+unsafe impl Send for AlignedAlloc {}
+// SAFETY: see `Send`; `&AlignedAlloc` gives no way to mutate the bytes.
+unsafe impl Sync for AlignedAlloc {}
+
+impl AlignedAlloc {
+    fn new(cap: usize, align: usize) -> Self {
+        let layout = Layout::from_size_align(cap, align).expect("valid O_DIRECT layout");
+        // SAFETY: `cap > 0` (checked by the caller), so the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        AlignedAlloc { ptr, cap, layout }
+    }
+}
+
+impl Drop for AlignedAlloc {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with exactly this layout and not freed before.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// The owner `Bytes` keeps alive for an aligned buffer: the allocation and how much is valid.
+struct FilledAligned {
+    alloc: AlignedAlloc,
+    filled: usize,
+}
+
+impl AsRef<[u8]> for FilledAligned {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the first `filled` bytes were written by the kernel (`ReadBuf::advance`'s
+        // contract) and the allocation lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.alloc.ptr.as_ptr(), self.filled) }
+    }
+}
+
+/// Reads at `offset` into the spare capacity of `buf` (at most `max` bytes) and records what
+/// was read. With `nowait`, uses `preadv2(RWF_NOWAIT)`, which fails with `EAGAIN` instead of
+/// waiting for the device when the data is not in the page cache.
+pub(crate) fn pread(
+    file: &File,
+    buf: &mut ReadBuf,
+    offset: u64,
+    max: usize,
+    nowait: bool,
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let (ptr, spare) = buf.spare();
+    let len = spare.min(max).min(MAX_RW_COUNT);
+    let fd = file.as_raw_fd();
+    let off = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    #[cfg(target_os = "linux")]
+    let n = if nowait {
+        let iov = libc::iovec {
+            iov_base: ptr.cast(),
+            iov_len: len,
+        };
+        // SAFETY: `iov` describes `len` writable bytes of `buf`'s spare capacity, which outlives
+        // this call; the kernel writes at most `len` bytes there.
+        unsafe { libc::preadv2(fd, &raw const iov, 1, off, libc::RWF_NOWAIT) }
+    } else {
+        // SAFETY: as above: `ptr` points to `len` writable bytes owned by `buf`.
+        unsafe { libc::pread(fd, ptr.cast(), len, off) }
+    };
+    #[cfg(not(target_os = "linux"))]
+    let n = {
+        let _ = nowait;
+        // SAFETY: `ptr` points to `len` writable bytes owned by `buf`.
+        unsafe { libc::pread(fd, ptr.cast(), len, off as libc::off_t) }
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    // SAFETY: the kernel reported writing `n <= len` bytes at `ptr`.
+    unsafe { buf.advance(n) };
+    Ok(n)
+}
+
+/// The most bytes one `read`-family call transfers on Linux (`MAX_RW_COUNT`).
+pub(crate) const MAX_RW_COUNT: usize = 0x7fff_f000;
+
+/// `O_DIRECT` alignment for `file`: `(memory alignment, offset/length alignment)`. Uses
+/// `statx(STATX_DIOALIGN)` where the kernel reports it, else 4096 for both (safe for every
+/// common device).
+pub(crate) fn dio_alignment(file: &File) -> (usize, u64) {
+    const FALLBACK: (usize, u64) = (4096, 4096);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+        // SAFETY: `stx` is a valid, writable `statx` buffer; the empty path with
+        // AT_EMPTY_PATH makes statx describe the open file descriptor itself.
+        let rc = unsafe {
+            libc::statx(
+                file.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                libc::STATX_DIOALIGN,
+                stx.as_mut_ptr(),
+            )
+        };
+        if rc == 0 {
+            // SAFETY: statx succeeded and filled the buffer (which was zeroed before anyway).
+            let stx = unsafe { stx.assume_init() };
+            if stx.stx_mask & libc::STATX_DIOALIGN != 0
+                && stx.stx_dio_mem_align > 0
+                && stx.stx_dio_offset_align > 0
+            {
+                return (
+                    (stx.stx_dio_mem_align as usize).max(512),
+                    u64::from(stx.stx_dio_offset_align).max(512),
+                );
+            }
+        }
+    }
+    let _ = file;
+    FALLBACK
+}
+
+/// Opens `path` read-only, with `O_DIRECT` when `direct`.
+pub(crate) fn open(path: &std::path::Path, direct: bool) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(target_os = "linux")]
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = direct;
+    opts.open(path)
+}
+
+/// A Linux eventfd used to wake an io_uring worker.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+pub(crate) struct EventFd(std::os::fd::OwnedFd);
+
+#[cfg(target_os = "linux")]
+impl EventFd {
+    pub(crate) fn new() -> io::Result<Self> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain syscall; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor we own.
+        Ok(EventFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub(crate) fn raw(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
+    }
+
+    /// Adds 1 to the counter, waking a pending read.
+    pub(crate) fn notify(&self) {
+        // SAFETY: writes 8 bytes from a valid u64 to our own eventfd. Errors (counter overflow,
+        // impossible at 1 per submission) leave the worker to wake on its next completion.
+        unsafe { libc::eventfd_write(self.raw(), 1) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn plain_and_aligned_reads_round_trip() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        f.write_all(&data).unwrap();
+        let file = f.reopen().unwrap();
+        for align in [None, Some(4096)] {
+            let mut buf = ReadBuf::new(9900, align);
+            let n = pread(&file, &mut buf, 100, 5000, false).unwrap();
+            assert_eq!(n, 5000);
+            let n2 = pread(&file, &mut buf, 5100, usize::MAX, false).unwrap();
+            assert_eq!(n2, 4900, "stops at end of file");
+            assert_eq!(
+                pread(&file, &mut buf, 10_000, usize::MAX, false).unwrap(),
+                0
+            );
+            let bytes = buf.into_bytes();
+            assert_eq!(&bytes[..], &data[100..]);
+        }
+    }
+
+    #[test]
+    fn alignment_is_a_power_of_two() {
+        let f = tempfile::tempfile().unwrap();
+        let (mem, off) = dio_alignment(&f);
+        assert!(mem.is_power_of_two() && off.is_power_of_two());
+    }
+}

@@ -1,0 +1,411 @@
+//! The io_uring backend: the unsafe module that hands buffers to the kernel.
+//!
+//! Each worker thread owns one ring and keeps up to its share of the queue depth in flight:
+//! it pulls planned reads from the engine's queue, pushes one SQE per read, submits them in one
+//! `io_uring_enter`, and reaps completions, resubmitting short reads and `EINTR`/`EAGAIN`. An
+//! eventfd read stays armed in the ring so that new work wakes a worker that waits for
+//! completions. A buffer handed to the kernel lives in the worker's slot table until its
+//! completion arrives; the worker never exits, and never frees a buffer, while reads are in
+//! flight.
+//!
+//! On data that is already in the page cache, a `preadv2(RWF_NOWAIT)` copies it with one
+//! syscall and no ring round trip (io_uring loses to plain `pread` on cached data). The worker
+//! tries that first while it keeps finding data cached, and skips it (probing now and then)
+//! when reads keep missing the cache.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Receiver;
+use io_uring::{IoUring, opcode, squeue, types};
+
+use crate::engine::FastPath;
+use crate::error::EngineError;
+use crate::metrics::Metrics;
+use crate::op::{Active, Ctx, PhysOp, Resolution, Resolved, is_retryable, resolve};
+use crate::sys::EventFd;
+
+/// `user_data` of the eventfd read.
+const EVENTFD_TOKEN: u64 = u64::MAX;
+
+/// Checks that this kernel and process can set up a ring and read through it.
+pub(crate) fn probe() -> Result<(), String> {
+    let ring = IoUring::new(8).map_err(|e| describe_setup_error(&e))?;
+    let mut probe = io_uring::Probe::new();
+    ring.submitter()
+        .register_probe(&mut probe)
+        .map_err(|e| format!("cannot probe io_uring opcodes: {e}"))?;
+    if !probe.is_supported(opcode::Read::CODE) {
+        return Err("this kernel's io_uring lacks IORING_OP_READ (needs Linux 5.6+)".into());
+    }
+    Ok(())
+}
+
+fn describe_setup_error(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOSYS) => "the kernel has no io_uring (ENOSYS)".into(),
+        Some(libc::EPERM) => "io_uring is forbidden here (EPERM: seccomp or sysctl \
+                               kernel.io_uring_disabled)"
+            .into(),
+        Some(libc::ENOMEM) => "cannot lock memory for the ring (ENOMEM: RLIMIT_MEMLOCK)".into(),
+        _ => format!("io_uring setup failed: {e}"),
+    }
+}
+
+/// A running worker: its eventfd (to wake it) and its thread.
+pub(crate) struct WorkerHandle {
+    pub(crate) waker: Arc<EventFd>,
+    pub(crate) thread: JoinHandle<()>,
+}
+
+/// Starts one worker with `depth` reads in flight at most. The ring is created on the worker
+/// thread (so single-issuer rings are used by their creator); setup errors come back here.
+pub(crate) fn spawn(
+    index: usize,
+    depth: usize,
+    fast_path: FastPath,
+    queue: &Receiver<PhysOp>,
+    ctx: &Arc<Ctx>,
+) -> Result<WorkerHandle, EngineError> {
+    let waker = Arc::new(EventFd::new().map_err(EngineError::Spawn)?);
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<(), String>>(1);
+    let queue = queue.clone();
+    let ctx = Arc::clone(ctx);
+    let wake = Arc::clone(&waker);
+    let thread = std::thread::Builder::new()
+        .name(format!("zcrop-uring-{index}"))
+        .spawn(move || match build_ring(depth) {
+            Ok(ring) => {
+                let _ = ready_tx.send(Ok(()));
+                Worker::new(ring, depth, fast_path, queue, wake, ctx).run();
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(describe_setup_error(&e)));
+            }
+        })
+        .map_err(EngineError::Spawn)?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(WorkerHandle { waker, thread }),
+        Ok(Err(reason)) => {
+            let _ = thread.join();
+            Err(EngineError::UringUnavailable { reason })
+        }
+        Err(_) => Err(EngineError::UringUnavailable {
+            reason: "io_uring worker exited during setup".into(),
+        }),
+    }
+}
+
+/// A ring with room for `depth` reads plus the eventfd read, with the cheapest task-running
+/// mode the kernel offers.
+fn build_ring(depth: usize) -> io::Result<IoUring> {
+    let entries = (depth + 1).next_power_of_two() as u32;
+    let tuned = IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(entries);
+    match tuned {
+        Ok(r) => Ok(r),
+        // Kernels before 6.1 reject DEFER_TASKRUN; use a plain ring.
+        Err(_) => IoUring::new(entries),
+    }
+}
+
+/// Tracks whether `RWF_NOWAIT` reads keep finding data in the page cache.
+struct FastPathState {
+    mode: FastPath,
+    /// Reads mostly miss the cache: only probe now and then.
+    cold: bool,
+    tries: u32,
+    hits: u32,
+    skipped: u32,
+}
+
+impl FastPathState {
+    /// Attempts per verdict.
+    const WINDOW: u32 = 64;
+    /// In cold mode, one read in this many probes the cache.
+    const PROBE_EVERY: u32 = 32;
+
+    fn should_try(&mut self) -> bool {
+        match self.mode {
+            FastPath::Never => false,
+            FastPath::Always => true,
+            FastPath::Auto if !self.cold => true,
+            FastPath::Auto => {
+                self.skipped += 1;
+                self.skipped.is_multiple_of(Self::PROBE_EVERY)
+            }
+        }
+    }
+
+    fn record(&mut self, hit: bool) {
+        self.tries += 1;
+        self.hits += u32::from(hit);
+        if self.tries >= Self::WINDOW {
+            self.cold = self.hits * 2 < self.tries;
+            self.tries = 0;
+            self.hits = 0;
+        }
+    }
+}
+
+struct Worker {
+    ring: IoUring,
+    depth: usize,
+    queue: Receiver<PhysOp>,
+    waker: Arc<EventFd>,
+    /// Target of the armed eventfd read; boxed so its address is stable.
+    waker_buf: Box<[u8; 8]>,
+    waker_armed: bool,
+    /// Reads handed to the kernel, indexed by `user_data`.
+    slots: Vec<Option<Active>>,
+    free: Vec<usize>,
+    in_flight: usize,
+    /// A read waiting for budget while this worker's own reads are in flight.
+    waiting: Option<Resolved>,
+    fast: FastPathState,
+    ctx: Arc<Ctx>,
+}
+
+impl Worker {
+    fn new(
+        ring: IoUring,
+        depth: usize,
+        fast_path: FastPath,
+        queue: Receiver<PhysOp>,
+        waker: Arc<EventFd>,
+        ctx: Arc<Ctx>,
+    ) -> Self {
+        let direct = ctx.direct;
+        Worker {
+            ring,
+            depth: depth.max(1),
+            queue,
+            waker,
+            waker_buf: Box::new([0; 8]),
+            waker_armed: false,
+            slots: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            waiting: None,
+            fast: FastPathState {
+                // O_DIRECT reads bypass the page cache; RWF_NOWAIT would only add a syscall.
+                mode: if direct { FastPath::Never } else { fast_path },
+                cold: false,
+                tries: 0,
+                hits: 0,
+                skipped: 0,
+            },
+            ctx,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            self.fill();
+            let shutting_down = self.ctx.shutting_down();
+            if !self.waker_armed && !shutting_down {
+                self.arm_waker();
+            }
+            if self.in_flight == 0 && !self.waker_armed {
+                if shutting_down && self.waiting.is_none() && self.queue.is_empty() {
+                    return;
+                }
+                // Shutting down with work queued: `fill` fails it on the next turn.
+                continue;
+            }
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                match e.raw_os_error() {
+                    // Interrupted, or the kernel is short of memory / the completion queue is
+                    // full: reap what is there and try again.
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY) => {}
+                    _ => {
+                        log::error!("io_uring_enter failed: {e}; failing this worker's reads");
+                        self.abandon(&e);
+                        return;
+                    }
+                }
+            }
+            Metrics::add(&self.ctx.metrics.ring_enters, 1);
+            self.reap();
+        }
+    }
+
+    /// Takes reads from the queue until the ring holds `depth` of them or the queue is empty.
+    fn fill(&mut self) {
+        let ctx = Arc::clone(&self.ctx);
+        while self.in_flight < self.depth {
+            let resolved = match self.waiting.take() {
+                Some(r) => r,
+                None => match self.queue.try_recv() {
+                    Ok(op) if ctx.shutting_down() => {
+                        op.fail_shutdown(&ctx);
+                        continue;
+                    }
+                    Ok(op) => match resolve(op, &ctx) {
+                        Resolution::Read(r) => r,
+                        Resolution::Finished => continue,
+                    },
+                    Err(_) => break,
+                },
+            };
+            let permit = match ctx.budget.try_acquire(resolved.charge()) {
+                Some(p) => p,
+                // Our own completions will free budget: go reap them first.
+                None if self.in_flight > 0 => {
+                    self.waiting = Some(resolved);
+                    break;
+                }
+                // Nothing of ours in flight: others hold the budget; wait for them.
+                None => match ctx
+                    .budget
+                    .acquire(resolved.charge(), || ctx.shutting_down())
+                {
+                    Some(p) => p,
+                    None => {
+                        resolved.fail_shutdown(&ctx);
+                        continue;
+                    }
+                },
+            };
+            let mut active = resolved.activate(permit);
+            if self.fast.should_try() {
+                match active.pread_once(true) {
+                    Ok(n) => {
+                        self.fast.record(true);
+                        Metrics::add(&ctx.metrics.fast_path_hits, 1);
+                        match active.after_read(n, &ctx) {
+                            None => continue,
+                            // Partly cached: the ring reads the rest.
+                            Some(rest) => active = rest,
+                        }
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                        self.fast.record(false);
+                        Metrics::add(&ctx.metrics.fast_path_misses, 1);
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                        // This filesystem has no RWF_NOWAIT: stop trying.
+                        self.fast.mode = FastPath::Never;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                    Err(e) => {
+                        active.finish_err(e, &ctx);
+                        continue;
+                    }
+                }
+            }
+            self.push(active);
+        }
+    }
+
+    /// Hands `active`'s next read to the kernel.
+    fn push(&mut self, mut active: Active) {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        let next = active.next_read();
+        let entry = opcode::Read::new(types::Fd(next.fd), next.ptr, next.len)
+            .offset(next.offset)
+            .build()
+            .user_data(slot as u64);
+        self.slots[slot] = Some(active);
+        self.in_flight += 1;
+        self.push_entry(&entry);
+    }
+
+    fn arm_waker(&mut self) {
+        let entry = opcode::Read::new(types::Fd(self.waker.raw()), self.waker_buf.as_mut_ptr(), 8)
+            .build()
+            .user_data(EVENTFD_TOKEN);
+        self.waker_armed = true;
+        self.push_entry(&entry);
+    }
+
+    fn push_entry(&mut self, entry: &squeue::Entry) {
+        loop {
+            // SAFETY: the entry's buffer is either the eventfd buffer (boxed, owned by this
+            // worker, which does not exit while the read is armed) or the buffer of an `Active`
+            // now stored in `self.slots`, which stays there, unmoved in memory (the heap
+            // allocation does not move when the `Active` moves), until its completion is reaped.
+            // The file descriptor is kept open by the `Active`'s `Arc<OpenFile>` (or the
+            // worker's eventfd) for as long.
+            let pushed = unsafe { self.ring.submission().push(entry) };
+            if pushed.is_ok() {
+                return;
+            }
+            // Queue full: hand the queued entries to the kernel and retry. The ring has room
+            // for `depth + 1` entries and at most that many are outstanding, so this is rare.
+            if let Err(e) = self.ring.submit()
+                && !matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                )
+            {
+                log::error!("io_uring submit failed: {e}");
+            }
+            Metrics::add(&self.ctx.metrics.ring_enters, 1);
+        }
+    }
+
+    /// Handles every completion that has arrived.
+    fn reap(&mut self) {
+        let done: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|cqe| (cqe.user_data(), cqe.result()))
+            .collect();
+        let ctx = Arc::clone(&self.ctx);
+        for (token, res) in done {
+            if token == EVENTFD_TOKEN {
+                self.waker_armed = false;
+                continue;
+            }
+            let slot = token as usize;
+            let Some(mut active) = self.slots.get_mut(slot).and_then(Option::take) else {
+                log::error!("io_uring completion for unknown slot {slot}");
+                continue;
+            };
+            self.in_flight -= 1;
+            self.free.push(slot);
+            if res < 0 {
+                let e = io::Error::from_raw_os_error(-res);
+                if is_retryable(&e) {
+                    Metrics::add(&ctx.metrics.retries, 1);
+                    self.push(active);
+                } else {
+                    active.finish_err(e, &ctx);
+                }
+            } else {
+                let n = res as usize;
+                // SAFETY: the kernel reports having written `n` bytes at the pointer of the
+                // read we issued for this slot, which was `active.next_read()`'s.
+                unsafe { active.advance(n) };
+                if let Some(rest) = active.after_read(n, &ctx) {
+                    self.push(rest);
+                }
+            }
+        }
+    }
+
+    /// The ring is unusable: fail every read. Buffers the kernel may still write are leaked,
+    /// not freed, so a late write cannot land in reused memory.
+    fn abandon(&mut self, e: &io::Error) {
+        let ctx = Arc::clone(&self.ctx);
+        for active in self.slots.drain(..).flatten() {
+            active.abandon(e, &ctx);
+        }
+        if let Some(r) = self.waiting.take() {
+            r.fail_shutdown(&ctx);
+        }
+        // Leak the eventfd buffer for the same reason.
+        std::mem::forget(std::mem::replace(&mut self.waker_buf, Box::new([0; 8])));
+        for op in self.queue.try_iter() {
+            op.fail_shutdown(&ctx);
+        }
+    }
+}

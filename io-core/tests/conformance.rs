@@ -1,0 +1,486 @@
+//! The conformance suite every backend must pass with identical results: each test runs once
+//! per backend configuration and compares with a plain `pread` of each range.
+
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use zcrop_io::{
+    BackendChoice, BackendKind, Budget, CoalesceLimits, FastPath, IoConfig, IoEngine, IoError,
+    ReadRange, ReadRequest,
+};
+
+/// The configurations under test.
+fn configs() -> Vec<(&'static str, IoConfig)> {
+    let base = IoConfig::default();
+    vec![
+        (
+            "uring-ring-only",
+            IoConfig {
+                backend: BackendChoice::Uring,
+                fast_path: FastPath::Never,
+                ..base.clone()
+            },
+        ),
+        (
+            "uring-fast-path",
+            IoConfig {
+                backend: BackendChoice::Uring,
+                fast_path: FastPath::Always,
+                ..base.clone()
+            },
+        ),
+        (
+            "uring-direct",
+            IoConfig {
+                backend: BackendChoice::Uring,
+                direct: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "portable",
+            IoConfig {
+                backend: BackendChoice::Portable,
+                threads: 4,
+                ..base.clone()
+            },
+        ),
+        (
+            "portable-direct",
+            IoConfig {
+                backend: BackendChoice::Portable,
+                threads: 4,
+                direct: true,
+                ..base
+            },
+        ),
+    ]
+}
+
+fn engines() -> Vec<(&'static str, IoEngine)> {
+    configs()
+        .into_iter()
+        .map(|(name, c)| {
+            let want = c.backend;
+            let e = IoEngine::new(c).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if want == BackendChoice::Uring {
+                assert_eq!(e.backend(), BackendKind::Uring, "{name}");
+            }
+            (name, e)
+        })
+        .collect()
+}
+
+/// Deterministic pseudo-random bytes.
+fn content(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random()).collect()
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    path: Arc<Path>,
+    data: Vec<u8>,
+}
+
+/// A file in a directory on a real disk filesystem (not tmpfs, so O_DIRECT works).
+fn fixture(len: usize, seed: u64) -> Fixture {
+    let dir = tempfile::Builder::new()
+        .prefix("zcrop-io-test")
+        .tempdir_in(std::env::temp_dir())
+        .unwrap();
+    let p = dir.path().join("data.bin");
+    let data = content(len, seed);
+    std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
+    Fixture {
+        _dir: dir,
+        path: Arc::from(p.as_path()),
+        data,
+    }
+}
+
+/// What reading `range` of `data` must give, as a comparable string.
+fn expected(data: &[u8], path: &Path, range: ReadRange) -> Result<Vec<u8>, String> {
+    let len = data.len() as u64;
+    match range.resolve(len) {
+        Some((o, l)) => Ok(data[o as usize..(o + l) as usize].to_vec()),
+        None => Err(format!("RangePastEof({}, {range}, {len})", path.display())),
+    }
+}
+
+fn describe(r: &Result<bytes::Bytes, IoError>) -> Result<Vec<u8>, String> {
+    match r {
+        Ok(b) => Ok(b.to_vec()),
+        Err(IoError::RangePastEof {
+            path,
+            range,
+            file_len,
+        }) => Err(format!(
+            "RangePastEof({}, {range}, {file_len})",
+            path.display()
+        )),
+        Err(e) => Err(format!("{e:?}")),
+    }
+}
+
+fn check(engine: &IoEngine, name: &str, f: &Fixture, ranges: &[ReadRange]) {
+    let reqs: Vec<ReadRequest> = ranges
+        .iter()
+        .map(|&r| ReadRequest::new(0, Arc::clone(&f.path), r))
+        .collect();
+    let got = engine.read_all(reqs);
+    assert_eq!(got.len(), ranges.len());
+    for (i, (g, r)) in got.iter().zip(ranges).enumerate() {
+        assert_eq!(
+            describe(g),
+            expected(&f.data, &f.path, *r),
+            "{name}: request {i} ({r})"
+        );
+    }
+}
+
+#[test]
+fn empty_ranges() {
+    let f = fixture(10_000, 1);
+    for (name, e) in engines() {
+        check(
+            &e,
+            name,
+            &f,
+            &[
+                ReadRange::new(0, 0),
+                ReadRange::new(5000, 0),
+                ReadRange::new(10_000, 0),
+                ReadRange::new(10_001, 0),
+                ReadRange::Suffix(0),
+            ],
+        );
+    }
+}
+
+#[test]
+fn ranges_past_end_of_file() {
+    let f = fixture(10_000, 2);
+    for (name, e) in engines() {
+        check(
+            &e,
+            name,
+            &f,
+            &[
+                ReadRange::new(9_990, 11),
+                ReadRange::new(20_000, 5),
+                ReadRange::new(u64::MAX - 1, 5),
+                ReadRange::Suffix(10_001),
+                // Neighbours of a failing range, likely coalesced with it, still succeed.
+                ReadRange::new(9_000, 100),
+                ReadRange::new(9_990, 10),
+            ],
+        );
+    }
+}
+
+#[test]
+fn missing_file_is_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing: Arc<Path> = Arc::from(dir.path().join("nope.bin").as_path());
+    for (name, e) in engines() {
+        let got = e.read_all(vec![
+            ReadRequest::new(0, Arc::clone(&missing), ReadRange::new(0, 10)),
+            ReadRequest::new(0, Arc::clone(&missing), ReadRange::Whole),
+        ]);
+        for (g, range) in got.iter().zip([ReadRange::new(0, 10), ReadRange::Whole]) {
+            match g {
+                Err(err @ IoError::NotFound { path, range: r }) => {
+                    assert_eq!(&**path, &*missing, "{name}");
+                    assert_eq!(*r, range, "{name}");
+                    assert!(err.to_string().contains("nope.bin"), "{name}: {err}");
+                }
+                other => panic!("{name}: expected NotFound, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn permission_denied() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture(100, 3);
+    std::fs::set_permissions(&f.path, std::fs::Permissions::from_mode(0o000)).unwrap();
+    if std::fs::File::open(&f.path).is_ok() {
+        eprintln!("SKIPPED permission_denied: running as root, file permissions do not apply");
+        return;
+    }
+    for (name, e) in engines() {
+        let got = e.read_all(vec![ReadRequest::new(
+            0,
+            Arc::clone(&f.path),
+            ReadRange::Whole,
+        )]);
+        assert!(
+            matches!(got[0], Err(IoError::PermissionDenied { .. })),
+            "{name}: {:?}",
+            got[0]
+        );
+    }
+}
+
+#[test]
+fn hundred_thousand_tiny_ranges() {
+    let f = fixture(1 << 20, 4);
+    let mut rng = StdRng::seed_from_u64(5);
+    let ranges: Vec<ReadRange> = (0..100_000)
+        .map(|_| ReadRange::new(rng.random_range(0..(1 << 20) - 16), rng.random_range(1..16)))
+        .collect();
+    for (name, e) in engines() {
+        let before = e.metrics();
+        check(&e, name, &f, &ranges);
+        let m = e.metrics() - before;
+        assert_eq!(m.requests, 100_000, "{name}");
+        assert!(
+            m.physical_reads < 100_000,
+            "{name}: dense tiny ranges must coalesce, got {} reads",
+            m.physical_reads
+        );
+    }
+}
+
+#[test]
+fn duplicate_and_overlapping_ranges() {
+    let f = fixture(200_000, 6);
+    let ranges = [
+        ReadRange::new(100, 50),
+        ReadRange::new(100, 50),
+        ReadRange::new(120, 50),
+        ReadRange::new(0, 200_000),
+        ReadRange::new(150_000, 10),
+        ReadRange::new(150_000, 10),
+        ReadRange::Whole,
+        ReadRange::Whole,
+        ReadRange::Suffix(1234),
+        ReadRange::Suffix(1234),
+    ];
+    for (name, e) in engines() {
+        let before = e.metrics();
+        check(&e, name, &f, &ranges);
+        let m = e.metrics() - before;
+        // Bounded ranges: one read (all inside 0..200000); whole: one; suffix: one.
+        assert_eq!(m.physical_reads, 3, "{name}: duplicates are served once");
+    }
+}
+
+#[test]
+fn whole_file_and_suffix_reads() {
+    let f = fixture(123_457, 7);
+    for (name, e) in engines() {
+        check(
+            &e,
+            name,
+            &f,
+            &[
+                ReadRange::Whole,
+                ReadRange::Suffix(1),
+                ReadRange::Suffix(16 * 64 + 4),
+                ReadRange::Suffix(123_457),
+                ReadRange::Suffix(123_458),
+            ],
+        );
+    }
+}
+
+#[test]
+fn offsets_beyond_4_gib() {
+    let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    let p: PathBuf = dir.path().join("sparse.bin");
+    let file = std::fs::File::create(&p).unwrap();
+    let len: u64 = 5 << 30;
+    file.set_len(len).unwrap();
+    let marker = content(10_000, 8);
+    let at: u64 = (4 << 30) + 12_345;
+    file.write_all_at(&marker, at).unwrap();
+    file.sync_all().unwrap();
+    let path: Arc<Path> = Arc::from(p.as_path());
+    for (name, e) in engines() {
+        let got = e.read_all(vec![
+            ReadRequest::new(0, Arc::clone(&path), ReadRange::new(at, 10_000)),
+            ReadRequest::new(0, Arc::clone(&path), ReadRange::new(at - 10, 20)),
+            ReadRequest::new(0, Arc::clone(&path), ReadRange::Suffix(100)),
+            ReadRequest::new(0, Arc::clone(&path), ReadRange::new(len - 1, 2)),
+        ]);
+        assert_eq!(&got[0].as_ref().unwrap()[..], &marker[..], "{name}");
+        let mut edge = vec![0u8; 10];
+        edge.extend_from_slice(&marker[..10]);
+        assert_eq!(&got[1].as_ref().unwrap()[..], &edge[..], "{name}");
+        assert_eq!(&got[2].as_ref().unwrap()[..], &[0u8; 100][..], "{name}");
+        assert!(
+            matches!(&got[3], Err(IoError::RangePastEof { file_len, .. }) if *file_len == len),
+            "{name}: {:?}",
+            got[3]
+        );
+    }
+}
+
+#[test]
+fn random_batches_match_reference_and_each_other() {
+    let files: Vec<Fixture> = (0..3)
+        .map(|i| fixture(300_000 + i * 7919, 10 + i as u64))
+        .collect();
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut reqs = Vec::new();
+    let mut want = Vec::new();
+    for _ in 0..5_000 {
+        let f = &files[rng.random_range(0..files.len())];
+        let range = match rng.random_range(0..20) {
+            0 => ReadRange::Whole,
+            1 => ReadRange::Suffix(rng.random_range(0..400_000)),
+            _ => ReadRange::new(rng.random_range(0..320_000), rng.random_range(0..70_000)),
+        };
+        want.push(expected(&f.data, &f.path, range));
+        reqs.push(ReadRequest::new(0, Arc::clone(&f.path), range));
+    }
+    for (name, e) in engines() {
+        let got = e.read_all(reqs.clone());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(&describe(g), w, "{name}: request {i}");
+        }
+    }
+}
+
+#[test]
+fn streams_each_id_once_in_completion_order() {
+    let f = fixture(1 << 20, 12);
+    for (name, e) in engines() {
+        let reqs = (0..1000u64)
+            .map(|i| ReadRequest::new(i, Arc::clone(&f.path), ReadRange::new(i * 1000, 100)));
+        let mut seen = vec![false; 1000];
+        let mut batch = e.submit(reqs);
+        assert_eq!(batch.remaining(), 1000);
+        for c in batch.by_ref() {
+            assert!(!seen[c.id as usize], "{name}: id {} twice", c.id);
+            seen[c.id as usize] = true;
+            let i = c.id as usize;
+            assert_eq!(
+                &c.result.unwrap()[..],
+                &f.data[i * 1000..i * 1000 + 100],
+                "{name}"
+            );
+        }
+        assert!(seen.iter().all(|&s| s), "{name}");
+        assert_eq!(batch.remaining(), 0);
+    }
+}
+
+#[test]
+fn budget_bounds_what_is_in_flight() {
+    let f = fixture(4 << 20, 13);
+    for (name, mut c) in configs() {
+        let budget = Budget::new(3, 64 * 1024);
+        c.budget = Some(Arc::clone(&budget));
+        c.coalesce = CoalesceLimits::ADJACENT_ONLY;
+        let e = IoEngine::new(c).unwrap();
+        let reqs = (0..500u64)
+            .map(|i| ReadRequest::new(i, Arc::clone(&f.path), ReadRange::new(i * 8000, 4000)));
+        let mut n = 0;
+        for c in e.submit(reqs) {
+            let (reqs, bytes) = budget.in_flight();
+            assert!(reqs <= 3, "{name}: {reqs} requests in flight");
+            // O_DIRECT rounds 4000 bytes out to up to two 4 KiB blocks.
+            assert!(bytes <= 64 * 1024, "{name}: {bytes} bytes in flight");
+            c.result.unwrap();
+            n += 1;
+        }
+        assert_eq!(n, 500, "{name}");
+        assert_eq!(budget.in_flight(), (0, 0), "{name}: everything released");
+    }
+}
+
+#[test]
+fn dropping_a_batch_early_releases_everything() {
+    let f = fixture(4 << 20, 14);
+    for (name, mut c) in configs() {
+        let budget = Budget::new(16, 1 << 20);
+        c.budget = Some(Arc::clone(&budget));
+        let e = IoEngine::new(c).unwrap();
+        let reqs = (0..2000u64)
+            .map(|i| ReadRequest::new(i, Arc::clone(&f.path), ReadRange::new(i * 2000, 1000)));
+        let mut batch = e.submit(reqs);
+        let _first = batch.next().unwrap();
+        drop(batch);
+        // The engine still works, and the abandoned reads give their budget back.
+        check(&e, name, &f, &[ReadRange::new(0, 10)]);
+        drop(e);
+        assert_eq!(budget.in_flight(), (0, 0), "{name}");
+    }
+}
+
+#[test]
+fn uring_backend_is_really_used_here() {
+    // io_uring works on this project's machines; if it stops working this test says so loudly
+    // instead of letting the portable fallback hide it.
+    let e = IoEngine::new(IoConfig {
+        backend: BackendChoice::Auto,
+        fast_path: FastPath::Never,
+        ..IoConfig::default()
+    })
+    .unwrap();
+    assert_eq!(
+        e.backend(),
+        BackendKind::Uring,
+        "auto picked {} because: {:?}",
+        e.backend(),
+        e.fallback_reason()
+    );
+    let f = fixture(100_000, 15);
+    check(
+        &e,
+        "auto",
+        &f,
+        &[ReadRange::new(0, 100), ReadRange::new(50_000, 5000)],
+    );
+    let m = e.metrics();
+    assert!(m.ring_enters > 0, "reads went through the ring: {m:?}");
+    assert_eq!(m.fast_path_hits, 0);
+}
+
+#[test]
+fn fast_path_serves_cached_data() {
+    let f = fixture(1 << 20, 16);
+    let e = IoEngine::new(IoConfig {
+        backend: BackendChoice::Uring,
+        fast_path: FastPath::Auto,
+        ..IoConfig::default()
+    })
+    .unwrap();
+    // Freshly written data is in the page cache.
+    let ranges: Vec<ReadRange> = (0..200).map(|i| ReadRange::new(i * 5000, 100)).collect();
+    check(&e, "fast", &f, &ranges);
+    let m = e.metrics();
+    assert!(m.fast_path_hits > 0, "{m:?}");
+}
+
+#[test]
+fn explicit_portable_choice_is_reported() {
+    let e = IoEngine::new(IoConfig {
+        backend: BackendChoice::Portable,
+        ..IoConfig::default()
+    })
+    .unwrap();
+    assert_eq!(e.backend(), BackendKind::Portable);
+    assert_eq!(e.backend().name(), "portable");
+    assert!(e.fallback_reason().is_none());
+}
+
+#[test]
+fn bad_config_is_an_error() {
+    assert!(
+        IoEngine::new(IoConfig {
+            queue_depth: 0,
+            ..IoConfig::default()
+        })
+        .is_err()
+    );
+    assert!("bogus".parse::<BackendChoice>().is_err());
+    assert_eq!("uring".parse::<BackendChoice>(), Ok(BackendChoice::Uring));
+}
