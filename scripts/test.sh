@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# zcrop's test command (`make test`): everything CI runs, on a machine that has only the Rust
+# toolchain, Python 3.10+ with pip, and apt. It installs what it needs itself.
+#
+#   cargo fmt --check, cargo clippy -D warnings, cargo test --workspace,
+#   then builds the Python package into a cached virtualenv and runs pytest.
+#
+# Caches (outside the clone, safe to delete): $ZCROP_CACHE (default ~/.cache/zcrop) holds the
+# cargo target dir and the virtualenv, which is rebuilt when pybind/requirements-test.txt changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${ZCROP_CACHE:-$HOME/.cache/zcrop}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
+VENV="${ZCROP_TEST_VENV:-$CACHE/venv-test}"
+LOGS="$(mktemp -d)"
+trap 'rm -rf "$LOGS"' EXIT
+START=$SECONDS
+
+step() { printf '\n==> %s  (%ds)\n' "$*" $((SECONDS - START)); }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# --- system packages ---------------------------------------------------------------------------
+missing=()
+command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+command -v make >/dev/null 2>&1 || missing+=(make)
+if [ ${#missing[@]} -gt 0 ]; then
+    step "apt-get install ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+# --- Rust --------------------------------------------------------------------------------------
+step "cargo fmt --check"
+rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt
+cargo fmt --all --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "cargo test --workspace"
+cargo test --workspace 2>&1 | tee "$LOGS/cargo.log"
+
+# --- Python ------------------------------------------------------------------------------------
+PY="$(command -v python3.11 || command -v python3)"
+REQ=pybind/requirements-test.txt
+STAMP="$VENV/.requirements.sha256"
+want="$(sha256sum "$REQ" | cut -d' ' -f1) $("$PY" -c 'import sys; print(sys.version.split()[0])')"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+    step "virtualenv $VENV ($REQ)"
+    rm -rf "$VENV"
+    if ! "$PY" -m venv "$VENV"; then
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+        "$PY" -m venv "$VENV"
+    fi
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q -r "$REQ"
+    echo "$want" > "$STAMP"
+fi
+
+step "maturin develop (the zcrop Python package)"
+VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" \
+    "$VENV/bin/maturin" develop --quiet --manifest-path pybind/Cargo.toml
+
+step "pytest"
+"$VENV/bin/python" -m pytest pybind/tests -q -p no:cacheprovider 2>&1 | tee "$LOGS/pytest.log"
+
+# --- summary -----------------------------------------------------------------------------------
+step "summary"
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i;
+                        if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } }
+     END { printf "cargo test: %d passed, %d failed, %d ignored\n", p, f, g }' "$LOGS/cargo.log"
+printf 'pytest: %s\n' "$(grep -E '(passed|failed|error)' "$LOGS/pytest.log" | tail -n 1)"
+printf 'total time: %ds\n' $((SECONDS - START))
