@@ -7,3 +7,37 @@
 //!
 //! **Must not know about:** io_uring or any other IO mechanism (that is `zcrop-io`'s business),
 //! samplers, batches as training data, Python.
+//!
+//! ## Use
+//!
+//! ```no_run
+//! use zcrop_zarr::Array;
+//!
+//! let array = Array::open("weather.zarr/temperature")?;
+//! // Three crops of shape (4, 128, 128), read as one planned batch into one buffer.
+//! let origins = [0, 0, 0, 10, 256, 512, 40, 1024, 77];
+//! let bytes = array.read_batch(&origins, &[4, 128, 128])?;
+//! assert_eq!(bytes.len(), 3 * 4 * 128 * 128 * array.element_size());
+//! # Ok::<(), zcrop_zarr::ZarrError>(())
+//! ```
+//!
+//! ## Unsafe code
+//!
+//! Two modules hold `unsafe`: `stitch` (many decode tasks writing disjoint parts of one output
+//! buffer, as the planner guarantees) and `ffi` (C-blosc). Every block has a `// SAFETY:`
+//! comment.
+
+mod array;
+mod cache;
+mod decode;
+pub mod error;
+mod ffi;
+mod layout;
+mod node;
+pub mod plan;
+mod stitch;
+
+pub use array::{Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadStats};
+pub use error::{Location, Result, ZarrError};
+pub use node::{Group, Node, NodeKind, open, open_with};
+pub use plan::DimSelection;

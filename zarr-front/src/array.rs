@@ -1,0 +1,890 @@
+//! [`Array`]: an opened Zarr array and its read path.
+//!
+//! A read is planned whole (`crate::plan`), its leaf chunks are located (through the shard
+//! indexes, level by level, cached), all their byte ranges go to `zcrop-io` in one submission,
+//! and each chunk is decoded on the rayon pool as soon as its bytes arrive, then copied into
+//! every output block that needs it while it is still in cache.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use zcrop_io::{IoEngine, IoError, ReadRange, ReadRequest};
+
+use crate::cache::LruCache;
+use crate::decode::LeafDecoder;
+use crate::error::{Location, Result, ZarrError};
+use crate::layout::{IndexEntry, Layout, ShardLevel};
+use crate::plan::{DimSelection, Plan, PlanError};
+use crate::stitch::{DisjointOut, contiguous_target};
+
+/// Default byte budget of the shard-index cache of one array (64 MiB).
+pub const DEFAULT_INDEX_CACHE_BYTES: usize = 64 << 20;
+
+/// How to open an array.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// The IO engine; `None` uses the process-wide [`IoEngine::shared`].
+    pub engine: Option<IoEngine>,
+    /// Byte budget of the shard-index cache.
+    pub index_cache_bytes: usize,
+    /// Byte budget of the decoded-chunk cache; `0` (the default) turns it off. Worth enabling
+    /// when crops of successive reads overlap.
+    pub chunk_cache_bytes: usize,
+    /// Verify checksums (crc32c, zstd, gzip, zlib) while decoding. On by default; turning it off
+    /// lets gzip and zlib chunks stop decoding early.
+    pub verify_checksums: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            engine: None,
+            index_cache_bytes: DEFAULT_INDEX_CACHE_BYTES,
+            chunk_cache_bytes: 0,
+            verify_checksums: true,
+        }
+    }
+}
+
+/// What one read did, for benchmarks and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Leaf chunks the read needed (each counted once, however many crops share it).
+    pub chunks: u64,
+    /// Of those, chunks absent from storage (filled with the fill value, no IO).
+    pub chunks_missing: u64,
+    /// Of those, chunks served by the decoded-chunk cache.
+    pub chunks_cached: u64,
+    /// Chunks decoded.
+    pub chunks_decoded: u64,
+    /// Bytes produced by decoding (less than the chunks' size where decoding stopped early).
+    pub bytes_decoded: u64,
+    /// Encoded bytes of the chunks read.
+    pub chunk_bytes_read: u64,
+    /// Shard indexes read from storage.
+    pub index_reads: u64,
+    /// Shard indexes served by the index cache.
+    pub index_cache_hits: u64,
+    /// Bytes written to the output.
+    pub output_bytes: u64,
+}
+
+impl std::ops::AddAssign for ReadStats {
+    fn add_assign(&mut self, o: Self) {
+        self.chunks += o.chunks;
+        self.chunks_missing += o.chunks_missing;
+        self.chunks_cached += o.chunks_cached;
+        self.chunks_decoded += o.chunks_decoded;
+        self.bytes_decoded += o.bytes_decoded;
+        self.chunk_bytes_read += o.chunk_bytes_read;
+        self.index_reads += o.index_reads;
+        self.index_cache_hits += o.index_cache_hits;
+        self.output_bytes += o.output_bytes;
+    }
+}
+
+/// An opened Zarr array (v2 or v3). Cheap to clone; clones share caches.
+#[derive(Clone)]
+pub struct Array {
+    core: Arc<Core>,
+}
+
+impl std::fmt::Debug for Array {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Array")
+            .field("name", &self.core.name)
+            .field("shape", &self.core.layout.shape)
+            .field("data_type", &self.data_type())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Core {
+    /// Path inside the store, `/`-rooted.
+    name: String,
+    /// Key prefix of this array relative to the store root (`""` or `a/b/`).
+    key_prefix: String,
+    /// The array's directory.
+    dir: PathBuf,
+    meta: zarrs::array::Array<()>,
+    layout: Layout,
+    decoder: LeafDecoder,
+    engine: IoEngine,
+    verify_checksums: bool,
+    index_cache: LruCache<(Arc<Path>, usize, u64), Arc<[u64]>>,
+    chunk_cache: Option<LruCache<u64, Arc<[u8]>>>,
+}
+
+/// Where a leaf chunk's bytes are.
+#[derive(Debug, Clone)]
+enum Source {
+    /// Not stored: fill value.
+    Missing,
+    /// In the decoded-chunk cache.
+    Cached(Arc<[u8]>),
+    /// These bytes of storage chunk `storage`.
+    Read { storage: usize, range: ReadRange },
+}
+
+/// A storage chunk (a file) a read touches.
+struct Storage {
+    key: String,
+    path: Arc<Path>,
+}
+
+/// Where the bytes of an inner shard sit inside its file, while walking the shard levels.
+#[derive(Debug, Clone, Copy)]
+enum Cursor {
+    Missing,
+    /// `len` (unknown for a whole file) bytes at `base` of storage chunk `storage`.
+    In {
+        storage: usize,
+        base: u64,
+        len: Option<u64>,
+    },
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Array {
+    /// Builds an array from parsed metadata. `name` is its `/`-rooted path in the store,
+    /// `key_prefix` its key prefix relative to the store root, `dir` its directory.
+    pub(crate) fn from_metadata(
+        name: String,
+        key_prefix: String,
+        dir: PathBuf,
+        meta: zarrs::array::Array<()>,
+        options: &OpenOptions,
+    ) -> Result<Array> {
+        let (layout, decoder) = Layout::new(&name, &meta, options.verify_checksums)?;
+        let engine = match &options.engine {
+            Some(e) => e.clone(),
+            None => IoEngine::shared()?,
+        };
+        Ok(Array {
+            core: Arc::new(Core {
+                name,
+                key_prefix,
+                dir,
+                meta,
+                layout,
+                decoder,
+                engine,
+                verify_checksums: options.verify_checksums,
+                index_cache: LruCache::new(options.index_cache_bytes),
+                chunk_cache: (options.chunk_cache_bytes > 0)
+                    .then(|| LruCache::new(options.chunk_cache_bytes)),
+            }),
+        })
+    }
+
+    /// Opens the array at `path` (a directory holding `zarr.json` or `.zarray`).
+    pub fn open(path: impl AsRef<Path>) -> Result<Array> {
+        Self::open_with(path, &OpenOptions::default())
+    }
+
+    /// [`Array::open`] with options.
+    pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Array> {
+        crate::node::open_array_at(path.as_ref(), options)
+    }
+
+    /// The array's path in its store, e.g. `/` or `/group/temperature`.
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// The array's path relative to the store root, e.g. `` or `group/temperature`.
+    pub fn path(&self) -> &str {
+        self.core.key_prefix.trim_end_matches('/')
+    }
+
+    /// The array's directory on disk.
+    pub fn dir(&self) -> &Path {
+        &self.core.dir
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> &[u64] {
+        &self.core.layout.shape
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.core.layout.shape.len()
+    }
+
+    /// Zarr format: 2 or 3.
+    pub fn zarr_format(&self) -> u8 {
+        match self.core.meta.metadata() {
+            zarrs::metadata::ArrayMetadata::V2(_) => 2,
+            zarrs::metadata::ArrayMetadata::V3(_) => 3,
+        }
+    }
+
+    /// The v3 data type name (`uint16`, `float32`, `bool`, ...).
+    pub fn data_type(&self) -> String {
+        self.core
+            .meta
+            .data_type()
+            .name_v3()
+            .map_or_else(String::new, std::borrow::Cow::into_owned)
+    }
+
+    /// The numpy dtype string zarr-python reports for this array: the stored byte order for v2
+    /// (`>u2`), native order for v3 (where byte order belongs to the `bytes` codec).
+    pub fn numpy_dtype(&self) -> String {
+        numpy_dtype(&self.data_type(), self.core.meta.metadata())
+    }
+
+    /// Bytes per element.
+    pub fn element_size(&self) -> usize {
+        self.core.layout.elsize
+    }
+
+    /// The fill value, one element of native-endian bytes.
+    pub fn fill_value_bytes(&self) -> &[u8] {
+        &self.core.layout.fill
+    }
+
+    /// Shape of a storage chunk: the chunk, or the shard of a sharded array.
+    pub fn storage_chunk_shape(&self) -> &[u64] {
+        &self.core.layout.storage_chunk
+    }
+
+    /// Shape of the chunks that are read and decoded: the chunk, or the innermost chunk of a
+    /// sharded array (what zarr-python calls `chunks`).
+    pub fn chunk_shape(&self) -> &[u64] {
+        &self.core.layout.leaf
+    }
+
+    /// The shard shape of a sharded array (zarr-python's `shards`), else `None`.
+    pub fn shard_shape(&self) -> Option<&[u64]> {
+        (!self.core.layout.levels.is_empty()).then_some(&self.core.layout.storage_chunk[..])
+    }
+
+    /// Number of sharding levels (0 unsharded, 2 for sharding inside sharding).
+    pub fn sharding_levels(&self) -> usize {
+        self.core.layout.levels.len()
+    }
+
+    /// The array's attributes.
+    pub fn attributes(&self) -> &serde_json::Map<String, serde_json::Value> {
+        self.core.meta.attributes()
+    }
+
+    /// Dimension names (v3), if set.
+    pub fn dimension_names(&self) -> Option<Vec<Option<String>>> {
+        self.core.meta.dimension_names().as_ref().map(|names| {
+            names
+                .iter()
+                .map(|n| n.as_ref().map(ToString::to_string))
+                .collect()
+        })
+    }
+
+    /// The array's metadata as JSON, as stored (v2 metadata merged with its attributes).
+    pub fn metadata_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.core.meta.metadata()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// How leaf chunks are decoded, in words (for `zcrop info`).
+    pub fn decoder_description(&self) -> String {
+        self.core.decoder.describe()
+    }
+
+    /// The IO engine this array reads through.
+    pub fn engine(&self) -> &IoEngine {
+        &self.core.engine
+    }
+
+    /// The store key of storage chunk `coords`, relative to the store root.
+    pub fn storage_key(&self, coords: &[u64]) -> String {
+        format!(
+            "{}{}",
+            self.core.key_prefix,
+            self.core.meta.chunk_key(coords)
+        )
+    }
+
+    /// Number of storage chunks along each dimension.
+    pub fn storage_grid_shape(&self) -> Vec<u64> {
+        let l = &self.core.layout;
+        l.shape
+            .iter()
+            .zip(&l.storage_chunk)
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect()
+    }
+
+    /// Drops cached shard indexes and decoded chunks.
+    pub fn clear_caches(&self) {
+        self.core.index_cache.clear();
+        if let Some(c) = &self.core.chunk_cache {
+            c.clear();
+        }
+    }
+
+    /// Bytes of one output element block of `shape`.
+    fn block_bytes(&self, shape: &[u64]) -> Result<usize> {
+        shape
+            .iter()
+            .try_fold(self.core.layout.elsize as u64, |a, &n| a.checked_mul(n))
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| {
+                ZarrError::InvalidArgument(format!("a region of shape {shape:?} is too large"))
+            })
+    }
+
+    /// Reads the region of `shape` at `origin` into a new buffer (C order, native endian).
+    pub fn read_region(&self, origin: &[u64], shape: &[u64]) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.block_bytes(shape)?];
+        self.read_region_into(origin, shape, &mut out)?;
+        Ok(out)
+    }
+
+    /// Reads the region of `shape` at `origin` into `out` (exactly its size).
+    pub fn read_region_into(
+        &self,
+        origin: &[u64],
+        shape: &[u64],
+        out: &mut [u8],
+    ) -> Result<ReadStats> {
+        self.check_dims(origin.len(), "origin")?;
+        self.check_dims(shape.len(), "shape")?;
+        let sel: Vec<DimSelection> = origin
+            .iter()
+            .zip(shape)
+            .map(|(&start, &len)| DimSelection::Range { start, len })
+            .collect();
+        self.read_selections_into(&[sel], out)
+    }
+
+    /// Reads `origins.len() / ndim` crops of one `shape` (origins flattened, `ndim` numbers per
+    /// crop) into one new `(N, *shape)` buffer, planned and fetched as one batch.
+    pub fn read_batch(&self, origins: &[u64], shape: &[u64]) -> Result<Vec<u8>> {
+        let n = self.crop_count(origins)?;
+        let bytes = self
+            .block_bytes(shape)?
+            .checked_mul(n)
+            .ok_or_else(|| ZarrError::InvalidArgument("the batch is too large".into()))?;
+        let mut out = vec![0u8; bytes];
+        self.read_batch_into(origins, shape, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Array::read_batch`] into `out` (exactly `N * prod(shape) * element_size` bytes).
+    pub fn read_batch_into(
+        &self,
+        origins: &[u64],
+        shape: &[u64],
+        out: &mut [u8],
+    ) -> Result<ReadStats> {
+        self.check_dims(shape.len(), "crop shape")?;
+        self.crop_count(origins)?;
+        let nd = self.ndim();
+        let sels: Vec<Vec<DimSelection>> = if nd == 0 {
+            vec![Vec::new()]
+        } else {
+            origins
+                .chunks_exact(nd)
+                .map(|o| {
+                    o.iter()
+                        .zip(shape)
+                        .map(|(&start, &len)| DimSelection::Range { start, len })
+                        .collect()
+                })
+                .collect()
+        };
+        self.read_selections_into(&sels, out)
+    }
+
+    /// Reads an orthogonal selection (a range or a list of indices per dimension) into `out`,
+    /// in C order of the selection's shape.
+    pub fn read_selection_into(
+        &self,
+        selection: &[DimSelection],
+        out: &mut [u8],
+    ) -> Result<ReadStats> {
+        self.read_selections_into(&[selection.to_vec()], out)
+    }
+
+    /// Reads several selections, each into its block of `out`, one after the other: the most
+    /// general read, planned and fetched as one batch.
+    pub fn read_selections_into(
+        &self,
+        selections: &[Vec<DimSelection>],
+        out: &mut [u8],
+    ) -> Result<ReadStats> {
+        let l = &self.core.layout;
+        let plan =
+            Plan::new(&l.shape, &l.leaf, l.elsize, selections).map_err(|e| self.plan_error(&e))?;
+        if out.len() != plan.out_len {
+            return Err(ZarrError::InvalidArgument(format!(
+                "output buffer has {} bytes, the read produces {}",
+                out.len(),
+                plan.out_len
+            )));
+        }
+        self.execute(&plan, out)
+    }
+
+    fn crop_count(&self, origins: &[u64]) -> Result<usize> {
+        let nd = self.ndim();
+        if nd == 0 {
+            return Ok(1);
+        }
+        if !origins.len().is_multiple_of(nd) {
+            return Err(ZarrError::InvalidArgument(format!(
+                "{} origin numbers is not a whole number of {nd}-d origins",
+                origins.len()
+            )));
+        }
+        Ok(origins.len() / nd)
+    }
+
+    fn check_dims(&self, got: usize, what: &str) -> Result<()> {
+        if got == self.ndim() {
+            return Ok(());
+        }
+        Err(ZarrError::OutOfBounds {
+            array: self.core.name.clone(),
+            shape: self.shape().to_vec(),
+            reason: format!("{what} has {got} dimensions, the array has {}", self.ndim()),
+        })
+    }
+
+    fn plan_error(&self, e: &PlanError) -> ZarrError {
+        match e {
+            PlanError::TooLarge => {
+                ZarrError::InvalidArgument(format!("array {:?}: {e}", self.core.name))
+            }
+            _ => ZarrError::OutOfBounds {
+                array: self.core.name.clone(),
+                shape: self.shape().to_vec(),
+                reason: e.to_string(),
+            },
+        }
+    }
+
+    #[allow(clippy::unnecessary_box_returns)] // errors box their location to stay small
+    fn location(&self, key: &str, range: Option<ReadRange>) -> Box<Location> {
+        Box::new(Location {
+            node: self.core.name.clone(),
+            key: key.to_string(),
+            range,
+        })
+    }
+
+    /// Linear index of a leaf chunk in the leaf grid (decoded-chunk cache key).
+    fn leaf_linear(coords: &[u64], grid: &[u64]) -> u64 {
+        coords.iter().zip(grid).fold(0, |acc, (c, g)| acc * g + c)
+    }
+
+    /// Runs a plan: locate, fetch, decode and stitch.
+    fn execute(&self, plan: &Plan, out: &mut [u8]) -> Result<ReadStats> {
+        let core = &*self.core;
+        let mut stats = ReadStats {
+            chunks: plan.num_leaves() as u64,
+            output_bytes: plan.out_len as u64,
+            ..ReadStats::default()
+        };
+        if plan.num_leaves() == 0 {
+            return Ok(stats);
+        }
+        let grid = core.layout.leaf_grid();
+        let mut sources: Vec<Option<Source>> = vec![None; plan.num_leaves()];
+        if let Some(cache) = &core.chunk_cache {
+            for (i, leaf) in plan.leaves.iter().enumerate() {
+                if let Some(chunk) = cache.get(&Self::leaf_linear(&leaf.coords, &grid)) {
+                    sources[i] = Some(Source::Cached(chunk));
+                    stats.chunks_cached += 1;
+                }
+            }
+        }
+        let (storages, sources) = self.locate(plan, sources, &mut stats)?;
+        stats.chunks_missing = sources
+            .iter()
+            .filter(|s| matches!(s, Source::Missing))
+            .count() as u64;
+
+        let requests: Vec<ReadRequest> = sources
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Source::Read { storage, range } => Some(ReadRequest::new(
+                    i as u64,
+                    Arc::clone(&storages[*storage].path),
+                    *range,
+                )),
+                _ => None,
+            })
+            .collect();
+
+        let out_buf = DisjointOut::new(out, plan);
+        let failed_flag = AtomicBool::new(false);
+        let error_slot: Mutex<Option<ZarrError>> = Mutex::new(None);
+        let stats_slot: Mutex<ReadStats> = Mutex::new(ReadStats::default());
+        // References, so the spawned tasks can copy them.
+        let (out, failed, first_error, task_stats, grid) =
+            (&out_buf, &failed_flag, &error_slot, &stats_slot, &grid);
+        let fail = &|e: ZarrError| {
+            failed.store(true, Ordering::Release);
+            first_error.lock().get_or_insert(e);
+        };
+        let sharded = !core.layout.levels.is_empty();
+        rayon::in_place_scope(|scope| {
+            for (i, s) in sources.iter().enumerate() {
+                match s {
+                    Source::Missing => scope.spawn(move |_| {
+                        for c in plan.copies(&plan.leaves[i]) {
+                            out.fill(plan, c, &core.layout.fill);
+                        }
+                    }),
+                    Source::Cached(chunk) => scope.spawn(move |_| {
+                        for c in plan.copies(&plan.leaves[i]) {
+                            out.copy_from_chunk(plan, c, chunk);
+                        }
+                    }),
+                    Source::Read { .. } => {}
+                }
+            }
+            if requests.is_empty() {
+                return;
+            }
+            for done in core.engine.submit(requests) {
+                if failed.load(Ordering::Acquire) {
+                    break;
+                }
+                let i = done.id as usize;
+                let Source::Read { storage, range } = &sources[i] else {
+                    continue;
+                };
+                let key = &storages[*storage].key;
+                match done.result {
+                    Ok(bytes) => {
+                        let range = *range;
+                        scope.spawn(move |_| {
+                            if failed.load(Ordering::Acquire) {
+                                return;
+                            }
+                            match self.decode_and_stitch(plan, i, &bytes, out, grid) {
+                                Ok(s) => *task_stats.lock() += s,
+                                Err(reason) => fail(ZarrError::Codec {
+                                    at: self.location(key, Some(range)),
+                                    reason,
+                                }),
+                            }
+                        });
+                    }
+                    // An unsharded chunk that does not exist is all fill value.
+                    Err(e) if e.is_not_found() && !sharded => {
+                        scope.spawn(move |_| {
+                            for c in plan.copies(&plan.leaves[i]) {
+                                out.fill(plan, c, &core.layout.fill);
+                            }
+                        });
+                        task_stats.lock().chunks_missing += 1;
+                    }
+                    Err(e) => fail(self.chunk_read_error(key, e, sharded)),
+                }
+            }
+        });
+        if let Some(e) = error_slot.into_inner() {
+            return Err(e);
+        }
+        stats += stats_slot.into_inner();
+        Ok(stats)
+    }
+
+    fn chunk_read_error(&self, key: &str, e: IoError, sharded: bool) -> ZarrError {
+        match e {
+            IoError::RangePastEof {
+                range, file_len, ..
+            } if sharded => ZarrError::ShardIndex {
+                at: self.location(key, Some(range)),
+                reason: format!("it points past the end of the shard file ({file_len} bytes)"),
+            },
+            e => ZarrError::Io {
+                at: self.location(key, Some(e.range())),
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// Decodes leaf `i` from `bytes` and writes all its copies; returns what it cost.
+    fn decode_and_stitch(
+        &self,
+        plan: &Plan,
+        i: usize,
+        bytes: &Bytes,
+        out: &DisjointOut<'_>,
+        grid: &[u64],
+    ) -> Result<ReadStats, String> {
+        let core = &*self.core;
+        let leaf = &plan.leaves[i];
+        let mut stats = ReadStats {
+            chunks_decoded: 1,
+            chunk_bytes_read: bytes.len() as u64,
+            ..ReadStats::default()
+        };
+        if let Some(cache) = &core.chunk_cache {
+            let mut chunk = vec![0u8; core.decoder.chunk_bytes];
+            let cost = core.decoder.decode_full_into(bytes, &mut chunk)?;
+            stats.bytes_decoded = cost.bytes_decoded;
+            let chunk: Arc<[u8]> = chunk.into();
+            for c in plan.copies(leaf) {
+                out.copy_from_chunk(plan, c, &chunk);
+            }
+            cache.insert(
+                Self::leaf_linear(&leaf.coords, grid),
+                Arc::clone(&chunk),
+                chunk.len(),
+            );
+            return Ok(stats);
+        }
+        // A copy that takes the whole chunk contiguously: decode straight into the output, then
+        // serve the chunk's other copies from there.
+        if core.decoder.decodes_in_place()
+            && let Some(direct) = plan
+                .copies(leaf)
+                .find(|c| contiguous_target(plan, *c).is_some())
+            && let Some(decoded) = out.with_whole_chunk_target(plan, direct, |target| {
+                core.decoder.decode_full_into(bytes, target)
+            })
+        {
+            let range = contiguous_target(plan, direct).unwrap_or_default();
+            stats.bytes_decoded = decoded?.bytes_decoded;
+            let chunk = out.written(range.clone());
+            for c in plan.copies(leaf) {
+                if contiguous_target(plan, c) != Some(range.clone()) {
+                    out.copy_from_chunk(plan, c, chunk);
+                }
+            }
+            return Ok(stats);
+        }
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let ((), cost) =
+                core.decoder
+                    .with_decoded(bytes, leaf.needed.clone(), &mut scratch, |chunk| {
+                        for c in plan.copies(leaf) {
+                            out.copy_from_chunk(plan, c, chunk);
+                        }
+                    })?;
+            stats.bytes_decoded = cost.bytes_decoded;
+            Ok(stats)
+        })
+    }
+
+    /// Finds where each leaf chunk's bytes are: through the shard indexes of every level for a
+    /// sharded array (fetched in one submission per level, cached), or the chunk's file.
+    fn locate(
+        &self,
+        plan: &Plan,
+        known: Vec<Option<Source>>,
+        stats: &mut ReadStats,
+    ) -> Result<(Vec<Storage>, Vec<Source>)> {
+        let core = &*self.core;
+        let layout = &core.layout;
+        let mut storages: Vec<Storage> = Vec::new();
+        let mut storage_index: HashMap<Vec<u64>, usize> = HashMap::new();
+        let mut inner_of: Vec<Vec<usize>> = Vec::with_capacity(plan.num_leaves());
+        let mut cursors: Vec<Cursor> = Vec::with_capacity(plan.num_leaves());
+        for (leaf, known) in plan.leaves.iter().zip(&known) {
+            if known.is_some() {
+                inner_of.push(Vec::new());
+                cursors.push(Cursor::Missing);
+                continue;
+            }
+            let (coords, inner) = layout.locate(&leaf.coords);
+            let next = storages.len();
+            let s = *storage_index.entry(coords.clone()).or_insert(next);
+            if s == next {
+                let rel = core.meta.chunk_key(&coords).to_string();
+                storages.push(Storage {
+                    key: format!("{}{rel}", core.key_prefix),
+                    path: Arc::from(core.dir.join(&rel).as_path()),
+                });
+            }
+            inner_of.push(inner);
+            cursors.push(Cursor::In {
+                storage: s,
+                base: 0,
+                len: None,
+            });
+        }
+
+        for (level_no, level) in layout.levels.iter().enumerate() {
+            // The indexes this level needs: one per distinct (file, shard start).
+            let mut wanted: HashMap<(usize, u64), Option<Arc<[u64]>>> = HashMap::new();
+            for c in &cursors {
+                if let Cursor::In { storage, base, .. } = *c {
+                    wanted.entry((storage, base)).or_insert(None);
+                }
+            }
+            let mut to_read: Vec<((usize, u64), ReadRange)> = Vec::new();
+            for (&(storage, base), slot) in &mut wanted {
+                let key = (Arc::clone(&storages[storage].path), level_no, base);
+                if let Some(idx) = core.index_cache.get(&key) {
+                    *slot = Some(idx);
+                    stats.index_cache_hits += 1;
+                } else {
+                    let len = cursors.iter().find_map(|c| match *c {
+                        Cursor::In {
+                            storage: s,
+                            base: b,
+                            len,
+                        } if s == storage && b == base => Some(len),
+                        _ => None,
+                    });
+                    let range = index_range(level, base, len.flatten()).map_err(|reason| {
+                        ZarrError::ShardIndex {
+                            at: self.location(&storages[storage].key, None),
+                            reason,
+                        }
+                    })?;
+                    to_read.push(((storage, base), range));
+                }
+            }
+            if !to_read.is_empty() {
+                stats.index_reads += to_read.len() as u64;
+                let requests = to_read
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ((storage, _), range))| {
+                        ReadRequest::new(i as u64, Arc::clone(&storages[*storage].path), *range)
+                    });
+                for done in core.engine.submit(requests) {
+                    let ((storage, base), range) = to_read[done.id as usize];
+                    let key = &storages[storage].key;
+                    match done.result {
+                        Ok(bytes) => {
+                            let idx = level.decode_index(&bytes, core.verify_checksums).map_err(
+                                |reason| ZarrError::ShardIndex {
+                                    at: self.location(key, Some(range)),
+                                    reason,
+                                },
+                            )?;
+                            core.index_cache.insert(
+                                (Arc::clone(&storages[storage].path), level_no, base),
+                                Arc::clone(&idx),
+                                idx.len() * 8 + 64,
+                            );
+                            wanted.insert((storage, base), Some(idx));
+                        }
+                        // No shard file: every chunk in it is fill value.
+                        Err(e) if e.is_not_found() && level_no == 0 => {}
+                        Err(IoError::RangePastEof { file_len, .. }) => {
+                            return Err(ZarrError::ShardIndex {
+                                at: self.location(key, Some(range)),
+                                reason: format!(
+                                    "the shard ({file_len} bytes) is shorter than its index"
+                                ),
+                            });
+                        }
+                        Err(e) => {
+                            return Err(ZarrError::Io {
+                                at: self.location(key, Some(e.range())),
+                                source: Box::new(e),
+                            });
+                        }
+                    }
+                }
+            }
+            // Step every leaf one level in.
+            for (c, inner) in cursors.iter_mut().zip(&inner_of) {
+                let Cursor::In { storage, base, len } = *c else {
+                    continue;
+                };
+                let Some(Some(idx)) = wanted.get(&(storage, base)) else {
+                    *c = Cursor::Missing;
+                    continue;
+                };
+                let entry = ShardLevel::entry(idx, inner[level_no], len).map_err(|reason| {
+                    ZarrError::ShardIndex {
+                        at: self.location(&storages[storage].key, None),
+                        reason,
+                    }
+                })?;
+                *c = match entry {
+                    IndexEntry::Missing => Cursor::Missing,
+                    IndexEntry::At { offset, len: n } => Cursor::In {
+                        storage,
+                        base: base + offset,
+                        len: Some(n),
+                    },
+                };
+            }
+        }
+
+        let sources = known
+            .into_iter()
+            .zip(cursors)
+            .map(|(k, c)| match (k, c) {
+                (Some(s), _) => s,
+                (None, Cursor::Missing) => Source::Missing,
+                (None, Cursor::In { storage, base, len }) => Source::Read {
+                    storage,
+                    range: match len {
+                        Some(n) => ReadRange::new(base, n),
+                        None => ReadRange::Whole,
+                    },
+                },
+            })
+            .collect();
+        Ok((storages, sources))
+    }
+}
+
+/// Where the index of a shard of `level` is: `len` bytes at `base` of its file (`len` unknown
+/// for an outermost shard, which is a whole file).
+fn index_range(level: &ShardLevel, base: u64, len: Option<u64>) -> Result<ReadRange, String> {
+    let n = level.index_bytes;
+    match (level.index_at_start, len) {
+        (true, _) => Ok(ReadRange::new(base, n)),
+        (false, None) => Ok(ReadRange::Suffix(n)),
+        (false, Some(len)) if len >= n => Ok(ReadRange::new(base + len - n, n)),
+        (false, Some(len)) => Err(format!(
+            "an inner shard of {len} bytes is shorter than its {n}-byte index"
+        )),
+    }
+}
+
+/// The numpy dtype string zarr-python gives an array of v3 data type `name`.
+fn numpy_dtype(name: &str, meta: &zarrs::metadata::ArrayMetadata) -> String {
+    if let zarrs::metadata::ArrayMetadata::V2(m) = meta
+        && let zarrs::metadata::v2::DataTypeMetadataV2::Simple(s) = &m.dtype
+    {
+        return s.clone();
+    }
+    let native = if cfg!(target_endian = "little") {
+        '<'
+    } else {
+        '>'
+    };
+    let (kind, size) = match name {
+        "bool" => return "|b1".into(),
+        "int8" => return "|i1".into(),
+        "uint8" => return "|u1".into(),
+        "int16" => ('i', 2),
+        "int32" => ('i', 4),
+        "int64" => ('i', 8),
+        "uint16" => ('u', 2),
+        "uint32" => ('u', 4),
+        "uint64" => ('u', 8),
+        "float16" => ('f', 2),
+        "float32" => ('f', 4),
+        "float64" => ('f', 8),
+        "complex64" => ('c', 8),
+        "complex128" => ('c', 16),
+        other => return other.to_string(),
+    };
+    format!("{native}{kind}{size}")
+}

@@ -1,0 +1,475 @@
+//! Decoding one leaf chunk (an unsharded chunk, or the innermost chunk of a shard).
+//!
+//! Chains of the form `bytes` + at most one compressor (zstd, blosc, gzip, zlib) + an optional
+//! trailing `crc32c` take a fast path: the chunk is decompressed straight into a caller buffer
+//! (a reused per-thread scratch buffer, or the crop itself), with one reused zstd context per
+//! thread, and only as far as the crops need where the codec allows stopping early. Every other
+//! chain (transpose, filters, ...) goes through zarrs' `CodecChain::decode`.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::io::Read;
+use std::num::NonZeroU64;
+use std::ops::Range;
+use std::sync::Arc;
+
+use zarrs::array::codec::{
+    BloscCodec, BytesCodec, BytesCodecConfiguration, Crc32cCodec, GzipCodec, ZlibCodec, ZstdCodec,
+};
+use zarrs::array::{
+    ArrayToBytesCodecTraits, CodecChain, CodecMetadataOptions, CodecOptions, DataType, FillValue,
+};
+use zarrs::metadata::{ConfigurationSerialize, Endianness};
+use zarrs::plugin::ExtensionName;
+
+use crate::ffi;
+
+/// A zstd frame decodes block by block; blocks hold up to this many decoded bytes, so stopping
+/// early only saves work when at least this much of the chunk is not needed.
+const ZSTD_MAX_BLOCK: usize = 128 * 1024;
+
+/// The compressor of a fast-path chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Compressor {
+    None,
+    Zstd { checksum: bool },
+    Blosc,
+    Gzip,
+    Zlib,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Fast {
+        compressor: Compressor,
+        crc32c: bool,
+        /// Byte-swap units of this many bytes after decoding (big-endian data).
+        swap_unit: Option<usize>,
+    },
+    Generic(Arc<CodecChain>),
+}
+
+/// How one leaf chunk's bytes become its decoded elements (C order, native endian).
+#[derive(Debug)]
+pub(crate) struct LeafDecoder {
+    kind: Kind,
+    /// Decoded size of a chunk in bytes.
+    pub(crate) chunk_bytes: usize,
+    elsize: usize,
+    shape: Vec<NonZeroU64>,
+    data_type: DataType,
+    fill_value: FillValue,
+    options: CodecOptions,
+    verify_checksums: bool,
+}
+
+/// What decoding one chunk cost.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct DecodeCost {
+    /// Decoded bytes produced (less than the chunk when decoding stopped early).
+    pub(crate) bytes_decoded: u64,
+}
+
+thread_local! {
+    static ZSTD: RefCell<Option<zstd::zstd_safe::DCtx<'static>>> = const { RefCell::new(None) };
+}
+
+fn with_zstd<R>(f: impl FnOnce(&mut zstd::zstd_safe::DCtx<'static>) -> R) -> R {
+    ZSTD.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let dctx = slot.get_or_insert_with(zstd::zstd_safe::DCtx::create);
+        f(dctx)
+    })
+}
+
+fn zstd_err(code: usize) -> String {
+    format!("zstd: {}", zstd::zstd_safe::get_error_name(code))
+}
+
+impl LeafDecoder {
+    /// Classifies `chain` (the chain that decodes one leaf chunk of `shape`).
+    pub(crate) fn new(
+        chain: Arc<CodecChain>,
+        shape: Vec<NonZeroU64>,
+        data_type: DataType,
+        fill_value: FillValue,
+        elsize: usize,
+        verify_checksums: bool,
+    ) -> Self {
+        let chunk_bytes = shape.iter().map(|s| s.get() as usize).product::<usize>() * elsize;
+        let kind = Self::classify(&chain, &data_type, elsize).unwrap_or(Kind::Generic(chain));
+        LeafDecoder {
+            kind,
+            chunk_bytes,
+            elsize,
+            shape,
+            data_type,
+            fill_value,
+            options: CodecOptions::default()
+                .with_concurrent_target(1)
+                .with_validate_checksums(verify_checksums),
+            verify_checksums,
+        }
+    }
+
+    fn classify(chain: &CodecChain, data_type: &DataType, elsize: usize) -> Option<Kind> {
+        if !chain.array_to_array_codecs().is_empty() {
+            return None;
+        }
+        let a2b = chain.array_to_bytes_codec();
+        a2b.as_any().downcast_ref::<BytesCodec>()?;
+        let cfg = a2b.configuration_v3(&CodecMetadataOptions::default())?;
+        let BytesCodecConfiguration::V1(bytes_cfg) =
+            BytesCodecConfiguration::try_from_configuration(cfg).ok()?
+        else {
+            return None;
+        };
+        let native = if cfg!(target_endian = "little") {
+            Endianness::Little
+        } else {
+            Endianness::Big
+        };
+        let swap_unit = match bytes_cfg.endian {
+            Some(e) if e != native && elsize > 1 => {
+                // Complex numbers are pairs of floats, each swapped on its own.
+                let complex = matches!(
+                    data_type.name_v3().as_deref(),
+                    Some("complex64" | "complex128")
+                );
+                Some(if complex { elsize / 2 } else { elsize })
+            }
+            _ => None,
+        };
+        let b2b = chain.bytes_to_bytes_codecs();
+        let (comp_codecs, crc32c) = match b2b.split_last() {
+            Some((last, rest)) if last.as_any().is::<Crc32cCodec>() => (rest, true),
+            _ => (b2b, false),
+        };
+        let compressor = match comp_codecs {
+            [] => Compressor::None,
+            [c] => {
+                let a = c.as_any();
+                if a.is::<ZstdCodec>() {
+                    let cfg = c.configuration_v3(&CodecMetadataOptions::default())?;
+                    let checksum = cfg
+                        .get("checksum")
+                        .and_then(serde_json::Value::as_bool)
+                        .unwrap_or(false);
+                    Compressor::Zstd { checksum }
+                } else if a.is::<BloscCodec>() {
+                    Compressor::Blosc
+                } else if a.is::<GzipCodec>() {
+                    Compressor::Gzip
+                } else if a.is::<ZlibCodec>() {
+                    Compressor::Zlib
+                } else {
+                    return None;
+                }
+            }
+            _ => return None,
+        };
+        Some(Kind::Fast {
+            compressor,
+            crc32c,
+            swap_unit,
+        })
+    }
+
+    /// A short description for `zcrop info` and logs, e.g. `fast: zstd + crc32c`.
+    pub(crate) fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Fast {
+                compressor,
+                crc32c,
+                swap_unit,
+            } => {
+                let mut s = format!("fast path: {compressor:?}").to_lowercase();
+                if *crc32c {
+                    s.push_str(" + crc32c");
+                }
+                if swap_unit.is_some() {
+                    s.push_str(" (big-endian)");
+                }
+                s
+            }
+            Kind::Generic(chain) => {
+                let names: Vec<String> = chain
+                    .array_to_array_codecs()
+                    .iter()
+                    .map(|c| codec_name(c.name_v3()))
+                    .chain(std::iter::once(codec_name(
+                        chain.array_to_bytes_codec().name_v3(),
+                    )))
+                    .chain(
+                        chain
+                            .bytes_to_bytes_codecs()
+                            .iter()
+                            .map(|c| codec_name(c.name_v3())),
+                    )
+                    .collect();
+                format!("zarrs codec chain: {}", names.join(" -> "))
+            }
+        }
+    }
+
+    /// Whether this chain can decode straight into a caller buffer.
+    pub(crate) fn decodes_in_place(&self) -> bool {
+        matches!(self.kind, Kind::Fast { .. })
+    }
+
+    /// Rounds `range` out to whole elements and clamps it to the chunk.
+    fn element_range(&self, range: &Range<usize>) -> Range<usize> {
+        let e = self.elsize;
+        let start = range.start / e * e;
+        let end = range.end.div_ceil(e) * e;
+        start..end.min(self.chunk_bytes)
+    }
+
+    /// Decodes the chunk `encoded` and calls `f` with its decoded bytes, of which at least
+    /// `range` is valid (the whole chunk for chains that cannot stop early). `scratch` is reused
+    /// between calls.
+    pub(crate) fn with_decoded<R>(
+        &self,
+        encoded: &[u8],
+        range: Range<usize>,
+        scratch: &mut Vec<u8>,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<(R, DecodeCost), String> {
+        match &self.kind {
+            Kind::Generic(chain) => {
+                let decoded = chain
+                    .decode(
+                        Cow::Borrowed(encoded),
+                        &self.shape,
+                        &self.data_type,
+                        &self.fill_value,
+                        &self.options,
+                    )
+                    .map_err(|e| e.to_string())?
+                    .into_fixed()
+                    .map_err(|e| e.to_string())?;
+                if decoded.len() != self.chunk_bytes {
+                    return Err(format!(
+                        "decoded to {} bytes, expected {}",
+                        decoded.len(),
+                        self.chunk_bytes
+                    ));
+                }
+                let cost = DecodeCost {
+                    bytes_decoded: self.chunk_bytes as u64,
+                };
+                Ok((f(&decoded), cost))
+            }
+            Kind::Fast {
+                compressor: Compressor::None,
+                crc32c,
+                swap_unit: None,
+            } => {
+                // Stored raw in native order: the encoded bytes are the chunk.
+                let data = self.strip_crc32c(encoded, *crc32c)?;
+                self.check_raw_len(data)?;
+                Ok((f(data), DecodeCost::default()))
+            }
+            Kind::Fast { .. } => {
+                if scratch.len() != self.chunk_bytes {
+                    scratch.resize(self.chunk_bytes, 0);
+                }
+                let range = self.element_range(&range);
+                let cost = self.decode_fast(encoded, scratch, range)?;
+                Ok((f(scratch), cost))
+            }
+        }
+    }
+
+    /// Decodes the whole chunk into `out` (exactly [`Self::chunk_bytes`] long). Fast-path chains
+    /// only (see [`Self::decodes_in_place`]); others decode and copy.
+    pub(crate) fn decode_full_into(
+        &self,
+        encoded: &[u8],
+        out: &mut [u8],
+    ) -> Result<DecodeCost, String> {
+        if out.len() != self.chunk_bytes {
+            return Err(format!(
+                "output of {} bytes for a chunk of {}",
+                out.len(),
+                self.chunk_bytes
+            ));
+        }
+        match &self.kind {
+            Kind::Fast { .. } => self.decode_fast(encoded, out, 0..self.chunk_bytes),
+            Kind::Generic(_) => {
+                let mut scratch = Vec::new();
+                let ((), cost) =
+                    self.with_decoded(encoded, 0..self.chunk_bytes, &mut scratch, |d| {
+                        out.copy_from_slice(d);
+                    })?;
+                Ok(cost)
+            }
+        }
+    }
+
+    fn strip_crc32c<'a>(&self, encoded: &'a [u8], crc32c: bool) -> Result<&'a [u8], String> {
+        if !crc32c {
+            return Ok(encoded);
+        }
+        let Some(split) = encoded.len().checked_sub(4) else {
+            return Err(format!(
+                "{} bytes is too short for a crc32c checksum",
+                encoded.len()
+            ));
+        };
+        let (data, sum) = encoded.split_at(split);
+        if self.verify_checksums {
+            let stored = u32::from_le_bytes([sum[0], sum[1], sum[2], sum[3]]);
+            let actual = crc32c::crc32c(data);
+            if stored != actual {
+                return Err(format!(
+                    "crc32c checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
+                ));
+            }
+        }
+        Ok(data)
+    }
+
+    fn check_raw_len(&self, data: &[u8]) -> Result<(), String> {
+        if data.len() == self.chunk_bytes {
+            Ok(())
+        } else {
+            Err(format!(
+                "raw chunk has {} bytes, expected {}",
+                data.len(),
+                self.chunk_bytes
+            ))
+        }
+    }
+
+    /// Decodes at least `range` of the chunk into `out` (chunk-sized). Stops early, or decodes
+    /// only the needed blosc blocks, where that saves work and skips no checksum.
+    fn decode_fast(
+        &self,
+        encoded: &[u8],
+        out: &mut [u8],
+        range: Range<usize>,
+    ) -> Result<DecodeCost, String> {
+        let Kind::Fast {
+            compressor,
+            crc32c,
+            swap_unit,
+        } = &self.kind
+        else {
+            return Err("not a fast-path chain".into());
+        };
+        let data = self.strip_crc32c(encoded, *crc32c)?;
+        let full = self.chunk_bytes;
+        let decoded: Range<usize> = match compressor {
+            Compressor::None => {
+                self.check_raw_len(data)?;
+                out[range.clone()].copy_from_slice(&data[range.clone()]);
+                range.clone()
+            }
+            Compressor::Zstd { checksum } => {
+                let stop_early =
+                    !(*checksum && self.verify_checksums) && range.end + ZSTD_MAX_BLOCK <= full;
+                if stop_early {
+                    zstd_prefix(data, &mut out[..range.end])?;
+                    0..range.end
+                } else {
+                    let n = with_zstd(|d| d.decompress(out, data)).map_err(zstd_err)?;
+                    if n != full {
+                        return Err(format!("zstd frame decoded to {n} bytes, expected {full}"));
+                    }
+                    0..full
+                }
+            }
+            Compressor::Blosc => {
+                let h = ffi::blosc_header(data)?;
+                if h.nbytes != full {
+                    return Err(format!(
+                        "blosc chunk decodes to {} bytes, expected {full}",
+                        h.nbytes
+                    ));
+                }
+                // Only decode a sub-range when it skips at least one whole block.
+                let ts = h.typesize;
+                let start = range.start / ts * ts;
+                let end = range.end.div_ceil(ts) * ts;
+                if h.blocksize > 0 && end - start + h.blocksize <= full && end <= full {
+                    ffi::blosc_getitem(data, &h, start, &mut out[start..end])?;
+                    start..end
+                } else {
+                    ffi::blosc_decompress(data, &h, out)?;
+                    0..full
+                }
+            }
+            Compressor::Gzip | Compressor::Zlib => {
+                // gzip and zlib carry a checksum of the whole stream; stop early only when
+                // checksums are not verified.
+                let end = if self.verify_checksums {
+                    full
+                } else {
+                    range.end
+                };
+                let mut reader: Box<dyn Read> = if *compressor == Compressor::Gzip {
+                    Box::new(flate2::bufread::GzDecoder::new(data))
+                } else {
+                    Box::new(flate2::bufread::ZlibDecoder::new(data))
+                };
+                reader
+                    .read_exact(&mut out[..end])
+                    .map_err(|e| format!("{compressor:?} stream: {e}").to_lowercase())?;
+                if end == full {
+                    // Reading on to the end verifies the trailer checksum and length.
+                    let mut extra = [0u8; 1];
+                    let n = reader
+                        .read(&mut extra)
+                        .map_err(|e| format!("{compressor:?} stream: {e}").to_lowercase())?;
+                    if n != 0 {
+                        return Err(format!(
+                            "{compressor:?} stream decodes to more than {full} bytes"
+                        )
+                        .to_lowercase());
+                    }
+                }
+                0..end
+            }
+        };
+        if let Some(unit) = swap_unit {
+            for el in out[decoded.clone()].chunks_exact_mut(*unit) {
+                el.reverse();
+            }
+        }
+        Ok(DecodeCost {
+            bytes_decoded: decoded.len() as u64,
+        })
+    }
+}
+
+/// A codec's v3 name, or `?` for codecs without one.
+pub(crate) fn codec_name(name: Option<Cow<'static, str>>) -> String {
+    name.map_or_else(|| "?".to_string(), Cow::into_owned)
+}
+
+/// Streams a zstd frame into `out` and stops once it is full.
+fn zstd_prefix(src: &[u8], out: &mut [u8]) -> Result<(), String> {
+    use zstd::zstd_safe::{InBuffer, OutBuffer, ResetDirective};
+    let want = out.len();
+    with_zstd(|dctx| {
+        dctx.reset(ResetDirective::SessionOnly).map_err(zstd_err)?;
+        let mut ob = OutBuffer::around(out);
+        let mut ib = InBuffer::around(src);
+        while ob.pos() < want {
+            let before = (ib.pos(), ob.pos());
+            let hint = dctx.decompress_stream(&mut ob, &mut ib).map_err(zstd_err)?;
+            if hint == 0 && ob.pos() < want {
+                return Err(format!(
+                    "zstd frame ended after {} of {want} bytes",
+                    ob.pos()
+                ));
+            }
+            if (ib.pos(), ob.pos()) == before {
+                return Err("zstd frame is truncated".into());
+            }
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,120 @@
+//! C-blosc calls: the unsafe module of zarr-front besides `stitch`.
+//!
+//! zarrs decodes blosc into a fresh `Vec` and then copies; zcrop decodes straight into the
+//! caller's buffer (a reused scratch buffer, or the crop itself), and can decode only the blocks
+//! that hold a prefix of the chunk.
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+
+/// Facts from a validated blosc header.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BloscHeader {
+    /// Decoded size.
+    pub(crate) nbytes: usize,
+    /// Item size the buffer was shuffled with.
+    pub(crate) typesize: usize,
+    /// Bytes per block (the unit blosc can decode alone).
+    pub(crate) blocksize: usize,
+}
+
+/// Validates `src` as one blosc buffer and reads its header.
+pub(crate) fn blosc_header(src: &[u8]) -> Result<BloscHeader, String> {
+    let mut nbytes = 0usize;
+    // SAFETY: `src` is a valid slice of `src.len()` bytes; validate reads at most that many and
+    // writes one usize to `nbytes`.
+    let rc = unsafe {
+        blosc_src::blosc_cbuffer_validate(src.as_ptr().cast(), src.len(), &raw mut nbytes)
+    };
+    if rc != 0 {
+        return Err(format!("not a valid blosc buffer ({} bytes)", src.len()));
+    }
+    let (mut n, mut cbytes, mut blocksize, mut typesize, mut flags) =
+        (0usize, 0usize, 0usize, 0usize, 0i32);
+    // SAFETY: the header (16 bytes) was validated to lie within `src`; the calls only read it.
+    unsafe {
+        blosc_src::blosc_cbuffer_sizes(
+            src.as_ptr().cast(),
+            &raw mut n,
+            &raw mut cbytes,
+            &raw mut blocksize,
+        );
+        blosc_src::blosc_cbuffer_metainfo(src.as_ptr().cast(), &raw mut typesize, &raw mut flags);
+    }
+    if cbytes > src.len() {
+        return Err(format!(
+            "blosc header claims {cbytes} compressed bytes but the chunk has {}",
+            src.len()
+        ));
+    }
+    Ok(BloscHeader {
+        nbytes,
+        typesize: typesize.max(1),
+        blocksize,
+    })
+}
+
+/// Decompresses the whole of `src` into `dst`, which must be exactly `header.nbytes` long.
+pub(crate) fn blosc_decompress(
+    src: &[u8],
+    header: &BloscHeader,
+    dst: &mut [u8],
+) -> Result<(), String> {
+    if dst.len() != header.nbytes {
+        return Err(format!(
+            "blosc chunk decodes to {} bytes, expected {}",
+            header.nbytes,
+            dst.len()
+        ));
+    }
+    // SAFETY: `src` was validated by `blosc_header` (its compressed size fits in the slice);
+    // `dst` has exactly the `nbytes` the header announces; one internal thread (a local
+    // context, no global state).
+    let n = unsafe {
+        blosc_src::blosc_decompress_ctx(
+            src.as_ptr().cast(),
+            dst.as_mut_ptr().cast::<c_void>(),
+            dst.len(),
+            1,
+        )
+    };
+    if n < 0 || n as usize != dst.len() {
+        return Err(format!("blosc decompression failed (code {n})"));
+    }
+    Ok(())
+}
+
+/// Decompresses only the items `[start, start + dst.len() / typesize)` of `src` into `dst`,
+/// decoding just the blocks that hold them. `dst.len()` and the start must be multiples of the
+/// typesize (checked).
+pub(crate) fn blosc_getitem(
+    src: &[u8],
+    header: &BloscHeader,
+    start_byte: usize,
+    dst: &mut [u8],
+) -> Result<(), String> {
+    let ts = header.typesize;
+    if !start_byte.is_multiple_of(ts)
+        || !dst.len().is_multiple_of(ts)
+        || start_byte + dst.len() > header.nbytes
+    {
+        return Err(format!(
+            "blosc partial read {start_byte}+{} does not fit items of {ts} bytes in {}",
+            dst.len(),
+            header.nbytes
+        ));
+    }
+    let start =
+        i32::try_from(start_byte / ts).map_err(|_| "blosc item index overflow".to_string())?;
+    let nitems =
+        i32::try_from(dst.len() / ts).map_err(|_| "blosc item count overflow".to_string())?;
+    // SAFETY: `src` was validated by `blosc_header`; the item range lies within the decoded size
+    // (checked above) and `dst` holds exactly `nitems * typesize` bytes.
+    let n = unsafe {
+        blosc_src::blosc_getitem(src.as_ptr().cast(), start, nitems, dst.as_mut_ptr().cast())
+    };
+    if n < 0 || n as usize != dst.len() {
+        return Err(format!("blosc partial decompression failed (code {n})"));
+    }
+    Ok(())
+}

@@ -1,0 +1,361 @@
+//! The physical layout of an array: storage chunks (files), shard levels, and the leaf chunks
+//! the decoder sees. Built once at open time from zarrs' view of the metadata; everything here
+//! is a pure function of metadata and bytes.
+
+use std::borrow::Cow;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use zarrs::array::codec::{ShardingCodec, ShardingCodecConfiguration, ShardingIndexLocation};
+use zarrs::array::{
+    Array, ArrayToBytesCodecTraits, BytesRepresentation, CodecChain, CodecMetadataOptions,
+    CodecOptions, FillValue, data_type,
+};
+use zarrs::metadata::ConfigurationSerialize;
+use zarrs::plugin::ExtensionName;
+
+use crate::decode::LeafDecoder;
+use crate::error::ZarrError;
+
+const TWO: NonZeroU64 = NonZeroU64::new(2).unwrap();
+
+/// Data types zcrop reads (v3 names).
+pub(crate) const SUPPORTED_DATA_TYPES: &[&str] = &[
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+];
+
+/// One level of sharding: a shard of `shard_shape` split into inner chunks of `inner_shape`.
+#[derive(Debug)]
+pub(crate) struct ShardLevel {
+    pub(crate) shard_shape: Vec<u64>,
+    pub(crate) inner_shape: Vec<u64>,
+    pub(crate) per_shard: Vec<u64>,
+    pub(crate) index_at_start: bool,
+    pub(crate) index_bytes: u64,
+    index_chain: Arc<CodecChain>,
+    index_shape: Vec<NonZeroU64>,
+}
+
+/// What a shard index says about one inner chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IndexEntry {
+    /// Not stored: all fill value.
+    Missing,
+    /// `len` bytes at `offset` from the start of the shard.
+    At { offset: u64, len: u64 },
+}
+
+impl ShardLevel {
+    fn n_inner(&self) -> usize {
+        self.per_shard.iter().product::<u64>() as usize
+    }
+
+    /// Decodes an index (`index_bytes` long) into `2 * n_inner` numbers: offset and length per
+    /// inner chunk, in C order. Verifies its checksum when `verify`.
+    pub(crate) fn decode_index(&self, bytes: &[u8], verify: bool) -> Result<Arc<[u64]>, String> {
+        if bytes.len() as u64 != self.index_bytes {
+            return Err(format!(
+                "index has {} bytes, expected {}",
+                bytes.len(),
+                self.index_bytes
+            ));
+        }
+        let opts = CodecOptions::default()
+            .with_concurrent_target(1)
+            .with_validate_checksums(verify);
+        let decoded = self
+            .index_chain
+            .decode(
+                Cow::Borrowed(bytes),
+                &self.index_shape,
+                &data_type::uint64(),
+                &FillValue::from(u64::MAX),
+                &opts,
+            )
+            .map_err(|e| e.to_string())?
+            .into_fixed()
+            .map_err(|e| e.to_string())?;
+        let words: Arc<[u64]> = decoded
+            .chunks_exact(8)
+            .map(|b| u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect();
+        if words.len() != 2 * self.n_inner() {
+            return Err(format!(
+                "index decodes to {} numbers, expected {}",
+                words.len(),
+                2 * self.n_inner()
+            ));
+        }
+        Ok(words)
+    }
+
+    /// Entry `inner` of a decoded index, checked against the shard's length when known.
+    pub(crate) fn entry(
+        index: &[u64],
+        inner: usize,
+        shard_len: Option<u64>,
+    ) -> Result<IndexEntry, String> {
+        let (offset, len) = (index[2 * inner], index[2 * inner + 1]);
+        if offset == u64::MAX && len == u64::MAX {
+            return Ok(IndexEntry::Missing);
+        }
+        let end = offset.checked_add(len).ok_or_else(|| {
+            format!("inner chunk {inner}: offset {offset} + length {len} overflows")
+        })?;
+        if let Some(shard_len) = shard_len
+            && end > shard_len
+        {
+            return Err(format!(
+                "inner chunk {inner} at bytes {offset}..{end} points past the end of its shard ({shard_len} bytes)"
+            ));
+        }
+        Ok(IndexEntry::At { offset, len })
+    }
+}
+
+/// How an array is laid out on storage.
+#[derive(Debug)]
+pub(crate) struct Layout {
+    pub(crate) shape: Vec<u64>,
+    pub(crate) elsize: usize,
+    /// One fill element, native endian.
+    pub(crate) fill: Vec<u8>,
+    /// Shape of a storage chunk (a file): a chunk, or an outermost shard.
+    pub(crate) storage_chunk: Vec<u64>,
+    /// Sharding levels from the outermost in (empty when unsharded).
+    pub(crate) levels: Vec<ShardLevel>,
+    /// Shape of the chunks the decoder sees.
+    pub(crate) leaf: Vec<u64>,
+}
+
+impl Layout {
+    /// Analyses `array` (named `name` in messages) and builds the decoder of its leaf chunks.
+    pub(crate) fn new(
+        name: &str,
+        array: &Array<()>,
+        verify_checksums: bool,
+    ) -> Result<(Layout, LeafDecoder), ZarrError> {
+        let dt = array.data_type();
+        let dt_name = dt.name_v3().map(Cow::into_owned);
+        let elsize = match (&dt_name, dt.fixed_size()) {
+            (Some(n), Some(size)) if SUPPORTED_DATA_TYPES.contains(&n.as_str()) => size,
+            _ => {
+                return Err(ZarrError::UnsupportedDataType {
+                    array: name.to_string(),
+                    data_type: dt.to_string(),
+                });
+            }
+        };
+        let shape = array.shape().to_vec();
+        let nd = shape.len();
+        let storage_chunk: Vec<u64> = array
+            .chunk_shape(&vec![0; nd])
+            .map_err(|e| unsupported(name, format!("its chunk grid ({e})")))?
+            .iter()
+            .map(|c| c.get())
+            .collect();
+
+        let mut levels = Vec::new();
+        let mut chain: Arc<CodecChain> = array.codecs();
+        let mut outer = storage_chunk.clone();
+        loop {
+            let a2b = chain.array_to_bytes_codec();
+            if !a2b.as_any().is::<ShardingCodec>() {
+                break;
+            }
+            if !chain.array_to_array_codecs().is_empty() {
+                return Err(unsupported_codec(
+                    name,
+                    &crate::decode::codec_name(chain.array_to_array_codecs()[0].name_v3()),
+                    "array-to-array codecs before sharding_indexed",
+                ));
+            }
+            if let Some(c) = chain.bytes_to_bytes_codecs().first() {
+                return Err(unsupported_codec(
+                    name,
+                    &crate::decode::codec_name(c.name_v3()),
+                    "bytes-to-bytes codecs after sharding_indexed (they encode whole shards)",
+                ));
+            }
+            let cfg = a2b
+                .configuration_v3(&CodecMetadataOptions::default())
+                .ok_or_else(|| unsupported_codec(name, "sharding_indexed", "no configuration"))?;
+            let ShardingCodecConfiguration::V1(sh) =
+                ShardingCodecConfiguration::try_from_configuration(cfg)
+                    .map_err(|e| unsupported_codec(name, "sharding_indexed", &e.to_string()))?
+            else {
+                return Err(unsupported_codec(
+                    name,
+                    "sharding_indexed",
+                    "unknown configuration version",
+                ));
+            };
+            let inner: Vec<u64> = sh.chunk_shape.iter().map(|c| c.get()).collect();
+            if inner.len() != nd || outer.iter().zip(&inner).any(|(o, i)| o % i != 0) {
+                return Err(unsupported_codec(
+                    name,
+                    "sharding_indexed",
+                    &format!("inner chunk shape {inner:?} does not divide shard shape {outer:?}"),
+                ));
+            }
+            let per_shard: Vec<u64> = outer.iter().zip(&inner).map(|(o, i)| o / i).collect();
+            let index_chain =
+                Arc::new(CodecChain::from_metadata(&sh.index_codecs).map_err(|e| {
+                    unsupported_codec(name, "sharding_indexed", &format!("index codecs: {e}"))
+                })?);
+            let mut index_shape: Vec<NonZeroU64> = per_shard
+                .iter()
+                .filter_map(|&p| NonZeroU64::new(p))
+                .collect();
+            index_shape.push(TWO);
+            let Ok(BytesRepresentation::FixedSize(index_bytes)) = index_chain
+                .encoded_representation(
+                    &index_shape,
+                    &data_type::uint64(),
+                    &FillValue::from(u64::MAX),
+                )
+            else {
+                return Err(unsupported_codec(
+                    name,
+                    "sharding_indexed",
+                    "index codecs of variable size (only fixed-size index codecs such as bytes + crc32c)",
+                ));
+            };
+            let next = Arc::new(CodecChain::from_metadata(&sh.codecs).map_err(|e| {
+                unsupported_codec(name, "sharding_indexed", &format!("inner codecs: {e}"))
+            })?);
+            levels.push(ShardLevel {
+                shard_shape: outer.clone(),
+                inner_shape: inner.clone(),
+                per_shard,
+                index_at_start: matches!(sh.index_location, ShardingIndexLocation::Start),
+                index_bytes,
+                index_chain,
+                index_shape,
+            });
+            outer = inner;
+            chain = next;
+        }
+        let leaf = outer;
+        let leaf_nz: Vec<NonZeroU64> = leaf.iter().filter_map(|&c| NonZeroU64::new(c)).collect();
+        if leaf_nz.len() != nd {
+            return Err(unsupported(name, "a chunk shape with a zero extent".into()));
+        }
+        let decoder = LeafDecoder::new(
+            chain,
+            leaf_nz,
+            dt.clone(),
+            array.fill_value().clone(),
+            elsize,
+            verify_checksums,
+        );
+        let fill = array.fill_value().as_ne_bytes().to_vec();
+        if fill.len() != elsize {
+            return Err(unsupported(
+                name,
+                format!(
+                    "a fill value of {} bytes for {elsize}-byte elements",
+                    fill.len()
+                ),
+            ));
+        }
+        Ok((
+            Layout {
+                shape,
+                elsize,
+                fill,
+                storage_chunk,
+                levels,
+                leaf,
+            },
+            decoder,
+        ))
+    }
+
+    /// The leaf-chunk grid shape.
+    pub(crate) fn leaf_grid(&self) -> Vec<u64> {
+        self.shape
+            .iter()
+            .zip(&self.leaf)
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect()
+    }
+
+    /// Where leaf chunk `leaf` lives: the coordinates of its storage chunk, and its C-order index
+    /// within the shard of each sharding level.
+    pub(crate) fn locate(&self, leaf: &[u64]) -> (Vec<u64>, Vec<usize>) {
+        let element: Vec<u64> = leaf.iter().zip(&self.leaf).map(|(c, s)| c * s).collect();
+        let storage: Vec<u64> = element
+            .iter()
+            .zip(&self.storage_chunk)
+            .map(|(e, s)| e / s)
+            .collect();
+        let inner = self
+            .levels
+            .iter()
+            .map(|lvl| {
+                let mut linear = 0u64;
+                for (d, e) in element.iter().enumerate() {
+                    let within = (e % lvl.shard_shape[d]) / lvl.inner_shape[d];
+                    linear = linear * lvl.per_shard[d] + within;
+                }
+                linear as usize
+            })
+            .collect();
+        (storage, inner)
+    }
+}
+
+fn unsupported(name: &str, feature: String) -> ZarrError {
+    ZarrError::Unsupported {
+        array: name.to_string(),
+        feature,
+    }
+}
+
+fn unsupported_codec(name: &str, codec: &str, reason: &str) -> ZarrError {
+    ZarrError::UnsupportedCodec {
+        array: name.to_string(),
+        codec: codec.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries() {
+        let idx = [0, 10, u64::MAX, u64::MAX, 5, u64::MAX - 1, 100, 50];
+        assert_eq!(
+            ShardLevel::entry(&idx, 0, None),
+            Ok(IndexEntry::At { offset: 0, len: 10 })
+        );
+        assert_eq!(ShardLevel::entry(&idx, 1, Some(5)), Ok(IndexEntry::Missing));
+        assert!(
+            ShardLevel::entry(&idx, 2, None)
+                .unwrap_err()
+                .contains("overflows")
+        );
+        assert!(
+            ShardLevel::entry(&idx, 3, Some(120))
+                .unwrap_err()
+                .contains("past the end")
+        );
+        assert!(ShardLevel::entry(&idx, 3, Some(150)).is_ok());
+    }
+}

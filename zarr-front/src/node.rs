@@ -1,0 +1,556 @@
+//! Opening arrays and groups from a local store: v3 `zarr.json`; v2 `.zarray`, `.zgroup`,
+//! `.zattrs` and consolidated `.zmetadata`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use zarrs::array::ArrayCreateError;
+use zarrs::metadata::ArrayMetadata;
+use zarrs::metadata::v2::ArrayMetadataV2;
+use zarrs::metadata::v3::ArrayMetadataV3;
+use zarrs::plugin::PluginCreateError;
+
+use crate::array::{Array, OpenOptions};
+use crate::error::{Result, ZarrError};
+
+/// An array or a group.
+#[derive(Debug, Clone)]
+pub enum Node {
+    /// An array.
+    Array(Array),
+    /// A group.
+    Group(Group),
+}
+
+impl Node {
+    /// "array" or "group".
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Node::Array(_) => "array",
+            Node::Group(_) => "group",
+        }
+    }
+}
+
+/// What kind of node a member is, without opening it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    /// An array.
+    Array,
+    /// A group.
+    Group,
+}
+
+/// Consolidated metadata of a store: node path (relative to the store root) -> metadata.
+#[derive(Debug, Default)]
+struct Consolidated {
+    nodes: BTreeMap<String, NodeMeta>,
+}
+
+/// Parsed node metadata.
+#[derive(Debug, Clone)]
+enum NodeMeta {
+    Array(Box<ArrayMetadata>),
+    Group {
+        zarr_format: u8,
+        attributes: Map<String, Value>,
+    },
+}
+
+impl NodeMeta {
+    fn kind(&self) -> NodeKind {
+        match self {
+            NodeMeta::Array(_) => NodeKind::Array,
+            NodeMeta::Group { .. } => NodeKind::Group,
+        }
+    }
+}
+
+/// An opened Zarr group. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Group {
+    core: Arc<GroupCore>,
+}
+
+#[derive(Debug)]
+struct GroupCore {
+    name: String,
+    key_prefix: String,
+    dir: PathBuf,
+    zarr_format: u8,
+    attributes: Map<String, Value>,
+    consolidated: Option<Arc<Consolidated>>,
+    options: OpenOptions,
+}
+
+fn invalid(path: &Path, reason: impl std::fmt::Display) -> ZarrError {
+    ZarrError::InvalidMetadata {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| invalid(path, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Ok(None),
+        Err(e) => Err(invalid(path, e)),
+    }
+}
+
+fn attributes_of(path: &Path, v: Option<Value>) -> Result<Map<String, Value>> {
+    match v {
+        None => Ok(Map::new()),
+        Some(Value::Object(m)) => Ok(m),
+        Some(_) => Err(invalid(path, "attributes must be a JSON object")),
+    }
+}
+
+/// Reads the metadata of the node in `dir` from its own files.
+fn read_node(dir: &Path) -> Result<Option<(NodeMeta, Option<Consolidated>)>> {
+    let zarr_json = dir.join("zarr.json");
+    if let Some(v) = read_json(&zarr_json)? {
+        return parse_v3(&zarr_json, v).map(Some);
+    }
+    let zarray = dir.join(".zarray");
+    if let Some(v) = read_json(&zarray)? {
+        let mut md: ArrayMetadataV2 = serde_json::from_value(v).map_err(|e| invalid(&zarray, e))?;
+        let zattrs = dir.join(".zattrs");
+        md.attributes = attributes_of(&zattrs, read_json(&zattrs)?)?;
+        return Ok(Some((
+            NodeMeta::Array(Box::new(ArrayMetadata::V2(md))),
+            None,
+        )));
+    }
+    let zgroup = dir.join(".zgroup");
+    let zmetadata = dir.join(".zmetadata");
+    let group = read_json(&zgroup)?;
+    let consolidated = match read_json(&zmetadata)? {
+        Some(v) => Some(parse_zmetadata(&zmetadata, &v)?),
+        None => None,
+    };
+    if group.is_some() || consolidated.is_some() {
+        let zattrs = dir.join(".zattrs");
+        let attributes = attributes_of(&zattrs, read_json(&zattrs)?)?;
+        return Ok(Some((
+            NodeMeta::Group {
+                zarr_format: 2,
+                attributes,
+            },
+            consolidated,
+        )));
+    }
+    Ok(None)
+}
+
+fn parse_v3(path: &Path, v: Value) -> Result<(NodeMeta, Option<Consolidated>)> {
+    match v.get("node_type").and_then(Value::as_str) {
+        Some("array") => {
+            let md: ArrayMetadataV3 = serde_json::from_value(v).map_err(|e| invalid(path, e))?;
+            Ok((NodeMeta::Array(Box::new(ArrayMetadata::V3(md))), None))
+        }
+        Some("group") => {
+            let attributes = attributes_of(path, v.get("attributes").cloned())?;
+            let consolidated = match v.get("consolidated_metadata") {
+                Some(Value::Object(cm)) => Some(parse_v3_consolidated(path, cm)?),
+                _ => None,
+            };
+            Ok((
+                NodeMeta::Group {
+                    zarr_format: 3,
+                    attributes,
+                },
+                consolidated,
+            ))
+        }
+        Some(other) => Err(invalid(path, format!("unknown node_type {other:?}"))),
+        None => Err(invalid(path, "no node_type")),
+    }
+}
+
+fn parse_v3_consolidated(path: &Path, cm: &Map<String, Value>) -> Result<Consolidated> {
+    let mut nodes = BTreeMap::new();
+    if let Some(Value::Object(meta)) = cm.get("metadata") {
+        for (k, v) in meta {
+            let (node, _) = parse_v3(path, v.clone())?;
+            nodes.insert(k.clone(), node);
+        }
+    }
+    Ok(Consolidated { nodes })
+}
+
+/// Parses a v2 `.zmetadata` file.
+fn parse_zmetadata(path: &Path, v: &Value) -> Result<Consolidated> {
+    let Some(Value::Object(meta)) = v.get("metadata") else {
+        return Err(invalid(path, "no \"metadata\" object"));
+    };
+    let mut nodes = BTreeMap::new();
+    for (k, v) in meta {
+        let (node_path, file) = match k.rsplit_once('/') {
+            Some((p, f)) => (p.to_string(), f),
+            None => (String::new(), k.as_str()),
+        };
+        let attrs_key = if node_path.is_empty() {
+            ".zattrs".to_string()
+        } else {
+            format!("{node_path}/.zattrs")
+        };
+        let attrs = || attributes_of(path, meta.get(&attrs_key).cloned());
+        match file {
+            ".zarray" => {
+                let mut md: ArrayMetadataV2 = serde_json::from_value(v.clone())
+                    .map_err(|e| invalid(path, format!("{k}: {e}")))?;
+                md.attributes = attrs()?;
+                nodes.insert(node_path, NodeMeta::Array(Box::new(ArrayMetadata::V2(md))));
+            }
+            ".zgroup" => {
+                nodes.insert(
+                    node_path,
+                    NodeMeta::Group {
+                        zarr_format: 2,
+                        attributes: attrs()?,
+                    },
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(Consolidated { nodes })
+}
+
+/// Every codec name in v3 codec metadata, nested sharding included.
+fn codec_names(codecs: &[zarrs::metadata::v3::MetadataV3], out: &mut Vec<String>) {
+    for c in codecs {
+        out.push(c.name().to_string());
+        if let Some(cfg) = c.configuration() {
+            for key in ["codecs", "index_codecs"] {
+                if let Some(inner) = cfg.get(key)
+                    && let Ok(inner) = serde_json::from_value::<Vec<zarrs::metadata::v3::MetadataV3>>(
+                        inner.clone(),
+                    )
+                {
+                    codec_names(&inner, out);
+                }
+            }
+        }
+    }
+}
+
+/// Names of the codecs of v2 metadata.
+fn v2_codec_names(md: &ArrayMetadataV2) -> Vec<String> {
+    md.filters
+        .iter()
+        .flatten()
+        .chain(md.compressor.iter())
+        .map(|c| c.id().to_string())
+        .collect()
+}
+
+/// Builds an [`Array`] from metadata, turning zarrs' complaints into typed errors.
+fn make_array(
+    name: String,
+    key_prefix: String,
+    dir: PathBuf,
+    md: ArrayMetadata,
+    options: &OpenOptions,
+) -> Result<Array> {
+    let meta_path = dir.join(if matches!(md, ArrayMetadata::V2(_)) {
+        ".zarray"
+    } else {
+        "zarr.json"
+    });
+    if let ArrayMetadata::V3(m) = &md {
+        if let Some((field, _)) = m
+            .additional_fields
+            .iter()
+            .find(|(_, f)| f.must_understand())
+        {
+            return Err(ZarrError::Unsupported {
+                array: name,
+                feature: format!("the metadata extension {field:?} (must_understand)"),
+            });
+        }
+        if let Some(t) = m.storage_transformers.first() {
+            return Err(ZarrError::Unsupported {
+                array: name,
+                feature: format!("the storage transformer {:?}", t.name()),
+            });
+        }
+        if m.chunk_grid.name() != "regular" {
+            return Err(ZarrError::Unsupported {
+                array: name,
+                feature: format!(
+                    "the chunk grid {:?} (only \"regular\")",
+                    m.chunk_grid.name()
+                ),
+            });
+        }
+    }
+    let names = match &md {
+        ArrayMetadata::V3(m) => {
+            let mut n = Vec::new();
+            codec_names(&m.codecs, &mut n);
+            n
+        }
+        ArrayMetadata::V2(m) => v2_codec_names(m),
+    };
+    let unsupported_codec = |msg: String| {
+        let codec = names
+            .iter()
+            .find(|n| msg.contains(n.as_str()))
+            .cloned()
+            .unwrap_or_else(|| "unknown".into());
+        ZarrError::UnsupportedCodec {
+            array: name.clone(),
+            codec,
+            reason: msg,
+        }
+    };
+    let meta = match zarrs::array::Array::new_with_metadata(Arc::new(()), "/", md) {
+        Ok(a) => a,
+        Err(ArrayCreateError::CodecsCreateError(e)) => {
+            return Err(unsupported_codec(e.to_string()));
+        }
+        Err(ArrayCreateError::UnsupportedZarrV2Array(msg)) => return Err(unsupported_codec(msg)),
+        Err(ArrayCreateError::DataTypeCreateError(PluginCreateError::Unsupported(e))) => {
+            return Err(ZarrError::UnsupportedDataType {
+                array: name,
+                data_type: e.to_string(),
+            });
+        }
+        Err(e) => return Err(invalid(&meta_path, e)),
+    };
+    Array::from_metadata(name, key_prefix, dir, meta, options)
+}
+
+/// Opens the array or group at `path`.
+pub fn open(path: impl AsRef<Path>) -> Result<Node> {
+    open_with(path, &OpenOptions::default())
+}
+
+/// [`open`] with options (which apply to every array opened through the result).
+pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Node> {
+    let dir = path.as_ref().to_path_buf();
+    let Some((meta, consolidated)) = read_node(&dir)? else {
+        return Err(ZarrError::NodeNotFound { path: dir });
+    };
+    node_from(
+        meta,
+        consolidated.map(Arc::new),
+        "/".into(),
+        String::new(),
+        dir,
+        options,
+    )
+}
+
+fn node_from(
+    meta: NodeMeta,
+    consolidated: Option<Arc<Consolidated>>,
+    name: String,
+    key_prefix: String,
+    dir: PathBuf,
+    options: &OpenOptions,
+) -> Result<Node> {
+    match meta {
+        NodeMeta::Array(md) => Ok(Node::Array(make_array(
+            name, key_prefix, dir, *md, options,
+        )?)),
+        NodeMeta::Group {
+            zarr_format,
+            attributes,
+        } => Ok(Node::Group(Group {
+            core: Arc::new(GroupCore {
+                name,
+                key_prefix,
+                dir,
+                zarr_format,
+                attributes,
+                consolidated,
+                options: options.clone(),
+            }),
+        })),
+    }
+}
+
+/// Opens the array at `path`; a group there is an error.
+pub(crate) fn open_array_at(path: &Path, options: &OpenOptions) -> Result<Array> {
+    match open_with(path, options)? {
+        Node::Array(a) => Ok(a),
+        Node::Group(_) => Err(ZarrError::WrongNodeType {
+            path: path.to_path_buf(),
+            expected: "array",
+            found: "group",
+        }),
+    }
+}
+
+impl Group {
+    /// Opens the group at `path`; an array there is an error.
+    pub fn open(path: impl AsRef<Path>) -> Result<Group> {
+        Self::open_with(path, &OpenOptions::default())
+    }
+
+    /// [`Group::open`] with options.
+    pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Group> {
+        match open_with(path.as_ref(), options)? {
+            Node::Group(g) => Ok(g),
+            Node::Array(_) => Err(ZarrError::WrongNodeType {
+                path: path.as_ref().to_path_buf(),
+                expected: "group",
+                found: "array",
+            }),
+        }
+    }
+
+    /// The group's path in its store (`/` for the root).
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// The group's path relative to the store root.
+    pub fn path(&self) -> &str {
+        self.core.key_prefix.trim_end_matches('/')
+    }
+
+    /// The group's directory.
+    pub fn dir(&self) -> &Path {
+        &self.core.dir
+    }
+
+    /// Zarr format: 2 or 3.
+    pub fn zarr_format(&self) -> u8 {
+        self.core.zarr_format
+    }
+
+    /// The group's attributes.
+    pub fn attributes(&self) -> &Map<String, Value> {
+        &self.core.attributes
+    }
+
+    /// Whether the group's metadata is consolidated.
+    pub fn is_consolidated(&self) -> bool {
+        self.core.consolidated.is_some()
+    }
+
+    fn child_names(&self, rel: &str) -> (String, String, PathBuf) {
+        let rel = rel.trim_matches('/');
+        let name = if self.core.name == "/" {
+            format!("/{rel}")
+        } else {
+            format!("{}/{rel}", self.core.name)
+        };
+        (
+            name,
+            format!("{}{rel}/", self.core.key_prefix),
+            self.core.dir.join(rel),
+        )
+    }
+
+    /// Opens the member at `path` (a name, or a `/`-separated path of nested members).
+    pub fn get(&self, path: &str) -> Result<Node> {
+        let rel = path.trim_matches('/');
+        if rel.is_empty()
+            || rel
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == "..")
+        {
+            return Err(ZarrError::InvalidArgument(format!(
+                "invalid member path {path:?}"
+            )));
+        }
+        let (name, key_prefix, dir) = self.child_names(rel);
+        // A node's own metadata files are authoritative; consolidated metadata stands in where
+        // they are absent.
+        if let Some((meta, consolidated)) = read_node(&dir)? {
+            let consolidated = consolidated
+                .map(Arc::new)
+                .or_else(|| self.core.consolidated.clone());
+            return node_from(
+                meta,
+                consolidated,
+                name,
+                key_prefix,
+                dir,
+                &self.core.options,
+            );
+        }
+        if let Some(c) = &self.core.consolidated {
+            let full = format!("{}{rel}", self.core.key_prefix);
+            let hit = c.nodes.get(rel).or_else(|| c.nodes.get(&full));
+            if let Some(meta) = hit {
+                return node_from(
+                    meta.clone(),
+                    Some(Arc::clone(c)),
+                    name,
+                    key_prefix,
+                    dir,
+                    &self.core.options,
+                );
+            }
+        }
+        Err(ZarrError::NodeNotFound { path: dir })
+    }
+
+    /// Whether there is a member at `path`.
+    pub fn contains(&self, path: &str) -> bool {
+        self.get(path).is_ok()
+    }
+
+    /// The direct members: `(name, kind)`, sorted by name.
+    pub fn members(&self) -> Result<Vec<(String, NodeKind)>> {
+        let mut out: BTreeMap<String, NodeKind> = BTreeMap::new();
+        if let Some(c) = &self.core.consolidated {
+            let prefix = self.core.key_prefix.clone();
+            for (path, meta) in &c.nodes {
+                let rel = path.strip_prefix(&prefix).unwrap_or(path);
+                if !rel.is_empty()
+                    && !rel.contains('/')
+                    && (prefix.is_empty() || path.starts_with(&prefix))
+                {
+                    out.insert(rel.to_string(), meta.kind());
+                }
+            }
+        }
+        let entries = match std::fs::read_dir(&self.core.dir) {
+            Ok(e) => e,
+            Err(e) => return Err(invalid(&self.core.dir, e)),
+        };
+        for entry in entries.flatten() {
+            let Ok(ft) = entry.file_type() else { continue };
+            if !ft.is_dir() {
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some((meta, _)) = read_node(&entry.path())? {
+                out.insert(name, meta.kind());
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    /// Names of the member arrays.
+    pub fn array_names(&self) -> Result<Vec<String>> {
+        Ok(self
+            .members()?
+            .into_iter()
+            .filter(|(_, k)| *k == NodeKind::Array)
+            .map(|(n, _)| n)
+            .collect())
+    }
+
+    /// Names of the member groups.
+    pub fn group_names(&self) -> Result<Vec<String>> {
+        Ok(self
+            .members()?
+            .into_iter()
+            .filter(|(_, k)| *k == NodeKind::Group)
+            .map(|(n, _)| n)
+            .collect())
+    }
+}

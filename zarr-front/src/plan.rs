@@ -1,0 +1,603 @@
+//! Planning a read: which leaf chunks a set of requests needs, and what each chunk contributes
+//! to each request. A pure function of shapes and selections, with no IO.
+//!
+//! A *request* is one output block (a crop of a batch, or the whole result of a selection); it
+//! selects, per dimension, a contiguous range or a list of points. The array is tiled by *leaf
+//! chunks* (unsharded chunks, or the innermost chunks of shards), all of the same shape, so
+//! each selected element of a request lies in exactly one leaf chunk. The planner emits, for
+//! each leaf chunk that any request touches, one *copy* per request that touches it: the
+//! intersection of the request with the chunk.
+//!
+//! **Disjointness.** Within one request, copies come from distinct chunks, and chunks tile the
+//! array, so they write disjoint parts of the request's block. Requests write disjoint blocks
+//! of the output. Hence no two copies write the same output byte, which is what lets the
+//! stitcher write copies from many threads at once (`crate::stitch`). Each leaf chunk appears
+//! once in the plan however many requests touch it, so it is read and decoded once.
+
+use std::collections::HashMap;
+
+/// What a read selects along one dimension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DimSelection {
+    /// `len` consecutive indices from `start`.
+    Range {
+        /// First index.
+        start: u64,
+        /// Number of indices.
+        len: u64,
+    },
+    /// These indices, in this order (repeats allowed); the output has one entry per index.
+    Points(Vec<u64>),
+}
+
+impl DimSelection {
+    /// Number of output positions along this dimension.
+    pub fn len(&self) -> u64 {
+        match self {
+            DimSelection::Range { len, .. } => *len,
+            DimSelection::Points(p) => p.len() as u64,
+        }
+    }
+
+    /// Whether it selects nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The part of one dimension of a request that falls in one leaf chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Piece {
+    /// `len` consecutive indices from `src` in the chunk go to `dst..` in the output block.
+    Run { src: u64, dst: u64, len: u64 },
+    /// Index pairs `(in chunk, in output block)`.
+    Gather(Vec<(u64, u64)>),
+}
+
+impl Piece {
+    /// Smallest and largest chunk index this piece reads.
+    fn src_bounds(&self) -> (u64, u64) {
+        match self {
+            Piece::Run { src, len, .. } => (*src, src + len - 1),
+            Piece::Gather(pairs) => pairs
+                .iter()
+                .fold((u64::MAX, 0), |(lo, hi), &(s, _)| (lo.min(s), hi.max(s))),
+        }
+    }
+}
+
+/// One output block.
+#[derive(Debug, Clone)]
+pub(crate) struct Request {
+    /// Byte offset of the block in the output buffer.
+    pub(crate) out_offset: usize,
+    /// Shape of the block.
+    pub(crate) shape: Vec<u64>,
+    /// For each dimension, the leaf-chunk coordinates it touches and the piece in each.
+    pub(crate) dims: Vec<Vec<(u64, Piece)>>,
+}
+
+/// One leaf chunk the plan needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Leaf {
+    /// Coordinates in the leaf-chunk grid.
+    pub(crate) coords: Vec<u64>,
+    /// Its copies, as a range of [`Plan::copies`] records.
+    pub(crate) copies: std::ops::Range<usize>,
+    /// Bytes of the decoded chunk (C order) the copies read: decoding may stop at `end`.
+    pub(crate) needed: std::ops::Range<usize>,
+}
+
+/// A planned read.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) ndim: usize,
+    pub(crate) elsize: usize,
+    pub(crate) leaf_shape: Vec<u64>,
+    pub(crate) requests: Vec<Request>,
+    pub(crate) leaves: Vec<Leaf>,
+    /// Copy records, `1 + ndim` numbers each: the request, then the piece index per dimension.
+    copies: Vec<u32>,
+    /// Total output bytes.
+    pub(crate) out_len: usize,
+}
+
+/// One copy: which request, and which piece of each dimension.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Copy<'p> {
+    pub(crate) request: &'p Request,
+    pieces: &'p [u32],
+}
+
+impl<'p> Copy<'p> {
+    /// The piece of dimension `d`.
+    pub(crate) fn piece(&self, d: usize) -> &'p Piece {
+        &self.request.dims[d][self.pieces[d] as usize].1
+    }
+}
+
+/// Why a selection cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PlanError {
+    /// Wrong number of dimensions.
+    Dimensionality { expected: usize, got: usize },
+    /// An index outside the array.
+    OutOfBounds { dim: usize, index: u64, extent: u64 },
+    /// The output would not fit in memory's address space.
+    TooLarge,
+}
+
+impl std::fmt::Display for PlanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlanError::Dimensionality { expected, got } => {
+                write!(
+                    f,
+                    "selection has {got} dimensions, the array has {expected}"
+                )
+            }
+            PlanError::OutOfBounds { dim, index, extent } => {
+                write!(
+                    f,
+                    "index {index} is out of bounds for dimension {dim} of extent {extent}"
+                )
+            }
+            PlanError::TooLarge => f.write_str("the selection is too large to hold in memory"),
+        }
+    }
+}
+
+/// Splits one dimension's selection into per-chunk pieces.
+fn split_dim(
+    sel: &DimSelection,
+    chunk: u64,
+    extent: u64,
+    dim: usize,
+) -> Result<Vec<(u64, Piece)>, PlanError> {
+    match sel {
+        DimSelection::Range { len: 0, .. } => Ok(Vec::new()),
+        &DimSelection::Range { start, len } => {
+            let end =
+                start
+                    .checked_add(len)
+                    .filter(|&e| e <= extent)
+                    .ok_or(PlanError::OutOfBounds {
+                        dim,
+                        index: start.saturating_add(len).saturating_sub(1),
+                        extent,
+                    })?;
+            Ok((start / chunk..=(end - 1) / chunk)
+                .map(|c| {
+                    let lo = start.max(c * chunk);
+                    let hi = end.min(c.saturating_add(1).saturating_mul(chunk));
+                    (
+                        c,
+                        Piece::Run {
+                            src: lo - c * chunk,
+                            dst: lo - start,
+                            len: hi - lo,
+                        },
+                    )
+                })
+                .collect())
+        }
+        DimSelection::Points(points) => {
+            let mut by_chunk: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
+            let mut index: HashMap<u64, usize> = HashMap::new();
+            for (out, &p) in points.iter().enumerate() {
+                if p >= extent {
+                    return Err(PlanError::OutOfBounds {
+                        dim,
+                        index: p,
+                        extent,
+                    });
+                }
+                let c = p / chunk;
+                let slot = *index.entry(c).or_insert_with(|| {
+                    by_chunk.push((c, Vec::new()));
+                    by_chunk.len() - 1
+                });
+                by_chunk[slot].1.push((p - c * chunk, out as u64));
+            }
+            by_chunk.sort_unstable_by_key(|(c, _)| *c);
+            Ok(by_chunk
+                .into_iter()
+                .map(|(c, pairs)| {
+                    // Consecutive points that land consecutively are a plain run.
+                    let run = pairs
+                        .windows(2)
+                        .all(|w| w[1].0 == w[0].0 + 1 && w[1].1 == w[0].1 + 1);
+                    let piece = if run {
+                        Piece::Run {
+                            src: pairs[0].0,
+                            dst: pairs[0].1,
+                            len: pairs.len() as u64,
+                        }
+                    } else {
+                        Piece::Gather(pairs)
+                    };
+                    (c, piece)
+                })
+                .collect())
+        }
+    }
+}
+
+impl Plan {
+    /// Plans `requests` (each a selection per dimension) over an array of `shape` tiled by leaf
+    /// chunks of `leaf_shape`, with elements of `elsize` bytes. Output blocks are laid out one
+    /// after the other in request order, each in C order.
+    pub(crate) fn new(
+        shape: &[u64],
+        leaf_shape: &[u64],
+        elsize: usize,
+        requests: &[Vec<DimSelection>],
+    ) -> Result<Plan, PlanError> {
+        let ndim = shape.len();
+        let mut planned = Vec::with_capacity(requests.len());
+        let mut out_len: usize = 0;
+        for sel in requests {
+            if sel.len() != ndim {
+                return Err(PlanError::Dimensionality {
+                    expected: ndim,
+                    got: sel.len(),
+                });
+            }
+            // Size first: an absurd selection fails before any work proportional to it.
+            let block_shape: Vec<u64> = sel.iter().map(DimSelection::len).collect();
+            let block_bytes = block_shape
+                .iter()
+                .try_fold(elsize as u64, |acc, &n| acc.checked_mul(n))
+                .and_then(|b| usize::try_from(b).ok())
+                .ok_or(PlanError::TooLarge)?;
+            let dims = sel
+                .iter()
+                .enumerate()
+                .map(|(d, s)| split_dim(s, leaf_shape[d], shape[d], d))
+                .collect::<Result<Vec<_>, _>>()?;
+            planned.push(Request {
+                out_offset: out_len,
+                shape: block_shape,
+                dims,
+            });
+            out_len = out_len
+                .checked_add(block_bytes)
+                .ok_or(PlanError::TooLarge)?;
+        }
+
+        // Group the (request, chunk) intersections by leaf chunk.
+        let grid: Vec<u64> = shape
+            .iter()
+            .zip(leaf_shape)
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect();
+        let mut leaf_index: HashMap<u64, usize> = HashMap::new();
+        let mut per_leaf: Vec<(Vec<u64>, Vec<u32>)> = Vec::new();
+        let mut coords = vec![0u64; ndim];
+        let mut idx = vec![0usize; ndim];
+        for (r, req) in planned.iter().enumerate() {
+            if req.dims.iter().any(Vec::is_empty) {
+                continue; // selects nothing
+            }
+            if ndim == 0 {
+                // A 0-d array has one chunk.
+                let slot = *leaf_index.entry(0).or_insert_with(|| {
+                    per_leaf.push((Vec::new(), Vec::new()));
+                    per_leaf.len() - 1
+                });
+                per_leaf[slot].1.push(r as u32);
+                continue;
+            }
+            idx.fill(0);
+            'odometer: loop {
+                let mut linear = 0u64;
+                for d in 0..ndim {
+                    coords[d] = req.dims[d][idx[d]].0;
+                    linear = linear * grid[d] + coords[d];
+                }
+                let slot = *leaf_index.entry(linear).or_insert_with(|| {
+                    per_leaf.push((coords.clone(), Vec::new()));
+                    per_leaf.len() - 1
+                });
+                let rec = &mut per_leaf[slot].1;
+                rec.push(r as u32);
+                rec.extend(idx.iter().map(|&i| i as u32));
+                // Next combination of pieces.
+                let mut d = ndim;
+                loop {
+                    if d == 0 {
+                        break 'odometer;
+                    }
+                    d -= 1;
+                    idx[d] += 1;
+                    if idx[d] < req.dims[d].len() {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+        }
+        // Storage order: leaves sorted by their position in the grid.
+        per_leaf.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+
+        let mut copies = Vec::new();
+        let mut leaves = Vec::with_capacity(per_leaf.len());
+        let strides = c_strides(leaf_shape);
+        for (coords, recs) in per_leaf {
+            let start = copies.len();
+            copies.extend_from_slice(&recs);
+            let mut plan_leaf = Leaf {
+                coords,
+                copies: start..copies.len(),
+                needed: 0..0,
+            };
+            plan_leaf.needed = needed_range(&planned, &recs, ndim, &strides, elsize);
+            leaves.push(plan_leaf);
+        }
+        Ok(Plan {
+            ndim,
+            elsize,
+            leaf_shape: leaf_shape.to_vec(),
+            requests: planned,
+            leaves,
+            copies,
+            out_len,
+        })
+    }
+
+    /// The copies of `leaf`.
+    pub(crate) fn copies<'p>(&'p self, leaf: &Leaf) -> impl Iterator<Item = Copy<'p>> + 'p {
+        let rec = 1 + self.ndim;
+        self.copies[leaf.copies.clone()]
+            .chunks_exact(rec)
+            .map(move |c| Copy {
+                request: &self.requests[c[0] as usize],
+                pieces: &c[1..],
+            })
+    }
+
+    /// Number of leaf chunks.
+    pub(crate) fn num_leaves(&self) -> usize {
+        self.leaves.len()
+    }
+}
+
+/// Element strides of a C-order array of `shape`.
+pub(crate) fn c_strides(shape: &[u64]) -> Vec<u64> {
+    let mut s = vec![1u64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// The byte range of the decoded chunk that the copies `recs` read.
+fn needed_range(
+    requests: &[Request],
+    recs: &[u32],
+    ndim: usize,
+    strides: &[u64],
+    elsize: usize,
+) -> std::ops::Range<usize> {
+    let mut lo = u64::MAX;
+    let mut hi = 0u64;
+    for rec in recs.chunks_exact(1 + ndim) {
+        let req = &requests[rec[0] as usize];
+        let (mut first, mut last) = (0u64, 0u64);
+        for d in 0..ndim {
+            let (a, b) = req.dims[d][rec[1 + d] as usize].1.src_bounds();
+            first += a * strides[d];
+            last += b * strides[d];
+        }
+        lo = lo.min(first);
+        hi = hi.max(last + 1);
+    }
+    if lo == u64::MAX {
+        return 0..0;
+    }
+    (lo as usize * elsize)..(hi as usize * elsize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn range(start: u64, len: u64) -> DimSelection {
+        DimSelection::Range { start, len }
+    }
+
+    #[test]
+    fn crop_across_four_chunks() {
+        let plan = Plan::new(&[10, 10], &[4, 4], 1, &[vec![range(3, 3), range(2, 4)]]).unwrap();
+        let coords: Vec<_> = plan.leaves.iter().map(|l| l.coords.clone()).collect();
+        assert_eq!(coords, vec![vec![0, 0], vec![0, 1], vec![1, 0], vec![1, 1]]);
+        assert_eq!(plan.out_len, 12);
+        // Chunk (0, 0) gives row 3, cols 2..4 -> block row 0, cols 0..2.
+        let c: Vec<_> = plan.copies(&plan.leaves[0]).collect();
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            c[0].piece(0),
+            &Piece::Run {
+                src: 3,
+                dst: 0,
+                len: 1
+            }
+        );
+        assert_eq!(
+            c[0].piece(1),
+            &Piece::Run {
+                src: 2,
+                dst: 0,
+                len: 2
+            }
+        );
+        // Needed bytes of chunk (0, 0): element (3, 2) to (3, 3).
+        assert_eq!(plan.leaves[0].needed, 14..16);
+    }
+
+    #[test]
+    fn shared_chunks_appear_once() {
+        let plan = Plan::new(
+            &[8],
+            &[4],
+            2,
+            &[vec![range(1, 2)], vec![range(2, 3)], vec![range(0, 8)]],
+        )
+        .unwrap();
+        assert_eq!(plan.num_leaves(), 2);
+        let first: Vec<_> = plan.copies(&plan.leaves[0]).collect();
+        assert_eq!(first.len(), 3, "all three requests use chunk 0, read once");
+        assert_eq!(plan.out_len, (2 + 3 + 8) * 2);
+    }
+
+    #[test]
+    fn points_group_by_chunk_and_keep_order() {
+        let plan = Plan::new(
+            &[10],
+            &[4],
+            1,
+            &[vec![DimSelection::Points(vec![9, 1, 2, 8, 1])]],
+        )
+        .unwrap();
+        let pieces: Vec<_> = plan
+            .leaves
+            .iter()
+            .map(|l| (l.coords[0], plan.copies(l).next().unwrap().piece(0).clone()))
+            .collect();
+        assert_eq!(
+            pieces,
+            vec![
+                (0, Piece::Gather(vec![(1, 1), (2, 2), (1, 4)])),
+                (2, Piece::Gather(vec![(1, 0), (0, 3)])),
+            ]
+        );
+    }
+
+    #[test]
+    fn errors() {
+        assert_eq!(
+            Plan::new(&[10], &[4], 1, &[vec![range(8, 3)]]).unwrap_err(),
+            PlanError::OutOfBounds {
+                dim: 0,
+                index: 10,
+                extent: 10
+            }
+        );
+        assert!(matches!(
+            Plan::new(&[10, 2], &[4, 2], 1, &[vec![range(0, 1)]]),
+            Err(PlanError::Dimensionality {
+                expected: 2,
+                got: 1
+            })
+        ));
+        assert!(Plan::new(&[10], &[4], 1, &[vec![DimSelection::Points(vec![10])]]).is_err());
+        assert!(Plan::new(&[u64::MAX], &[1 << 40], 8, &[vec![range(0, u64::MAX)]]).is_err());
+    }
+
+    #[test]
+    fn empty_and_zero_d() {
+        let plan = Plan::new(&[10], &[4], 1, &[vec![range(5, 0)]]).unwrap();
+        assert_eq!((plan.num_leaves(), plan.out_len), (0, 0));
+        let plan = Plan::new(&[], &[], 4, &[vec![]]).unwrap();
+        assert_eq!((plan.num_leaves(), plan.out_len), (1, 4));
+    }
+
+    /// Every output element of every request is written by exactly one copy, and it comes from
+    /// the right array element: the disjointness the stitcher relies on, checked by brute force.
+    fn check_exact_cover(shape: &[u64], leaf: &[u64], requests: &[Vec<DimSelection>]) {
+        let plan = Plan::new(shape, leaf, 1, requests).unwrap();
+        let mut written: Vec<Option<Vec<u64>>> = vec![None; plan.out_len];
+        for l in &plan.leaves {
+            for c in plan.copies(l) {
+                let req = c.request;
+                let out_strides = c_strides(&req.shape);
+                // Enumerate the copy's elements.
+                let lists: Vec<Vec<(u64, u64)>> = (0..plan.ndim)
+                    .map(|d| match c.piece(d) {
+                        Piece::Run { src, dst, len } => {
+                            (0..*len).map(|i| (src + i, dst + i)).collect()
+                        }
+                        Piece::Gather(p) => p.clone(),
+                    })
+                    .collect();
+                let mut idx = vec![0usize; plan.ndim];
+                'e: loop {
+                    let mut out = req.out_offset as u64;
+                    let mut arr = Vec::new();
+                    for d in 0..plan.ndim {
+                        let (s, o) = lists[d][idx[d]];
+                        out += o * out_strides[d];
+                        arr.push(l.coords[d] * leaf[d] + s);
+                    }
+                    assert!(written[out as usize].is_none(), "byte {out} written twice");
+                    written[out as usize] = Some(arr);
+                    let mut d = plan.ndim;
+                    loop {
+                        if d == 0 {
+                            break 'e;
+                        }
+                        d -= 1;
+                        idx[d] += 1;
+                        if idx[d] < lists[d].len() {
+                            break;
+                        }
+                        idx[d] = 0;
+                    }
+                }
+            }
+        }
+        // Compare with the selection itself.
+        let mut pos = 0usize;
+        for sel in requests {
+            let lists: Vec<Vec<u64>> = sel
+                .iter()
+                .map(|s| match s {
+                    DimSelection::Range { start, len } => (*start..start + len).collect(),
+                    DimSelection::Points(p) => p.clone(),
+                })
+                .collect();
+            let n: usize = lists.iter().map(Vec::len).product();
+            for i in 0..n {
+                let mut rem = i;
+                let mut want = vec![0u64; lists.len()];
+                for d in (0..lists.len()).rev() {
+                    want[d] = lists[d][rem % lists[d].len()];
+                    rem /= lists[d].len();
+                }
+                assert_eq!(
+                    written[pos + i].as_ref(),
+                    Some(&want),
+                    "output element {}",
+                    pos + i
+                );
+            }
+            pos += n;
+        }
+        assert_eq!(pos, plan.out_len);
+    }
+
+    fn arb_selection(extent: u64) -> impl Strategy<Value = DimSelection> {
+        prop_oneof![
+            (0..extent)
+                .prop_flat_map(move |s| (Just(s), 0..=extent - s))
+                .prop_map(|(start, len)| DimSelection::Range { start, len }),
+            proptest::collection::vec(0..extent, 0..6).prop_map(DimSelection::Points),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn plans_cover_each_output_element_exactly_once(
+            (shape, leaf, requests) in (1usize..4).prop_flat_map(|nd| {
+                proptest::collection::vec(1u64..12, nd).prop_flat_map(move |shape| {
+                    let leaf = shape.iter().map(|&s| 1..=s).collect::<Vec<_>>();
+                    let sel = shape.iter().map(|&s| arb_selection(s)).collect::<Vec<_>>();
+                    (Just(shape), leaf, proptest::collection::vec(sel, 1..4))
+                })
+            })
+        ) {
+            check_exact_cover(&shape, &leaf, &requests);
+        }
+    }
+}

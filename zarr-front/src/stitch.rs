@@ -1,0 +1,361 @@
+//! Writing decoded chunks into the output from many threads at once: the unsafe module of
+//! zarr-front besides `ffi`.
+//!
+//! [`DisjointOut`] lets every decode task write its copies into one shared output buffer
+//! without locks. Soundness rests on the planner's guarantee (see `crate::plan`): no two copies
+//! of a plan write the same output byte, and each leaf chunk (hence each copy) is handled by one
+//! task. Every write is also bounds-checked against the buffer, so a planner bug could give
+//! wrong bytes but never write outside the buffer.
+#![allow(unsafe_code)]
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use crate::plan::{Copy, Piece, Plan, c_strides};
+
+/// The output buffer of one planned read, shared by the decode tasks.
+pub(crate) struct DisjointOut<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _buf: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: tasks on other threads write disjoint byte ranges (the plan's guarantee), so sharing
+// the pointer across threads creates no data race; the lifetime ties it to the borrowed buffer.
+unsafe impl Send for DisjointOut<'_> {}
+// SAFETY: as for `Send`: concurrent `&DisjointOut` users write disjoint ranges only.
+unsafe impl Sync for DisjointOut<'_> {}
+
+impl<'a> DisjointOut<'a> {
+    /// Wraps the output buffer of `plan`, which must be exactly `plan.out_len` bytes.
+    pub(crate) fn new(buf: &'a mut [u8], plan: &Plan) -> Self {
+        assert_eq!(
+            buf.len(),
+            plan.out_len,
+            "output buffer does not match the plan"
+        );
+        DisjointOut {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            _buf: PhantomData,
+        }
+    }
+
+    fn check(&self, range: &Range<usize>) {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "stitch write {range:?} outside an output of {} bytes",
+            self.len
+        );
+    }
+
+    /// Copies `copy` from the decoded chunk `chunk` (C order, the plan's leaf shape; only the
+    /// bytes the copy reads need be valid).
+    pub(crate) fn copy_from_chunk(&self, plan: &Plan, copy: Copy<'_>, chunk: &[u8]) {
+        for_each_run(plan, copy, |src, dst, n| {
+            let from = &chunk[src..src + n];
+            self.check(&(dst..dst + n));
+            // SAFETY: `dst..dst+n` lies inside the buffer (checked) and belongs to this copy
+            // alone (the plan's disjointness); `from` is a different allocation (the chunk).
+            unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr.add(dst), n) };
+        });
+    }
+
+    /// Writes the fill value (one element, `fill.len() == plan.elsize`) into `copy`'s region.
+    pub(crate) fn fill(&self, plan: &Plan, copy: Copy<'_>, fill: &[u8]) {
+        let zero = fill.iter().all(|&b| b == 0);
+        for_each_run(plan, copy, |_, dst, n| {
+            self.check(&(dst..dst + n));
+            // SAFETY: as in `copy_from_chunk`: in bounds and owned by this copy alone.
+            let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(dst), n) };
+            if zero {
+                out.fill(0);
+            } else {
+                for el in out.chunks_exact_mut(fill.len()) {
+                    el.copy_from_slice(fill);
+                }
+            }
+        });
+    }
+
+    /// Calls `f` with the output bytes of a copy that covers a whole chunk contiguously (see
+    /// [`contiguous_target`]), for decoding straight into the output; `None` if it does not.
+    pub(crate) fn with_whole_chunk_target<R>(
+        &self,
+        plan: &Plan,
+        copy: Copy<'_>,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Option<R> {
+        let range = contiguous_target(plan, copy)?;
+        self.check(&range);
+        // SAFETY: in bounds (checked); the range is exactly this copy's region, which no other
+        // copy writes (the plan's guarantee), and the caller's task handles this copy alone; the
+        // mutable slice does not outlive `f`.
+        let target =
+            unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) };
+        Some(f(target))
+    }
+
+    /// Reads back the output bytes of a copy written by [`Self::whole_chunk_target`], to copy
+    /// them into the chunk's other copies.
+    pub(crate) fn written(&self, range: Range<usize>) -> &[u8] {
+        self.check(&range);
+        // SAFETY: the caller's task wrote this range itself and no other task writes it.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(range.start), range.len()) }
+    }
+}
+
+/// If `copy` takes the whole leaf chunk and its region in the output block is one contiguous
+/// range, that byte range of the output. The chunk's decoded bytes can then land there directly.
+pub(crate) fn contiguous_target(plan: &Plan, copy: Copy<'_>) -> Option<Range<usize>> {
+    let req = copy.request;
+    let mut contiguous_from_here = true;
+    let mut offset: u64 = 0;
+    let strides = c_strides(&req.shape);
+    // Walk from the last dimension: each must take the whole chunk; once a dimension is
+    // narrower than the block, every dimension before it must have length 1.
+    for d in (0..plan.ndim).rev() {
+        let Piece::Run { src: 0, dst, len } = *copy.piece(d) else {
+            return None;
+        };
+        if len != plan.leaf_shape[d] {
+            return None;
+        }
+        if !contiguous_from_here && len != 1 {
+            return None;
+        }
+        if len != req.shape[d] {
+            contiguous_from_here = false;
+        }
+        offset += dst * strides[d];
+    }
+    let start = req.out_offset + offset as usize * plan.elsize;
+    let bytes = plan.leaf_shape.iter().product::<u64>() as usize * plan.elsize;
+    Some(start..start + bytes)
+}
+
+/// Calls `f(src_byte, dst_byte, nbytes)` for each contiguous run of `copy`: `src_byte` in the
+/// decoded chunk, `dst_byte` in the output buffer. Trailing dimensions that are whole in both
+/// the chunk and the block merge into one longer run.
+fn for_each_run(plan: &Plan, copy: Copy<'_>, mut emit: impl FnMut(usize, usize, usize)) {
+    let nd = plan.ndim;
+    let es = plan.elsize;
+    let req = copy.request;
+    if nd == 0 {
+        emit(0, req.out_offset, es);
+        return;
+    }
+    let src_strides = c_strides(&plan.leaf_shape);
+    let dst_strides = c_strides(&req.shape);
+
+    // The dimensions run_dim.. form one run of `run_elems` elements (run_dim == nd: single
+    // elements).
+    let (run_dim, run_elems) = match copy.piece(nd - 1) {
+        Piece::Run { len, .. } => {
+            let mut dim = nd - 1;
+            let mut elems = *len;
+            while dim > 0 {
+                let whole = matches!(copy.piece(dim), Piece::Run { src: 0, dst: 0, len }
+                    if *len == plan.leaf_shape[dim] && *len == req.shape[dim]);
+                let Piece::Run { len: prev, .. } = copy.piece(dim - 1) else {
+                    break;
+                };
+                if !whole {
+                    break;
+                }
+                dim -= 1;
+                elems = prev * src_strides[dim];
+            }
+            (dim, elems)
+        }
+        Piece::Gather(_) => (nd, 1),
+    };
+    let run_bytes = run_elems as usize * es;
+
+    // Offsets contributed by the run dimension's own start.
+    let (run_src, run_dst) = if run_dim < nd {
+        match copy.piece(run_dim) {
+            Piece::Run { src, dst, .. } => (src * src_strides[run_dim], dst * dst_strides[run_dim]),
+            Piece::Gather(_) => (0, 0),
+        }
+    } else {
+        (0, 0)
+    };
+
+    // Iterate the outer dimensions 0..run_dim.
+    let count = |d: usize| match copy.piece(d) {
+        Piece::Run { len, .. } => *len as usize,
+        Piece::Gather(p) => p.len(),
+    };
+    let at = |d: usize, i: usize| -> (u64, u64) {
+        match copy.piece(d) {
+            Piece::Run { src, dst, .. } => (src + i as u64, dst + i as u64),
+            Piece::Gather(p) => p[i],
+        }
+    };
+    let mut idx = vec![0usize; run_dim];
+    loop {
+        let (mut src, mut dst) = (run_src, run_dst);
+        for (d, &i) in idx.iter().enumerate() {
+            let (a, b) = at(d, i);
+            src += a * src_strides[d];
+            dst += b * dst_strides[d];
+        }
+        emit(
+            src as usize * es,
+            req.out_offset + dst as usize * es,
+            run_bytes,
+        );
+        // Next index of the outer dimensions.
+        let mut d = run_dim;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < count(d) {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{DimSelection, Plan};
+    use proptest::prelude::*;
+
+    /// Stitches a plan from an array whose element i (C order) has value i, and checks the
+    /// output equals direct indexing.
+    fn stitch_and_check(shape: &[u64], leaf: &[u64], requests: &[Vec<DimSelection>]) {
+        let es = 4usize;
+        let plan = Plan::new(shape, leaf, es, requests).unwrap();
+        let mut out = vec![0xAAu8; plan.out_len];
+        let arr_strides = c_strides(shape);
+        let leaf_elems: u64 = leaf.iter().product();
+        {
+            let o = DisjointOut::new(&mut out, &plan);
+            for l in &plan.leaves {
+                // Build the decoded chunk: element j of the chunk has the array's linear index.
+                let mut chunk = Vec::with_capacity(leaf_elems as usize * es);
+                let ls = c_strides(leaf);
+                for j in 0..leaf_elems {
+                    let mut lin = 0u64;
+                    for d in 0..leaf.len() {
+                        let within = (j / ls[d]) % leaf[d];
+                        lin += (l.coords[d] * leaf[d] + within) * arr_strides[d];
+                    }
+                    chunk.extend_from_slice(&(lin as u32).to_le_bytes());
+                }
+                for c in plan.copies(l) {
+                    o.copy_from_chunk(&plan, c, &chunk);
+                }
+            }
+        }
+        let mut pos = 0;
+        for sel in requests {
+            let lists: Vec<Vec<u64>> = sel
+                .iter()
+                .map(|s| match s {
+                    DimSelection::Range { start, len } => (*start..start + len).collect(),
+                    DimSelection::Points(p) => p.clone(),
+                })
+                .collect();
+            let n: usize = lists.iter().map(Vec::len).product();
+            for i in 0..n {
+                let mut rem = i;
+                let mut lin = 0u64;
+                for d in (0..lists.len()).rev() {
+                    lin += lists[d][rem % lists[d].len()] * arr_strides[d];
+                    rem /= lists[d].len();
+                }
+                let got =
+                    u32::from_le_bytes(out[(pos + i) * es..(pos + i + 1) * es].try_into().unwrap());
+                assert_eq!(u64::from(got), lin, "element {}", pos + i);
+            }
+            pos += n;
+        }
+    }
+
+    fn r(start: u64, len: u64) -> DimSelection {
+        DimSelection::Range { start, len }
+    }
+
+    #[test]
+    fn crops_points_and_merged_runs() {
+        stitch_and_check(
+            &[9, 7, 5],
+            &[4, 3, 5],
+            &[
+                vec![r(1, 7), r(2, 5), r(0, 5)],
+                vec![r(0, 9), r(0, 7), r(1, 3)],
+            ],
+        );
+        stitch_and_check(
+            &[10, 10],
+            &[3, 4],
+            &[vec![DimSelection::Points(vec![9, 0, 4, 4]), r(3, 6)]],
+        );
+        stitch_and_check(
+            &[10, 10],
+            &[3, 4],
+            &[vec![r(2, 5), DimSelection::Points(vec![7, 1, 2])]],
+        );
+        stitch_and_check(&[], &[], &[vec![]]);
+    }
+
+    #[test]
+    fn whole_aligned_chunks_are_contiguous_targets() {
+        // Crop (2, 4, 8) of an array chunked (1, 4, 8): every chunk fills a contiguous part.
+        let plan = Plan::new(
+            &[4, 8, 8],
+            &[1, 4, 8],
+            1,
+            &[vec![r(1, 2), r(4, 4), r(0, 8)]],
+        )
+        .unwrap();
+        let targets: Vec<_> = plan
+            .leaves
+            .iter()
+            .map(|l| contiguous_target(&plan, plan.copies(l).next().unwrap()))
+            .collect();
+        assert_eq!(targets, vec![Some(0..32), Some(32..64)]);
+        // Misaligned crop: no whole chunk.
+        let plan = Plan::new(
+            &[4, 8, 8],
+            &[1, 4, 8],
+            1,
+            &[vec![r(1, 2), r(3, 4), r(0, 8)]],
+        )
+        .unwrap();
+        assert!(
+            plan.leaves
+                .iter()
+                .all(|l| contiguous_target(&plan, plan.copies(l).next().unwrap()).is_none())
+        );
+        // Whole chunk, but its rows are not contiguous in a wider block.
+        let plan = Plan::new(&[8, 8], &[4, 4], 1, &[vec![r(0, 4), r(0, 8)]]).unwrap();
+        assert!(contiguous_target(&plan, plan.copies(&plan.leaves[0]).next().unwrap()).is_none());
+    }
+
+    proptest! {
+        #[test]
+        fn stitched_output_equals_indexing(
+            (shape, leaf, sels) in (1usize..4).prop_flat_map(|nd| {
+                proptest::collection::vec(1u64..9, nd).prop_flat_map(move |shape| {
+                    let leaf = shape.iter().map(|&s| 1..=s).collect::<Vec<_>>();
+                    let sel = shape.iter().map(|&s| prop_oneof![
+                        (0..s).prop_flat_map(move |a| (Just(a), 0..=s - a)).prop_map(|(start, len)| DimSelection::Range { start, len }),
+                        proptest::collection::vec(0..s, 0..5).prop_map(DimSelection::Points),
+                    ]).collect::<Vec<_>>();
+                    (Just(shape), leaf, proptest::collection::vec(sel, 1..3))
+                })
+            })
+        ) {
+            stitch_and_check(&shape, &leaf, &sels);
+        }
+    }
+}
