@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -21,6 +21,7 @@ use crate::error::{Location, Result, ZarrError};
 use crate::layout::{IndexEntry, Layout, ShardLevel};
 use crate::plan::{DimSelection, Plan, PlanError};
 use crate::stitch::{DisjointOut, contiguous_target};
+use crate::transform::StitchTransform;
 
 /// Default byte budget of the shard-index cache of one array (64 MiB).
 pub const DEFAULT_INDEX_CACHE_BYTES: usize = 64 << 20;
@@ -85,6 +86,85 @@ impl std::ops::AddAssign for ReadStats {
         self.index_reads += o.index_reads;
         self.index_cache_hits += o.index_cache_hits;
         self.output_bytes += o.output_bytes;
+    }
+}
+
+/// Options of one read.
+#[derive(Clone, Copy, Default)]
+pub struct ReadOptions<'a> {
+    /// Element conversion fused into the stitch, and a per-block finishing step.
+    pub transform: Option<&'a dyn StitchTransform>,
+    /// Set it (from any thread) to stop the read early with [`ZarrError::Cancelled`].
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+impl std::fmt::Debug for ReadOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadOptions")
+            .field("transform", &self.transform.is_some())
+            .field("cancel", &self.cancel.is_some())
+            .finish()
+    }
+}
+
+/// The shared state of one read's stitch tasks.
+struct StitchCtx<'p, 'o> {
+    plan: &'p Plan,
+    out: &'p DisjointOut<'o>,
+    transform: Option<&'p dyn StitchTransform>,
+    /// Copies still to write, per request; the task that writes a block's last copy finishes it.
+    remaining: Vec<AtomicU32>,
+    failed: AtomicBool,
+    error: Mutex<Option<ZarrError>>,
+    stats: Mutex<ReadStats>,
+    cancel: Option<&'p AtomicBool>,
+}
+
+impl StitchCtx<'_, '_> {
+    fn cancelled(&self) -> bool {
+        self.cancel.is_some_and(|c| c.load(Ordering::Acquire))
+    }
+
+    fn fail(&self, e: ZarrError) {
+        self.failed.store(true, Ordering::Release);
+        self.error.lock().get_or_insert(e);
+    }
+
+    /// Writes every copy of leaf `i` from its decoded bytes.
+    fn stitch_leaf(&self, i: usize, chunk: &[u8]) {
+        for c in self.plan.copies(&self.plan.leaves[i]) {
+            self.out
+                .copy_from_chunk(self.plan, c, chunk, self.transform);
+            self.copy_done(c.index);
+        }
+    }
+
+    /// Writes every copy of leaf `i` with the fill value.
+    fn fill_leaf(&self, i: usize, fill: &[u8]) {
+        for c in self.plan.copies(&self.plan.leaves[i]) {
+            self.out.fill(self.plan, c, fill, self.transform);
+            self.copy_done(c.index);
+        }
+    }
+
+    /// Records one finished copy of `request`; the last one finishes the block.
+    fn copy_done(&self, request: usize) {
+        if self.remaining[request].fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish_block(request);
+        }
+    }
+
+    fn finish_block(&self, request: usize) {
+        let Some(t) = self.transform else { return };
+        if self.failed.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(reason) = self
+            .out
+            .with_block(self.plan, request, |block| t.finish_block(request, block))
+        {
+            self.fail(ZarrError::Transform { request, reason });
+        }
     }
 }
 
@@ -356,6 +436,17 @@ impl Array {
         shape: &[u64],
         out: &mut [u8],
     ) -> Result<ReadStats> {
+        self.read_region_into_with(origin, shape, out, ReadOptions::default())
+    }
+
+    /// [`Array::read_region_into`] with a transform and/or a cancellation flag.
+    pub fn read_region_into_with(
+        &self,
+        origin: &[u64],
+        shape: &[u64],
+        out: &mut [u8],
+        options: ReadOptions<'_>,
+    ) -> Result<ReadStats> {
         self.check_dims(origin.len(), "origin")?;
         self.check_dims(shape.len(), "shape")?;
         let sel: Vec<DimSelection> = origin
@@ -363,7 +454,7 @@ impl Array {
             .zip(shape)
             .map(|(&start, &len)| DimSelection::Range { start, len })
             .collect();
-        self.read_selections_into(&[sel], out)
+        self.read_selections_into_with(&[sel], out, options)
     }
 
     /// Reads `origins.len() / ndim` crops of one `shape` (origins flattened, `ndim` numbers per
@@ -386,23 +477,39 @@ impl Array {
         shape: &[u64],
         out: &mut [u8],
     ) -> Result<ReadStats> {
+        self.read_batch_into_with(origins, shape, out, ReadOptions::default())
+    }
+
+    /// [`Array::read_batch_into`] with a transform fused into the stitch (then `out` holds
+    /// `N * prod(shape)` output elements of the transform's size) and/or a cancellation flag.
+    pub fn read_batch_into_with(
+        &self,
+        origins: &[u64],
+        shape: &[u64],
+        out: &mut [u8],
+        options: ReadOptions<'_>,
+    ) -> Result<ReadStats> {
         self.check_dims(shape.len(), "crop shape")?;
         self.crop_count(origins)?;
+        let sels = self.crop_selections(origins, shape);
+        self.read_selections_into_with(&sels, out, options)
+    }
+
+    /// The selections of crops of `shape` at `origins` (flattened, `ndim` numbers each).
+    fn crop_selections(&self, origins: &[u64], shape: &[u64]) -> Vec<Vec<DimSelection>> {
         let nd = self.ndim();
-        let sels: Vec<Vec<DimSelection>> = if nd == 0 {
-            vec![Vec::new()]
-        } else {
-            origins
-                .chunks_exact(nd)
-                .map(|o| {
-                    o.iter()
-                        .zip(shape)
-                        .map(|(&start, &len)| DimSelection::Range { start, len })
-                        .collect()
-                })
-                .collect()
-        };
-        self.read_selections_into(&sels, out)
+        if nd == 0 {
+            return vec![Vec::new()];
+        }
+        origins
+            .chunks_exact(nd)
+            .map(|o| {
+                o.iter()
+                    .zip(shape)
+                    .map(|(&start, &len)| DimSelection::Range { start, len })
+                    .collect()
+            })
+            .collect()
     }
 
     /// Reads an orthogonal selection (a range or a list of indices per dimension) into `out`,
@@ -422,9 +529,27 @@ impl Array {
         selections: &[Vec<DimSelection>],
         out: &mut [u8],
     ) -> Result<ReadStats> {
+        self.read_selections_into_with(selections, out, ReadOptions::default())
+    }
+
+    /// [`Array::read_selections_into`] with a transform and/or a cancellation flag.
+    pub fn read_selections_into_with(
+        &self,
+        selections: &[Vec<DimSelection>],
+        out: &mut [u8],
+        options: ReadOptions<'_>,
+    ) -> Result<ReadStats> {
         let l = &self.core.layout;
-        let plan =
-            Plan::new(&l.shape, &l.leaf, l.elsize, selections).map_err(|e| self.plan_error(&e))?;
+        let out_elsize = options
+            .transform
+            .map_or(l.elsize, StitchTransform::output_element_size);
+        if out_elsize == 0 {
+            return Err(ZarrError::InvalidArgument(
+                "a transform with 0-byte output elements".into(),
+            ));
+        }
+        let plan = Plan::with_output_element(&l.shape, &l.leaf, l.elsize, out_elsize, selections)
+            .map_err(|e| self.plan_error(&e))?;
         if out.len() != plan.out_len {
             return Err(ZarrError::InvalidArgument(format!(
                 "output buffer has {} bytes, the read produces {}",
@@ -432,7 +557,16 @@ impl Array {
                 plan.out_len
             )));
         }
-        self.execute(&plan, out)
+        self.execute(&plan, out, options)
+    }
+
+    /// Bytes [`Array::read_selections_into`] writes for `selections` with output elements of
+    /// `out_elsize` bytes.
+    pub fn output_len(&self, selections: &[Vec<DimSelection>], out_elsize: usize) -> Result<usize> {
+        let l = &self.core.layout;
+        Plan::with_output_element(&l.shape, &l.leaf, l.elsize, out_elsize, selections)
+            .map(|p| p.out_len)
+            .map_err(|e| self.plan_error(&e))
     }
 
     fn crop_count(&self, origins: &[u64]) -> Result<usize> {
@@ -488,16 +622,43 @@ impl Array {
     }
 
     /// Runs a plan: locate, fetch, decode and stitch.
-    fn execute(&self, plan: &Plan, out: &mut [u8]) -> Result<ReadStats> {
-        let core = &*self.core;
+    fn execute(&self, plan: &Plan, out: &mut [u8], options: ReadOptions<'_>) -> Result<ReadStats> {
         let mut stats = ReadStats {
             chunks: plan.num_leaves() as u64,
             output_bytes: plan.out_len as u64,
             ..ReadStats::default()
         };
-        if plan.num_leaves() == 0 {
-            return Ok(stats);
+        if options.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
+            return Err(ZarrError::Cancelled);
         }
+        let out_buf = DisjointOut::new(out, plan);
+        let ctx = StitchCtx {
+            plan,
+            out: &out_buf,
+            transform: options.transform,
+            remaining: plan
+                .copies_per_request
+                .iter()
+                .map(|&n| AtomicU32::new(n))
+                .collect(),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+            stats: Mutex::new(ReadStats::default()),
+            cancel: options.cancel,
+        };
+        if plan.num_leaves() > 0 {
+            self.fetch_and_stitch(&ctx, &mut stats)?;
+        }
+        if let Some(e) = ctx.error.into_inner() {
+            return Err(e);
+        }
+        stats += ctx.stats.into_inner();
+        Ok(stats)
+    }
+
+    fn fetch_and_stitch(&self, ctx: &StitchCtx<'_, '_>, stats: &mut ReadStats) -> Result<()> {
+        let core = &*self.core;
+        let plan = ctx.plan;
         let grid = core.layout.leaf_grid();
         let mut sources: Vec<Option<Source>> = vec![None; plan.num_leaves()];
         if let Some(cache) = &core.chunk_cache {
@@ -508,7 +669,7 @@ impl Array {
                 }
             }
         }
-        let (storages, sources) = self.locate(plan, sources, &mut stats)?;
+        let (storages, sources) = self.locate(plan, sources, stats)?;
         stats.chunks_missing = sources
             .iter()
             .filter(|s| matches!(s, Source::Missing))
@@ -526,32 +687,13 @@ impl Array {
                 _ => None,
             })
             .collect();
-
-        let out_buf = DisjointOut::new(out, plan);
-        let failed_flag = AtomicBool::new(false);
-        let error_slot: Mutex<Option<ZarrError>> = Mutex::new(None);
-        let stats_slot: Mutex<ReadStats> = Mutex::new(ReadStats::default());
-        // References, so the spawned tasks can copy them.
-        let (out, failed, first_error, task_stats, grid) =
-            (&out_buf, &failed_flag, &error_slot, &stats_slot, &grid);
-        let fail = &|e: ZarrError| {
-            failed.store(true, Ordering::Release);
-            first_error.lock().get_or_insert(e);
-        };
         let sharded = !core.layout.levels.is_empty();
+        let grid = &grid;
         rayon::in_place_scope(|scope| {
             for (i, s) in sources.iter().enumerate() {
                 match s {
-                    Source::Missing => scope.spawn(move |_| {
-                        for c in plan.copies(&plan.leaves[i]) {
-                            out.fill(plan, c, &core.layout.fill);
-                        }
-                    }),
-                    Source::Cached(chunk) => scope.spawn(move |_| {
-                        for c in plan.copies(&plan.leaves[i]) {
-                            out.copy_from_chunk(plan, c, chunk);
-                        }
-                    }),
+                    Source::Missing => scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill)),
+                    Source::Cached(chunk) => scope.spawn(move |_| ctx.stitch_leaf(i, chunk)),
                     Source::Read { .. } => {}
                 }
             }
@@ -559,7 +701,11 @@ impl Array {
                 return;
             }
             for done in core.engine.submit(requests) {
-                if failed.load(Ordering::Acquire) {
+                if ctx.failed.load(Ordering::Acquire) {
+                    break;
+                }
+                if ctx.cancelled() {
+                    ctx.fail(ZarrError::Cancelled);
                     break;
                 }
                 let i = done.id as usize;
@@ -571,12 +717,16 @@ impl Array {
                     Ok(bytes) => {
                         let range = *range;
                         scope.spawn(move |_| {
-                            if failed.load(Ordering::Acquire) {
+                            if ctx.failed.load(Ordering::Acquire) {
                                 return;
                             }
-                            match self.decode_and_stitch(plan, i, &bytes, out, grid) {
-                                Ok(s) => *task_stats.lock() += s,
-                                Err(reason) => fail(ZarrError::Codec {
+                            if ctx.cancelled() {
+                                ctx.fail(ZarrError::Cancelled);
+                                return;
+                            }
+                            match self.decode_and_stitch(ctx, i, &bytes, grid) {
+                                Ok(s) => *ctx.stats.lock() += s,
+                                Err(reason) => ctx.fail(ZarrError::Codec {
                                     at: self.location(key, Some(range)),
                                     reason,
                                 }),
@@ -585,22 +735,14 @@ impl Array {
                     }
                     // An unsharded chunk that does not exist is all fill value.
                     Err(e) if e.is_not_found() && !sharded => {
-                        scope.spawn(move |_| {
-                            for c in plan.copies(&plan.leaves[i]) {
-                                out.fill(plan, c, &core.layout.fill);
-                            }
-                        });
-                        task_stats.lock().chunks_missing += 1;
+                        scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
+                        ctx.stats.lock().chunks_missing += 1;
                     }
-                    Err(e) => fail(self.chunk_read_error(key, e, sharded)),
+                    Err(e) => ctx.fail(self.chunk_read_error(key, e, sharded)),
                 }
             }
         });
-        if let Some(e) = error_slot.into_inner() {
-            return Err(e);
-        }
-        stats += stats_slot.into_inner();
-        Ok(stats)
+        Ok(())
     }
 
     fn chunk_read_error(&self, key: &str, e: IoError, sharded: bool) -> ZarrError {
@@ -621,13 +763,13 @@ impl Array {
     /// Decodes leaf `i` from `bytes` and writes all its copies; returns what it cost.
     fn decode_and_stitch(
         &self,
-        plan: &Plan,
+        ctx: &StitchCtx<'_, '_>,
         i: usize,
         bytes: &Bytes,
-        out: &DisjointOut<'_>,
         grid: &[u64],
     ) -> Result<ReadStats, String> {
         let core = &*self.core;
+        let plan = ctx.plan;
         let leaf = &plan.leaves[i];
         let mut stats = ReadStats {
             chunks_decoded: 1,
@@ -639,9 +781,7 @@ impl Array {
             let cost = core.decoder.decode_full_into(bytes, &mut chunk)?;
             stats.bytes_decoded = cost.bytes_decoded;
             let chunk: Arc<[u8]> = chunk.into();
-            for c in plan.copies(leaf) {
-                out.copy_from_chunk(plan, c, &chunk);
-            }
+            ctx.stitch_leaf(i, &chunk);
             cache.insert(
                 Self::leaf_linear(&leaf.coords, grid),
                 Arc::clone(&chunk),
@@ -652,20 +792,25 @@ impl Array {
         // A copy that takes the whole chunk contiguously: decode straight into the output, then
         // serve the chunk's other copies from there.
         if core.decoder.decodes_in_place()
+            && ctx.transform.is_none()
             && let Some(direct) = plan
                 .copies(leaf)
                 .find(|c| contiguous_target(plan, *c).is_some())
-            && let Some(decoded) = out.with_whole_chunk_target(plan, direct, |target| {
+            && let Some(decoded) = ctx.out.with_whole_chunk_target(plan, direct, |target| {
                 core.decoder.decode_full_into(bytes, target)
             })
         {
             let range = contiguous_target(plan, direct).unwrap_or_default();
             stats.bytes_decoded = decoded?.bytes_decoded;
-            let chunk = out.written(range.clone());
+            let chunk = ctx.out.written(range.clone());
             for c in plan.copies(leaf) {
                 if contiguous_target(plan, c) != Some(range.clone()) {
-                    out.copy_from_chunk(plan, c, chunk);
+                    ctx.out.copy_from_chunk(plan, c, chunk, None);
                 }
+            }
+            // Count the copies only after the direct one has been read back from.
+            for c in plan.copies(leaf) {
+                ctx.copy_done(c.index);
             }
             return Ok(stats);
         }
@@ -674,9 +819,7 @@ impl Array {
             let ((), cost) =
                 core.decoder
                     .with_decoded(bytes, leaf.needed.clone(), &mut scratch, |chunk| {
-                        for c in plan.copies(leaf) {
-                            out.copy_from_chunk(plan, c, chunk);
-                        }
+                        ctx.stitch_leaf(i, chunk);
                     })?;
             stats.bytes_decoded = cost.bytes_decoded;
             Ok(stats)

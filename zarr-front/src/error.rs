@@ -120,6 +120,17 @@ pub enum ZarrError {
         /// What is wrong.
         reason: String,
     },
+    /// A read was cancelled through its cancellation flag.
+    #[error("the read was cancelled")]
+    Cancelled,
+    /// A transform's per-block step failed.
+    #[error("transform failed on block {request}: {reason}")]
+    Transform {
+        /// The request (crop) index.
+        request: usize,
+        /// What it said.
+        reason: String,
+    },
     /// The IO engine could not start.
     #[error("cannot start the IO engine: {0}")]
     Engine(Arc<zcrop_io::EngineError>),

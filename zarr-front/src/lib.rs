@@ -36,8 +36,10 @@ mod layout;
 mod node;
 pub mod plan;
 mod stitch;
+pub mod transform;
 
-pub use array::{Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadStats};
+pub use array::{Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadStats};
 pub use error::{Location, Result, ZarrError};
 pub use node::{Group, Node, NodeKind, open, open_with};
 pub use plan::DimSelection;
+pub use transform::StitchTransform;

@@ -92,7 +92,10 @@ pub(crate) struct Leaf {
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     pub(crate) ndim: usize,
+    /// Bytes per element of the array (the decoded chunks).
     pub(crate) elsize: usize,
+    /// Bytes per element of the output (differs when a transform converts types).
+    pub(crate) out_elsize: usize,
     pub(crate) leaf_shape: Vec<u64>,
     pub(crate) requests: Vec<Request>,
     pub(crate) leaves: Vec<Leaf>,
@@ -100,11 +103,15 @@ pub(crate) struct Plan {
     copies: Vec<u32>,
     /// Total output bytes.
     pub(crate) out_len: usize,
+    /// Number of copies that write each request's block.
+    pub(crate) copies_per_request: Vec<u32>,
 }
 
 /// One copy: which request, and which piece of each dimension.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Copy<'p> {
+    /// Index of the request in the plan.
+    pub(crate) index: usize,
     pub(crate) request: &'p Request,
     pieces: &'p [u32],
 }
@@ -227,10 +234,22 @@ impl Plan {
     /// Plans `requests` (each a selection per dimension) over an array of `shape` tiled by leaf
     /// chunks of `leaf_shape`, with elements of `elsize` bytes. Output blocks are laid out one
     /// after the other in request order, each in C order.
+    #[cfg(test)]
     pub(crate) fn new(
         shape: &[u64],
         leaf_shape: &[u64],
         elsize: usize,
+        requests: &[Vec<DimSelection>],
+    ) -> Result<Plan, PlanError> {
+        Self::with_output_element(shape, leaf_shape, elsize, elsize, requests)
+    }
+
+    /// [`Plan::new`] with output elements of `out_elsize` bytes (a converting transform).
+    pub(crate) fn with_output_element(
+        shape: &[u64],
+        leaf_shape: &[u64],
+        elsize: usize,
+        out_elsize: usize,
         requests: &[Vec<DimSelection>],
     ) -> Result<Plan, PlanError> {
         let ndim = shape.len();
@@ -247,7 +266,7 @@ impl Plan {
             let block_shape: Vec<u64> = sel.iter().map(DimSelection::len).collect();
             let block_bytes = block_shape
                 .iter()
-                .try_fold(elsize as u64, |acc, &n| acc.checked_mul(n))
+                .try_fold(out_elsize as u64, |acc, &n| acc.checked_mul(n))
                 .and_then(|b| usize::try_from(b).ok())
                 .ok_or(PlanError::TooLarge)?;
             let dims = sel
@@ -321,11 +340,15 @@ impl Plan {
         per_leaf.sort_unstable_by(|a, b| a.0.cmp(&b.0));
 
         let mut copies = Vec::new();
+        let mut copies_per_request = vec![0u32; planned.len()];
         let mut leaves = Vec::with_capacity(per_leaf.len());
         let strides = c_strides(leaf_shape);
         for (coords, recs) in per_leaf {
             let start = copies.len();
             copies.extend_from_slice(&recs);
+            for rec in recs.chunks_exact(1 + ndim) {
+                copies_per_request[rec[0] as usize] += 1;
+            }
             let mut plan_leaf = Leaf {
                 coords,
                 copies: start..copies.len(),
@@ -337,11 +360,13 @@ impl Plan {
         Ok(Plan {
             ndim,
             elsize,
+            out_elsize,
             leaf_shape: leaf_shape.to_vec(),
             requests: planned,
             leaves,
             copies,
             out_len,
+            copies_per_request,
         })
     }
 
@@ -351,6 +376,7 @@ impl Plan {
         self.copies[leaf.copies.clone()]
             .chunks_exact(rec)
             .map(move |c| Copy {
+                index: c[0] as usize,
                 request: &self.requests[c[0] as usize],
                 pieces: &c[1..],
             })

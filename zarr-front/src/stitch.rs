@@ -12,6 +12,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use crate::plan::{Copy, Piece, Plan, c_strides};
+use crate::transform::StitchTransform;
 
 /// The output buffer of one planned read, shared by the decode tasks.
 pub(crate) struct DisjointOut<'a> {
@@ -50,32 +51,86 @@ impl<'a> DisjointOut<'a> {
     }
 
     /// Copies `copy` from the decoded chunk `chunk` (C order, the plan's leaf shape; only the
-    /// bytes the copy reads need be valid).
-    pub(crate) fn copy_from_chunk(&self, plan: &Plan, copy: Copy<'_>, chunk: &[u8]) {
-        for_each_run(plan, copy, |src, dst, n| {
-            let from = &chunk[src..src + n];
-            self.check(&(dst..dst + n));
-            // SAFETY: `dst..dst+n` lies inside the buffer (checked) and belongs to this copy
-            // alone (the plan's disjointness); `from` is a different allocation (the chunk).
-            unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr.add(dst), n) };
-        });
-    }
-
-    /// Writes the fill value (one element, `fill.len() == plan.elsize`) into `copy`'s region.
-    pub(crate) fn fill(&self, plan: &Plan, copy: Copy<'_>, fill: &[u8]) {
-        let zero = fill.iter().all(|&b| b == 0);
-        for_each_run(plan, copy, |_, dst, n| {
-            self.check(&(dst..dst + n));
-            // SAFETY: as in `copy_from_chunk`: in bounds and owned by this copy alone.
-            let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(dst), n) };
-            if zero {
-                out.fill(0);
-            } else {
-                for el in out.chunks_exact_mut(fill.len()) {
-                    el.copy_from_slice(fill);
+    /// bytes the copy reads need be valid), converting elements with `transform` if given.
+    pub(crate) fn copy_from_chunk(
+        &self,
+        plan: &Plan,
+        copy: Copy<'_>,
+        chunk: &[u8],
+        transform: Option<&dyn StitchTransform>,
+    ) {
+        let axis = transform.and_then(StitchTransform::axis);
+        for_each_run(plan, copy, axis, |src, dst, n, axis_index| {
+            let from = &chunk[src..src + n * plan.elsize];
+            let len = n * plan.out_elsize;
+            self.check(&(dst..dst + len));
+            match transform {
+                // SAFETY: `dst..dst+len` lies inside the buffer (checked) and belongs to this
+                // copy alone (the plan's disjointness); `from` is a different allocation.
+                None => unsafe {
+                    std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr.add(dst), len);
+                },
+                Some(t) => {
+                    // SAFETY: as above; the slice lives only for this call.
+                    let to = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(dst), len) };
+                    t.convert(from, to, axis_index);
                 }
             }
         });
+    }
+
+    /// Writes the fill value (one element, `fill.len() == plan.elsize`) into `copy`'s region,
+    /// converted with `transform` if given.
+    pub(crate) fn fill(
+        &self,
+        plan: &Plan,
+        copy: Copy<'_>,
+        fill: &[u8],
+        transform: Option<&dyn StitchTransform>,
+    ) {
+        let zero = transform.is_none() && fill.iter().all(|&b| b == 0);
+        let axis = transform.and_then(StitchTransform::axis);
+        let mut src = Vec::new();
+        for_each_run(plan, copy, axis, |_, dst, n, axis_index| {
+            let len = n * plan.out_elsize;
+            self.check(&(dst..dst + len));
+            // SAFETY: as in `copy_from_chunk`: in bounds and owned by this copy alone.
+            let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(dst), len) };
+            match transform {
+                None if zero => out.fill(0),
+                None => {
+                    for el in out.chunks_exact_mut(fill.len()) {
+                        el.copy_from_slice(fill);
+                    }
+                }
+                Some(t) => {
+                    src.clear();
+                    for _ in 0..n {
+                        src.extend_from_slice(fill);
+                    }
+                    t.convert(&src, out, axis_index);
+                }
+            }
+        });
+    }
+
+    /// Calls `f` with the whole block of request `request`. Only for a block all of whose
+    /// copies are written (the caller counts them), so no other task touches it any more.
+    pub(crate) fn with_block<R>(
+        &self,
+        plan: &Plan,
+        request: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> R {
+        let req = &plan.requests[request];
+        let len = req.shape.iter().product::<u64>() as usize * plan.out_elsize;
+        let range = req.out_offset..req.out_offset + len;
+        self.check(&range);
+        // SAFETY: in bounds (checked); every copy of this block has finished (the caller's
+        // count reached zero), so this task is the only one with access to the block.
+        let block =
+            unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) };
+        f(block)
     }
 
     /// Calls `f` with the output bytes of a copy that covers a whole chunk contiguously (see
@@ -129,28 +184,41 @@ pub(crate) fn contiguous_target(plan: &Plan, copy: Copy<'_>) -> Option<Range<usi
         }
         offset += dst * strides[d];
     }
+    if plan.out_elsize != plan.elsize {
+        return None;
+    }
     let start = req.out_offset + offset as usize * plan.elsize;
     let bytes = plan.leaf_shape.iter().product::<u64>() as usize * plan.elsize;
     Some(start..start + bytes)
 }
 
-/// Calls `f(src_byte, dst_byte, nbytes)` for each contiguous run of `copy`: `src_byte` in the
-/// decoded chunk, `dst_byte` in the output buffer. Trailing dimensions that are whole in both
-/// the chunk and the block merge into one longer run.
-fn for_each_run(plan: &Plan, copy: Copy<'_>, mut emit: impl FnMut(usize, usize, usize)) {
+/// Calls `emit(src_byte, dst_byte, n_elements, axis_index)` for each contiguous run of `copy`:
+/// `src_byte` in the decoded chunk, `dst_byte` in the output buffer, `axis_index` the run's
+/// index along `axis` in the output block. Trailing dimensions that are whole in both the chunk
+/// and the block merge into one longer run, but a run never spans two indices of `axis`.
+fn for_each_run(
+    plan: &Plan,
+    copy: Copy<'_>,
+    axis: Option<usize>,
+    mut emit: impl FnMut(usize, usize, usize, u64),
+) {
     let nd = plan.ndim;
-    let es = plan.elsize;
+    let (es, oes) = (plan.elsize, plan.out_elsize);
     let req = copy.request;
     if nd == 0 {
-        emit(0, req.out_offset, es);
+        emit(0, req.out_offset, 1, 0);
         return;
     }
     let src_strides = c_strides(&plan.leaf_shape);
     let dst_strides = c_strides(&req.shape);
+    let piece_len = |d: usize| match copy.piece(d) {
+        Piece::Run { len, .. } => *len,
+        Piece::Gather(p) => p.len() as u64,
+    };
 
     // The dimensions run_dim.. form one run of `run_elems` elements (run_dim == nd: single
     // elements).
-    let (run_dim, run_elems) = match copy.piece(nd - 1) {
+    let (mut run_dim, mut run_elems) = match copy.piece(nd - 1) {
         Piece::Run { len, .. } => {
             let mut dim = nd - 1;
             let mut elems = *len;
@@ -170,7 +238,17 @@ fn for_each_run(plan: &Plan, copy: Copy<'_>, mut emit: impl FnMut(usize, usize, 
         }
         Piece::Gather(_) => (nd, 1),
     };
-    let run_bytes = run_elems as usize * es;
+    // A run must not span two indices of the transform's axis.
+    if let Some(a) = axis
+        && run_dim <= a
+    {
+        run_dim = a + 1;
+        run_elems = if run_dim == nd {
+            1
+        } else {
+            piece_len(run_dim) * src_strides[run_dim]
+        };
+    }
 
     // Offsets contributed by the run dimension's own start.
     let (run_src, run_dst) = if run_dim < nd {
@@ -183,10 +261,6 @@ fn for_each_run(plan: &Plan, copy: Copy<'_>, mut emit: impl FnMut(usize, usize, 
     };
 
     // Iterate the outer dimensions 0..run_dim.
-    let count = |d: usize| match copy.piece(d) {
-        Piece::Run { len, .. } => *len as usize,
-        Piece::Gather(p) => p.len(),
-    };
     let at = |d: usize, i: usize| -> (u64, u64) {
         match copy.piece(d) {
             Piece::Run { src, dst, .. } => (src + i as u64, dst + i as u64),
@@ -196,15 +270,20 @@ fn for_each_run(plan: &Plan, copy: Copy<'_>, mut emit: impl FnMut(usize, usize, 
     let mut idx = vec![0usize; run_dim];
     loop {
         let (mut src, mut dst) = (run_src, run_dst);
+        let mut axis_index = 0;
         for (d, &i) in idx.iter().enumerate() {
             let (a, b) = at(d, i);
             src += a * src_strides[d];
             dst += b * dst_strides[d];
+            if axis == Some(d) {
+                axis_index = b;
+            }
         }
         emit(
             src as usize * es,
-            req.out_offset + dst as usize * es,
-            run_bytes,
+            req.out_offset + dst as usize * oes,
+            run_elems as usize,
+            axis_index,
         );
         // Next index of the outer dimensions.
         let mut d = run_dim;
@@ -214,7 +293,7 @@ fn for_each_run(plan: &Plan, copy: Copy<'_>, mut emit: impl FnMut(usize, usize, 
             }
             d -= 1;
             idx[d] += 1;
-            if idx[d] < count(d) {
+            if idx[d] < piece_len(d) as usize {
                 break;
             }
             idx[d] = 0;
@@ -251,7 +330,7 @@ mod tests {
                     chunk.extend_from_slice(&(lin as u32).to_le_bytes());
                 }
                 for c in plan.copies(l) {
-                    o.copy_from_chunk(&plan, c, &chunk);
+                    o.copy_from_chunk(&plan, c, &chunk, None);
                 }
             }
         }
