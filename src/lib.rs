@@ -14,4 +14,7 @@ pub use zcrop_io as io;
 pub use zcrop_sampler as sampler;
 pub use zcrop_zarr as zarr;
 
+pub mod bench;
 pub mod cli;
+pub mod info;
+pub mod synth;

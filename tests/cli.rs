@@ -44,3 +44,153 @@ fn closed_stdout_is_not_a_panic() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
 }
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/data")
+        .join(name)
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
+}
+
+#[test]
+fn info_describes_arrays_and_groups() {
+    let out = zcrop()
+        .args(["info"])
+        .arg(fixture("v3_workload_4d_u2.zarr"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for want in [
+        "shape        [6, 3, 70, 90]",
+        "shards       [4, 3, 64, 64]",
+        "8 of 8 shards",
+        "compression ratio",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    let v = json_of(
+        &zcrop()
+            .args(["info", "--json"])
+            .arg(fixture("v2_hierarchy_consolidated.zarr"))
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(v["name"], "/");
+    assert!(v["groups"].as_array().is_some_and(|g| !g.is_empty()), "{v}");
+}
+
+#[test]
+fn info_on_a_missing_path_fails_with_one_line() {
+    let out = zcrop()
+        .args(["info", "/definitely/not/here.zarr"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("no Zarr array or group"), "{err}");
+}
+
+#[test]
+fn bench_reports_stable_json_fields() {
+    let v = json_of(
+        &zcrop()
+            .args([
+                "bench",
+                "--json",
+                "--crop",
+                "2,3,20,20",
+                "--batch-size",
+                "4",
+                "--batches",
+                "3",
+            ])
+            .arg(fixture("v3_workload_4d_u2.zarr"))
+            .output()
+            .unwrap(),
+    );
+    for key in [
+        "backend",
+        "path",
+        "crop_shape",
+        "batch_size",
+        "crops_per_s",
+        "output_gbps",
+        "read_gbps",
+        "chunks_per_s",
+        "decoded_bytes_per_output_byte",
+        "p50_ms",
+        "p99_ms",
+        "cold",
+    ] {
+        assert!(v.get(key).is_some(), "no {key} in {v}");
+    }
+    assert_eq!(v["batches"], 3);
+    assert_eq!(v["crop_shape"], serde_json::json!([2, 3, 20, 20]));
+    assert!(v["crops_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_rejects_a_crop_that_does_not_fit() {
+    let out = zcrop()
+        .args(["bench", "--crop", "2,3,200,20", "--batches", "1"])
+        .arg(fixture("v3_workload_4d_u2.zarr"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not fit"));
+}
+
+#[test]
+fn bench_io_reports_stable_json_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    for backend in ["uring", "portable"] {
+        let v = json_of(
+            &zcrop()
+                .args([
+                    "bench",
+                    "io",
+                    "--json",
+                    "--file-size",
+                    "4M",
+                    "--reads",
+                    "500",
+                    "--queue-depth",
+                    "8",
+                    "--backend",
+                    backend,
+                ])
+                .arg("--data-dir")
+                .arg(dir.path())
+                .output()
+                .unwrap(),
+        );
+        for key in [
+            "backend",
+            "block_size",
+            "queue_depth",
+            "reads_per_s",
+            "gbps",
+            "cold",
+        ] {
+            assert!(v.get(key).is_some(), "no {key} in {v}");
+        }
+        assert_eq!(v["reads"], 500);
+        let name = if backend == "uring" {
+            "io_uring"
+        } else {
+            "portable"
+        };
+        assert_eq!(v["backend"], name);
+    }
+}

@@ -168,6 +168,21 @@ impl StitchCtx<'_, '_> {
     }
 }
 
+/// What an array has in storage (see [`Array::storage_summary`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StorageSummary {
+    /// Storage chunks (files) in the grid.
+    pub storage_chunks: u64,
+    /// Of those, stored.
+    pub storage_chunks_present: u64,
+    /// Bytes of the stored chunk files.
+    pub stored_bytes: u64,
+    /// For a sharded array: inner chunks in all shards of the grid.
+    pub inner_chunks: Option<u64>,
+    /// For a sharded array: inner chunks the shard indexes list as stored.
+    pub inner_chunks_present: Option<u64>,
+}
+
 /// An opened Zarr array (v2 or v3). Cheap to clone; clones share caches.
 #[derive(Clone)]
 pub struct Array {
@@ -273,6 +288,68 @@ impl Array {
     /// [`Array::open`] with options.
     pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Array> {
         crate::node::open_array_at(path.as_ref(), options)
+    }
+
+    /// Builds the array described by a metadata document (`zarr.json` for `zarr_format` 3, a
+    /// `.zarray` for 2) whose chunks live in `dir`, without reading the metadata from disk.
+    pub fn from_metadata_json(
+        json: &[u8],
+        zarr_format: u8,
+        dir: impl AsRef<Path>,
+        options: &OpenOptions,
+    ) -> Result<Array> {
+        crate::node::array_from_json(json, zarr_format, dir.as_ref(), options)
+    }
+
+    /// Decodes the bytes of one chunk (for a sharded array: one innermost chunk) into its
+    /// elements: C order, native endian, the full chunk shape ([`Array::chunk_shape`]).
+    pub fn decode_chunk(&self, encoded: &[u8]) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.core.decoder.chunk_bytes];
+        self.core
+            .decoder
+            .decode_full_into(encoded, &mut out)
+            .map_err(|reason| ZarrError::Codec {
+                at: self.location("", None),
+                reason,
+            })?;
+        Ok(out)
+    }
+
+    /// Size in bytes of the index of an outermost shard; `None` for an unsharded array.
+    pub fn shard_index_size(&self) -> Option<u64> {
+        self.core.layout.levels.first().map(|l| l.index_bytes)
+    }
+
+    /// Decodes the index of an outermost shard (exactly [`Array::shard_index_size`] bytes) of a
+    /// shard of `shard_len` bytes, if known: per inner chunk in C order, its `(offset, length)`
+    /// in the shard, or `None` when it is not stored. Checks the checksum and that every entry
+    /// lies inside the shard.
+    pub fn decode_shard_index(
+        &self,
+        bytes: &[u8],
+        shard_len: Option<u64>,
+    ) -> Result<Vec<Option<(u64, u64)>>> {
+        let bad = |reason: String| ZarrError::ShardIndex {
+            at: self.location("", None),
+            reason,
+        };
+        let Some(level) = self.core.layout.levels.first() else {
+            return Err(ZarrError::InvalidArgument(format!(
+                "array {:?} is not sharded",
+                self.core.name
+            )));
+        };
+        let index = level
+            .decode_index(bytes, self.core.verify_checksums)
+            .map_err(bad)?;
+        (0..index.len() / 2)
+            .map(
+                |i| match ShardLevel::entry(&index, i, shard_len).map_err(bad)? {
+                    IndexEntry::Missing => Ok(None),
+                    IndexEntry::At { offset, len } => Ok(Some((offset, len))),
+                },
+            )
+            .collect()
     }
 
     /// The array's path in its store, e.g. `/` or `/group/temperature`.
@@ -401,6 +478,141 @@ impl Array {
             .zip(&l.storage_chunk)
             .map(|(s, c)| s.div_ceil(*c))
             .collect()
+    }
+
+    /// The encoded bytes of the chunks at `coords` (chunk-grid coordinates of
+    /// [`Array::chunk_shape`] chunks; for a sharded array the innermost chunks), located through
+    /// the shard indexes and read in one submission; `None` for a chunk that is not stored.
+    pub fn read_encoded_chunks(&self, coords: &[Vec<u64>]) -> Result<Vec<Option<Bytes>>> {
+        let l = &self.core.layout;
+        let grid = l.leaf_grid();
+        let sels: Vec<Vec<DimSelection>> = coords
+            .iter()
+            .map(|c| {
+                if c.len() != grid.len() || c.iter().zip(&grid).any(|(x, g)| x >= g) {
+                    return Err(ZarrError::OutOfBounds {
+                        array: self.core.name.clone(),
+                        shape: grid.clone(),
+                        reason: format!("chunk {c:?} is outside the chunk grid {grid:?}"),
+                    });
+                }
+                Ok(c.iter()
+                    .zip(&l.leaf)
+                    .map(|(x, s)| DimSelection::Range {
+                        start: x * s,
+                        len: 1,
+                    })
+                    .collect())
+            })
+            .collect::<Result<_>>()?;
+        let plan = Plan::with_output_element(&l.shape, &l.leaf, l.elsize, l.elsize, &sels)
+            .map_err(|e| self.plan_error(&e))?;
+        let mut stats = ReadStats::default();
+        let (storages, sources) = self.locate(&plan, vec![None; plan.num_leaves()], &mut stats)?;
+        let requests = sources.iter().enumerate().filter_map(|(i, s)| match s {
+            Source::Read { storage, range } => Some(ReadRequest::new(
+                i as u64,
+                Arc::clone(&storages[*storage].path),
+                *range,
+            )),
+            _ => None,
+        });
+        let mut by_leaf: Vec<Option<Bytes>> = vec![None; plan.num_leaves()];
+        for done in self.core.engine.submit(requests) {
+            let i = done.id as usize;
+            let Source::Read { storage, .. } = &sources[i] else {
+                continue;
+            };
+            match done.result {
+                Ok(b) => by_leaf[i] = Some(b),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => {
+                    return Err(self.chunk_read_error(
+                        &storages[*storage].key,
+                        e,
+                        !l.levels.is_empty(),
+                    ));
+                }
+            }
+        }
+        // Plan leaves are sorted; map each requested chunk back to its leaf.
+        let index: HashMap<&[u64], usize> = plan
+            .leaves
+            .iter()
+            .enumerate()
+            .map(|(i, leaf)| (leaf.coords.as_slice(), i))
+            .collect();
+        Ok(coords
+            .iter()
+            .map(|c| index.get(c.as_slice()).and_then(|&i| by_leaf[i].clone()))
+            .collect())
+    }
+
+    /// Counts what is stored: storage chunks (files) present and their bytes, and for a sharded
+    /// array the inner chunks its shard indexes list (all indexes read in one submission).
+    pub fn storage_summary(&self) -> Result<StorageSummary> {
+        let grid = self.storage_grid_shape();
+        let total: u64 = grid.iter().product();
+        let mut summary = StorageSummary {
+            storage_chunks: total,
+            ..StorageSummary::default()
+        };
+        let mut present: Vec<(String, Arc<Path>, u64)> = Vec::new();
+        let mut coords = vec![0u64; grid.len()];
+        for i in 0..total {
+            let mut rem = i;
+            for d in (0..grid.len()).rev() {
+                coords[d] = rem % grid[d];
+                rem /= grid[d];
+            }
+            let rel = self.core.meta.chunk_key(&coords).to_string();
+            let path = self.core.dir.join(&rel);
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_file() => {
+                    summary.storage_chunks_present += 1;
+                    summary.stored_bytes += m.len();
+                    present.push((
+                        format!("{}{rel}", self.core.key_prefix),
+                        Arc::from(path.as_path()),
+                        m.len(),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if let Some(level) = self.core.layout.levels.first() {
+            let per_shard: u64 = level.per_shard.iter().product();
+            summary.inner_chunks = Some(per_shard * total);
+            let range = if level.index_at_start {
+                ReadRange::new(0, level.index_bytes)
+            } else {
+                ReadRange::Suffix(level.index_bytes)
+            };
+            let requests = present
+                .iter()
+                .enumerate()
+                .map(|(i, (_, path, _))| ReadRequest::new(i as u64, Arc::clone(path), range));
+            let mut inner_present = 0u64;
+            for done in self.core.engine.submit(requests) {
+                let (key, _, len) = &present[done.id as usize];
+                let bytes = done.result.map_err(|e| ZarrError::Io {
+                    at: self.location(key, Some(range)),
+                    source: Box::new(e),
+                })?;
+                let entries = self
+                    .decode_shard_index(&bytes, Some(*len))
+                    .map_err(|e| match e {
+                        ZarrError::ShardIndex { reason, .. } => ZarrError::ShardIndex {
+                            at: self.location(key, Some(range)),
+                            reason,
+                        },
+                        other => other,
+                    })?;
+                inner_present += entries.iter().filter(|e| e.is_some()).count() as u64;
+            }
+            summary.inner_chunks_present = Some(inner_present);
+        }
+        Ok(summary)
     }
 
     /// Drops cached shard indexes and decoded chunks.

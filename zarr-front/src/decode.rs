@@ -183,7 +183,16 @@ impl LeafDecoder {
                 crc32c,
                 swap_unit,
             } => {
-                let mut s = format!("fast path: {compressor:?}").to_lowercase();
+                let mut s = match compressor {
+                    Compressor::None => "fast path: raw bytes".to_string(),
+                    Compressor::Zstd { checksum: true } => {
+                        "fast path: zstd (with checksum)".to_string()
+                    }
+                    Compressor::Zstd { checksum: false } => "fast path: zstd".to_string(),
+                    Compressor::Blosc => "fast path: blosc".to_string(),
+                    Compressor::Gzip => "fast path: gzip".to_string(),
+                    Compressor::Zlib => "fast path: zlib".to_string(),
+                };
                 if *crc32c {
                     s.push_str(" + crc32c");
                 }

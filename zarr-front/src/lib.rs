@@ -38,7 +38,9 @@ pub mod plan;
 mod stitch;
 pub mod transform;
 
-pub use array::{Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadStats};
+pub use array::{
+    Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadStats, StorageSummary,
+};
 pub use error::{Location, Result, ZarrError};
 pub use node::{Group, Node, NodeKind, open, open_with};
 pub use plan::DimSelection;

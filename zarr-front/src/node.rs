@@ -378,6 +378,38 @@ fn node_from(
     }
 }
 
+/// Builds the array described by the metadata document `json` (a v3 `zarr.json`, or a v2
+/// `.zarray` when `zarr_format` is 2), whose chunks live in `dir`.
+pub(crate) fn array_from_json(
+    json: &[u8],
+    zarr_format: u8,
+    dir: &Path,
+    options: &OpenOptions,
+) -> Result<Array> {
+    let path = dir.join(if zarr_format == 2 {
+        ".zarray"
+    } else {
+        "zarr.json"
+    });
+    let v: Value = serde_json::from_slice(json).map_err(|e| invalid(&path, e))?;
+    let md = if zarr_format == 2 {
+        let md: ArrayMetadataV2 = serde_json::from_value(v).map_err(|e| invalid(&path, e))?;
+        ArrayMetadata::V2(md)
+    } else {
+        match parse_v3(&path, v)? {
+            (NodeMeta::Array(md), _) => *md,
+            (NodeMeta::Group { .. }, _) => {
+                return Err(ZarrError::WrongNodeType {
+                    path,
+                    expected: "array",
+                    found: "group",
+                });
+            }
+        }
+    };
+    make_array("/".into(), String::new(), dir.to_path_buf(), md, options)
+}
+
 /// Opens the array at `path`; a group there is an error.
 pub(crate) fn open_array_at(path: &Path, options: &OpenOptions) -> Result<Array> {
     match open_with(path, options)? {

@@ -1,0 +1,658 @@
+//! `zcrop bench`: random-crop throughput of a Zarr array, and random reads through io-core.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use zcrop_io::{
+    BackendChoice, CoalesceLimits, FastPath, IoConfig, IoEngine, ReadRange, ReadRequest,
+};
+use zcrop_zarr::{Array, Node, OpenOptions, ReadStats};
+
+/// Deterministic 64-bit generator (splitmix64) for crop origins and read offsets.
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix(seed)
+    }
+
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+}
+
+/// CPU time (user + system) of this process, from `/proc/self/stat` (in USER_HZ = 100 ticks,
+/// fixed by the Linux ABI); `None` elsewhere.
+pub fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
+/// Drops the page cache (`sync; echo 1 > /proc/sys/vm/drop_caches`) when permitted; returns why
+/// not otherwise.
+pub fn drop_page_cache() -> Result<(), String> {
+    let status = std::process::Command::new("sync").status();
+    if !status.is_ok_and(|s| s.success()) {
+        return Err("`sync` failed".into());
+    }
+    std::fs::write("/proc/sys/vm/drop_caches", b"1").map_err(|e| {
+        format!("cannot write /proc/sys/vm/drop_caches ({e}); run as root to measure a cold cache")
+    })
+}
+
+/// Percentile of sorted `v` (nearest rank).
+fn percentile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+/// Options of an array benchmark.
+#[derive(Debug, Clone)]
+pub struct ArrayBenchOptions {
+    /// Crop shape (its length must match the array's dimensionality).
+    pub crop: Vec<u64>,
+    /// Crops per batch.
+    pub batch_size: usize,
+    /// Batches to time (after `warmup`).
+    pub batches: Option<usize>,
+    /// Or: time batches for this long.
+    pub duration: Option<Duration>,
+    /// Untimed batches first (warm runs).
+    pub warmup: usize,
+    /// Seed of the crop origins.
+    pub seed: u64,
+    /// Drop the page cache first.
+    pub cold: bool,
+    /// IO engine configuration.
+    pub io: IoConfig,
+    /// Decoded-chunk cache budget (0 = off).
+    pub chunk_cache_bytes: usize,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// What an array benchmark measured. Field names are stable: scripts read them from `--json`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ArrayBenchReport {
+    /// IO backend that ran (`io_uring` or `portable`).
+    pub backend: String,
+    /// Why io_uring was not used, if it was not.
+    pub backend_fallback: Option<String>,
+    /// The array benchmarked.
+    pub path: String,
+    /// Array shape.
+    pub shape: Vec<u64>,
+    /// Data type (v3 name).
+    pub dtype: String,
+    /// Shape of the chunks read and decoded.
+    pub chunks: Vec<u64>,
+    /// Shard shape, if sharded.
+    pub shards: Option<Vec<u64>>,
+    /// Crop shape.
+    pub crop_shape: Vec<u64>,
+    /// Crops per batch.
+    pub batch_size: usize,
+    /// Batches timed.
+    pub batches: usize,
+    /// Seconds timed.
+    pub seconds: f64,
+    /// Crops per second.
+    pub crops_per_s: f64,
+    /// Output bytes per second, in GB/s (10^9).
+    pub output_gbps: f64,
+    /// Encoded bytes read from storage per second, in GB/s.
+    pub read_gbps: f64,
+    /// Chunks decoded per second.
+    pub chunks_per_s: f64,
+    /// Bytes decoded per output byte (decode amplification).
+    pub decoded_bytes_per_output_byte: f64,
+    /// Median batch latency, ms.
+    pub p50_ms: f64,
+    /// 99th percentile batch latency, ms.
+    pub p99_ms: f64,
+    /// CPU time over wall time (2.0 = two cores busy).
+    pub cpu_cores_used: Option<f64>,
+    /// Decode threads (rayon pool).
+    pub threads: usize,
+    /// Whether the page cache was dropped before the run.
+    pub cold: bool,
+    /// Why a requested cold run could not drop the cache.
+    pub cold_note: Option<String>,
+    /// `O_DIRECT` reads.
+    pub direct: bool,
+    /// Chunks per second one thread decodes (decode only, no IO or stitching), measured on a
+    /// random sample of the array's chunks in the same run.
+    pub single_core_chunks_per_s: Option<f64>,
+    /// `chunks_per_s / (single_core_chunks_per_s * threads)`: how close the read comes to the
+    /// decode limit of its threads.
+    pub decode_efficiency: Option<f64>,
+    /// Totals over the timed batches.
+    pub totals: TotalsReport,
+}
+
+/// Single-threaded decode rate (chunks/s) of `sample` random stored chunks of `a`, timed for at
+/// least `min_time`; `None` if none of the sampled chunks is stored.
+pub fn single_core_decode_rate(
+    a: &Array,
+    sample: usize,
+    seed: u64,
+    min_time: Duration,
+) -> Result<Option<f64>> {
+    let grid: Vec<u64> = a
+        .shape()
+        .iter()
+        .zip(a.chunk_shape())
+        .map(|(s, c)| s.div_ceil(*c))
+        .collect();
+    let mut rng = SplitMix::new(seed ^ 0x5eed);
+    let coords: Vec<Vec<u64>> = (0..sample)
+        .map(|_| grid.iter().map(|&g| rng.below(g)).collect())
+        .collect();
+    let chunks: Vec<bytes::Bytes> = a
+        .read_encoded_chunks(&coords)?
+        .into_iter()
+        .flatten()
+        .collect();
+    if chunks.is_empty() {
+        return Ok(None);
+    }
+    let mut decoded = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < min_time {
+        for c in &chunks {
+            std::hint::black_box(a.decode_chunk(c)?);
+            decoded += 1;
+        }
+    }
+    Ok(Some(decoded as f64 / start.elapsed().as_secs_f64()))
+}
+
+/// Totals of [`ReadStats`] over the timed batches.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TotalsReport {
+    /// Distinct chunks needed.
+    pub chunks: u64,
+    /// Chunks decoded.
+    pub chunks_decoded: u64,
+    /// Chunks absent from storage (fill value).
+    pub chunks_missing: u64,
+    /// Bytes decoded.
+    pub bytes_decoded: u64,
+    /// Encoded chunk bytes read.
+    pub chunk_bytes_read: u64,
+    /// Shard indexes read.
+    pub index_reads: u64,
+    /// Output bytes.
+    pub output_bytes: u64,
+}
+
+/// Opens `path` (an array, or a group with `array` inside) with `options`.
+pub fn open_array(
+    path: &std::path::Path,
+    array: Option<&str>,
+    options: &OpenOptions,
+) -> Result<Array> {
+    let node = zcrop_zarr::open_with(path, options)?;
+    match (node, array) {
+        (Node::Array(a), None) => Ok(a),
+        (Node::Array(_), Some(name)) => bail!(
+            "{} is an array; --array {name} names a member of a group",
+            path.display()
+        ),
+        (Node::Group(g), Some(name)) => match g.get(name)? {
+            Node::Array(a) => Ok(a),
+            Node::Group(_) => bail!("{name} in {} is a group, not an array", path.display()),
+        },
+        (Node::Group(g), None) => {
+            let names = g.array_names()?;
+            bail!(
+                "{} is a group; choose an array with --array (arrays here: {})",
+                path.display(),
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )
+        }
+    }
+}
+
+/// Runs the array benchmark on `path`.
+pub fn run_array(
+    path: &std::path::Path,
+    array: Option<&str>,
+    opts: &ArrayBenchOptions,
+) -> Result<ArrayBenchReport> {
+    let mut cold_note = None;
+    let cold = if opts.cold {
+        match drop_page_cache() {
+            Ok(()) => true,
+            Err(e) => {
+                cold_note = Some(e);
+                false
+            }
+        }
+    } else {
+        false
+    };
+    let engine = IoEngine::new(opts.io.clone()).context("starting the IO engine")?;
+    let options = OpenOptions {
+        engine: Some(engine.clone()),
+        chunk_cache_bytes: opts.chunk_cache_bytes,
+        ..OpenOptions::default()
+    };
+    let a = open_array(path, array, &options)?;
+    let shape = a.shape().to_vec();
+    if opts.crop.len() != shape.len() {
+        bail!(
+            "--crop has {} dimensions but the array has {} (shape {shape:?})",
+            opts.crop.len(),
+            shape.len()
+        );
+    }
+    if let Some((d, _)) = opts
+        .crop
+        .iter()
+        .zip(&shape)
+        .enumerate()
+        .find(|(_, (c, s))| *c > *s || **c == 0)
+    {
+        bail!(
+            "--crop {:?} does not fit in the array's shape {shape:?} (dimension {d})",
+            opts.crop
+        );
+    }
+    let nd = shape.len();
+    let crop_bytes = opts.crop.iter().product::<u64>() as usize * a.element_size();
+    let mut out = vec![0u8; crop_bytes * opts.batch_size];
+    let mut rng = SplitMix::new(opts.seed);
+    let mut origins = vec![0u64; nd * opts.batch_size];
+    let mut draw = |origins: &mut [u64]| {
+        for o in origins.chunks_exact_mut(nd) {
+            for d in 0..nd {
+                o[d] = rng.below(shape[d] - opts.crop[d] + 1);
+            }
+        }
+    };
+    let warmup = if cold { 0 } else { opts.warmup };
+    for _ in 0..warmup {
+        draw(&mut origins);
+        a.read_batch_into(&origins, &opts.crop, &mut out)?;
+    }
+    let bar = progress_bar(
+        opts.progress,
+        opts.batches.map(|b| b as u64),
+        opts.duration,
+        "batches",
+    );
+    let mut latencies = Vec::new();
+    let mut totals = ReadStats::default();
+    let cpu0 = cpu_time();
+    let start = Instant::now();
+    loop {
+        let n = latencies.len();
+        if opts.batches.is_some_and(|b| n >= b)
+            || opts.duration.is_some_and(|d| start.elapsed() >= d && n > 0)
+        {
+            break;
+        }
+        draw(&mut origins);
+        let t0 = Instant::now();
+        let stats = a.read_batch_into(&origins, &opts.crop, &mut out)?;
+        latencies.push(t0.elapsed().as_secs_f64() * 1e3);
+        totals += stats;
+        if let Some(b) = &bar {
+            if opts.batches.is_some() {
+                b.inc(1);
+            } else {
+                b.set_position(start.elapsed().as_secs());
+            }
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = cpu0
+        .zip(cpu_time())
+        .map(|(a, b)| b.saturating_sub(a).as_secs_f64() / wall);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    latencies.sort_by(f64::total_cmp);
+    let crops = (latencies.len() * opts.batch_size) as f64;
+    let single = single_core_decode_rate(&a, 256, opts.seed, Duration::from_millis(700))?;
+    let threads = rayon::current_num_threads();
+    let chunks_per_s = totals.chunks_decoded as f64 / wall;
+    Ok(ArrayBenchReport {
+        backend: engine.backend().name().to_string(),
+        backend_fallback: engine.fallback_reason().map(str::to_string),
+        path: array
+            .map_or_else(|| path.to_path_buf(), |name| path.join(name))
+            .display()
+            .to_string(),
+        shape,
+        dtype: a.data_type(),
+        chunks: a.chunk_shape().to_vec(),
+        shards: a.shard_shape().map(<[u64]>::to_vec),
+        crop_shape: opts.crop.clone(),
+        batch_size: opts.batch_size,
+        batches: latencies.len(),
+        seconds: wall,
+        crops_per_s: crops / wall,
+        output_gbps: totals.output_bytes as f64 / wall / 1e9,
+        read_gbps: totals.chunk_bytes_read as f64 / wall / 1e9,
+        chunks_per_s,
+        decoded_bytes_per_output_byte: totals.bytes_decoded as f64
+            / totals.output_bytes.max(1) as f64,
+        p50_ms: percentile(&latencies, 50.0),
+        p99_ms: percentile(&latencies, 99.0),
+        cpu_cores_used: cpu,
+        threads,
+        cold,
+        cold_note,
+        direct: opts.io.direct,
+        single_core_chunks_per_s: single,
+        decode_efficiency: single.map(|s| chunks_per_s / (s * threads as f64)),
+        totals: TotalsReport {
+            chunks: totals.chunks,
+            chunks_decoded: totals.chunks_decoded,
+            chunks_missing: totals.chunks_missing,
+            bytes_decoded: totals.bytes_decoded,
+            chunk_bytes_read: totals.chunk_bytes_read,
+            index_reads: totals.index_reads,
+            output_bytes: totals.output_bytes,
+        },
+    })
+}
+
+/// A progress bar on stderr when it is a terminal and `enabled`.
+pub fn progress_bar(
+    enabled: bool,
+    len: Option<u64>,
+    duration: Option<Duration>,
+    unit: &str,
+) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !enabled || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let (len, template) = match (len, duration) {
+        (Some(n), _) => (n, format!("{{bar:40}} {{pos}}/{{len}} {unit} {{elapsed}}")),
+        (None, Some(d)) => (d.as_secs().max(1), "{bar:40} {pos}/{len} s".to_string()),
+        (None, None) => (0, "{spinner} {elapsed}".to_string()),
+    };
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+/// Options of an io-core benchmark.
+#[derive(Debug, Clone)]
+pub struct IoBenchOptions {
+    /// Bytes per read.
+    pub block_size: u64,
+    /// Reads in flight.
+    pub queue_depth: usize,
+    /// Reads to time.
+    pub reads: u64,
+    /// Drop the page cache first.
+    pub cold: bool,
+    /// Backend and engine settings (queue depth, direct, threads).
+    pub io: IoConfig,
+    /// Read the whole file once first so it is in the page cache.
+    pub prewarm: bool,
+    /// Seed of the offsets.
+    pub seed: u64,
+    /// Progress bar.
+    pub progress: bool,
+}
+
+/// What an io-core benchmark measured. Field names are stable.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct IoBenchReport {
+    /// Backend that ran.
+    pub backend: String,
+    /// Why io_uring was not used, if it was not.
+    pub backend_fallback: Option<String>,
+    /// File read.
+    pub path: String,
+    /// Its size.
+    pub file_bytes: u64,
+    /// Bytes per read.
+    pub block_size: u64,
+    /// Reads in flight.
+    pub queue_depth: usize,
+    /// IO threads (rings, or pool threads).
+    pub threads: usize,
+    /// Reads timed.
+    pub reads: u64,
+    /// Seconds timed.
+    pub seconds: f64,
+    /// Reads per second.
+    pub reads_per_s: f64,
+    /// GB/s (10^9 bytes).
+    pub gbps: f64,
+    /// CPU time per read, microseconds.
+    pub cpu_us_per_read: Option<f64>,
+    /// CPU time over wall time.
+    pub cpu_cores_used: Option<f64>,
+    /// Reads served by the `RWF_NOWAIT` page-cache fast path.
+    pub fast_path_hits: u64,
+    /// `io_uring_enter` calls.
+    pub ring_enters: u64,
+    /// Whether the page cache was dropped first.
+    pub cold: bool,
+    /// Why a requested cold run could not drop the cache.
+    pub cold_note: Option<String>,
+    /// `O_DIRECT`.
+    pub direct: bool,
+}
+
+/// Makes (or reuses) a file of `bytes` pseudo-random bytes for IO benchmarks.
+pub fn ensure_io_file(dir: &std::path::Path, bytes: u64) -> Result<PathBuf> {
+    let path = dir.join(format!("io-bench-{bytes}.bin"));
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes) {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("partial");
+    let mut f = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&tmp)?);
+    let mut rng = SplitMix::new(7);
+    let mut block = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        for w in block.chunks_exact_mut(8) {
+            w.copy_from_slice(&rng.next_u64().to_le_bytes());
+        }
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.flush()?;
+    f.into_inner()
+        .map_err(std::io::IntoInnerError::into_error)?
+        .sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// Random reads of `block_size` at block-aligned offsets (each block at most once) of `path`.
+pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchReport> {
+    let file_bytes = std::fs::metadata(path)
+        .with_context(|| format!("{}", path.display()))?
+        .len();
+    let blocks = file_bytes / opts.block_size;
+    if blocks == 0 {
+        bail!(
+            "{} ({file_bytes} bytes) is smaller than one block of {}",
+            path.display(),
+            opts.block_size
+        );
+    }
+    let reads = opts.reads.min(blocks);
+    if opts.prewarm && !opts.cold {
+        let mut f = std::fs::File::open(path)?;
+        std::io::copy(&mut f, &mut std::io::sink())?;
+    }
+    let mut cold_note = None;
+    let cold = opts.cold
+        && match drop_page_cache() {
+            Ok(()) => true,
+            Err(e) => {
+                cold_note = Some(e);
+                false
+            }
+        };
+    // Distinct blocks: a random walk through a full-period affine permutation of 0..blocks.
+    let mut rng = SplitMix::new(opts.seed);
+    let step = loop {
+        let s = rng.below(blocks).max(1) | 1;
+        if gcd(s, blocks) == 1 {
+            break s;
+        }
+    };
+    let start_block = rng.below(blocks);
+    let p: Arc<std::path::Path> = Arc::from(path);
+    let requests: Vec<ReadRequest> = (0..reads)
+        .map(|i| {
+            let b = (start_block + i * step) % blocks;
+            ReadRequest::new(
+                i,
+                Arc::clone(&p),
+                ReadRange::new(b * opts.block_size, opts.block_size),
+            )
+        })
+        .collect();
+    let mut io = opts.io.clone();
+    io.queue_depth = opts.queue_depth;
+    // No merging: every request is one read, like fio's random reads.
+    io.coalesce = CoalesceLimits {
+        max_gap: 0,
+        max_merged_len: 1,
+    };
+    let engine = IoEngine::new(io.clone()).context("starting the IO engine")?;
+    let threads = if io.threads > 0 {
+        io.threads
+    } else {
+        match engine.backend() {
+            zcrop_io::BackendKind::Uring => {
+                std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+            }
+            zcrop_io::BackendKind::Portable => opts.queue_depth.min(64),
+        }
+    };
+    let bar = progress_bar(opts.progress, Some(reads), None, "reads");
+    let before = engine.metrics();
+    let cpu0 = cpu_time();
+    let start = Instant::now();
+    let mut done = 0u64;
+    for c in engine.submit(requests) {
+        c.result
+            .with_context(|| format!("read {} of {}", c.id, path.display()))?;
+        done += 1;
+        if let Some(b) = &bar
+            && done.is_multiple_of(4096)
+        {
+            b.set_position(done);
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = cpu0
+        .zip(cpu_time())
+        .map(|(a, b)| b.saturating_sub(a).as_secs_f64());
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let m = engine.metrics() - before;
+    Ok(IoBenchReport {
+        backend: engine.backend().name().to_string(),
+        backend_fallback: engine.fallback_reason().map(str::to_string),
+        path: path.display().to_string(),
+        file_bytes,
+        block_size: opts.block_size,
+        queue_depth: opts.queue_depth,
+        threads,
+        reads: done,
+        seconds: wall,
+        reads_per_s: done as f64 / wall,
+        gbps: (done * opts.block_size) as f64 / wall / 1e9,
+        cpu_us_per_read: cpu.map(|c| c * 1e6 / done as f64),
+        cpu_cores_used: cpu.map(|c| c / wall),
+        fast_path_hits: m.fast_path_hits,
+        ring_enters: m.ring_enters,
+        cold,
+        cold_note,
+        direct: io.direct,
+    })
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The fast-path setting for a backend choice on the command line.
+pub fn fast_path_for(no_fast_path: bool) -> FastPath {
+    if no_fast_path {
+        FastPath::Never
+    } else {
+        FastPath::Auto
+    }
+}
+
+/// IO settings from command-line choices.
+pub fn io_config(
+    backend: BackendChoice,
+    direct: bool,
+    io_threads: usize,
+    queue_depth: usize,
+    no_fast_path: bool,
+) -> IoConfig {
+    IoConfig {
+        backend,
+        direct,
+        threads: io_threads,
+        queue_depth,
+        fast_path: fast_path_for(no_fast_path),
+        ..IoConfig::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::float_cmp)] // exact: the values are small integers
+    fn percentiles_and_rng() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert!(percentile(&[], 50.0).is_nan());
+        let mut r = SplitMix::new(1);
+        assert!((0..1000).all(|_| r.below(7) < 7));
+        assert!(cpu_time().is_some());
+    }
+}

@@ -1,0 +1,295 @@
+//! Bad input gives a typed error that names the array, the key and the byte range; never a
+//! panic, never silently wrong data. Each test damages a copy of a fixture in a temp dir.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::engines;
+use zcrop_io::ReadRange;
+use zcrop_zarr::{Array, OpenOptions, ZarrError};
+
+/// Copies a fixture store into a temp dir.
+fn copy_store(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let f = zcrop_fixtures::get(name);
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("store.zarr");
+    copy_dir(&f.store_path(), &dst);
+    (dir, dst)
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
+
+fn open(path: &Path) -> Array {
+    let (_, engine) = engines().remove(0);
+    Array::open_with(
+        path,
+        &OpenOptions {
+            engine: Some(engine),
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn read_all(a: &Array) -> Result<Vec<u8>, ZarrError> {
+    let origin = vec![0; a.ndim()];
+    a.read_region(&origin, a.shape())
+}
+
+fn edit(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut bytes = std::fs::read(path).unwrap();
+    f(&mut bytes);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn truncated_chunk_is_a_codec_error_naming_key_and_range() {
+    let (_d, store) = copy_store("v2_zstd_be_u2");
+    edit(&store.join("1.1"), |b| b.truncate(b.len() / 2));
+    let err = read_all(&open(&store)).unwrap_err();
+    let ZarrError::Codec { at, reason } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(at.node, "/");
+    assert_eq!(at.key, "1.1");
+    assert_eq!(at.range, Some(ReadRange::Whole));
+    assert!(reason.contains("zstd"), "{reason}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("\"1.1\"") && msg.contains("whole file"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn garbage_chunk_bytes_are_a_codec_error() {
+    for (fixture, key) in [
+        ("v2_zstd_be_u2", "0.1"),
+        ("v2_blosc_lz4_shuffle", "1.2"),
+        ("v2_gzip_be_f8", "0/2/0"),
+        ("v3_transpose_blosc_f4", "c/0/2/0"),
+    ] {
+        let (_d, store) = copy_store(fixture);
+        let path = store.join(key);
+        assert!(path.exists(), "{fixture}: no chunk {key}");
+        edit(&path, |b| {
+            for (i, x) in b.iter_mut().enumerate() {
+                *x = (i * 31 + 7) as u8;
+            }
+        });
+        match read_all(&open(&store)) {
+            Err(ZarrError::Codec { at, .. }) => assert_eq!(at.key, key, "{fixture}"),
+            other => panic!("{fixture}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn checksum_mismatch_is_detected() {
+    let (_d, store) = copy_store("v3_crc32c_i1");
+    let key = "c/0/0/0";
+    edit(&store.join(key), |b| {
+        let n = b.len();
+        b[n / 2] ^= 0x55;
+    });
+    match read_all(&open(&store)) {
+        Err(ZarrError::Codec { at, reason }) => {
+            assert_eq!(at.key, key);
+            assert!(reason.contains("checksum"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn shard_index_pointing_past_the_end_of_its_file() {
+    // Index at the end, without checksum: 2 little-endian u64 per inner chunk.
+    let (_d, store) = copy_store("v3_sharded_partial_nocrc_u1");
+    let shard = store.join("c/0");
+    let len = std::fs::metadata(&shard).unwrap().len();
+    edit(&shard, |b| {
+        let n = b.len();
+        let entry0 = n - 5 * 16; // first of the 5 inner chunks
+        b[entry0..entry0 + 8].copy_from_slice(&(len - 4).to_le_bytes());
+        b[entry0 + 8..entry0 + 16].copy_from_slice(&100u64.to_le_bytes());
+    });
+    match read_all(&open(&store)) {
+        Err(ZarrError::ShardIndex { at, reason }) => {
+            assert_eq!(at.key, "c/0");
+            assert_eq!(at.range, Some(ReadRange::new(len - 4, 100)));
+            assert!(reason.contains("past the end"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn corrupt_shard_index_checksum() {
+    let (_d, store) = copy_store("v3_sharded_end");
+    let shard = store.join("c/0/0");
+    edit(&shard, |b| {
+        let n = b.len();
+        b[n - 10] ^= 0xff; // inside the index, covered by its crc32c
+    });
+    match read_all(&open(&store)) {
+        Err(ZarrError::ShardIndex { at, reason }) => {
+            assert_eq!(at.key, "c/0/0");
+            assert!(matches!(at.range, Some(ReadRange::Suffix(_))), "{at:?}");
+            assert!(reason.to_lowercase().contains("checksum"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn shard_shorter_than_its_index() {
+    let (_d, store) = copy_store("v3_sharded_end");
+    edit(&store.join("c/0/0"), |b| b.truncate(10));
+    match read_all(&open(&store)) {
+        Err(ZarrError::ShardIndex { at, reason }) => {
+            assert_eq!(at.key, "c/0/0");
+            assert!(reason.contains("shorter than its index"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn invalid_metadata_json() {
+    let (_d, store) = copy_store("v3_zstd_checksum_u8");
+    std::fs::write(
+        store.join("zarr.json"),
+        b"{\"zarr_format\": 3, \"node_type\": \"array\", ",
+    )
+    .unwrap();
+    match zcrop_zarr::open(&store) {
+        Err(ZarrError::InvalidMetadata { path, reason }) => {
+            assert!(path.ends_with("zarr.json"), "{path:?}");
+            assert!(reason.contains("EOF"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let (_d2, store2) = copy_store("v2_zstd_be_u2");
+    std::fs::write(store2.join(".zarray"), b"[1, 2").unwrap();
+    assert!(matches!(
+        zcrop_zarr::open(&store2),
+        Err(ZarrError::InvalidMetadata { .. })
+    ));
+}
+
+fn set_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(path, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn unknown_codec_is_named_at_open() {
+    let (_d, store) = copy_store("v3_zstd_checksum_u8");
+    set_json(&store.join("zarr.json"), |v| {
+        v["codecs"][1]["name"] = "frobnicate".into();
+    });
+    match zcrop_zarr::open(&store) {
+        Err(ZarrError::UnsupportedCodec { array, codec, .. }) => {
+            assert_eq!(array, "/");
+            assert_eq!(codec, "frobnicate");
+        }
+        other => panic!("{other:?}"),
+    }
+    let (_d2, store2) = copy_store("v2_zstd_be_u2");
+    set_json(&store2.join(".zarray"), |v| {
+        v["filters"] = serde_json::json!([{"id": "delta", "dtype": ">u2"}]);
+    });
+    match zcrop_zarr::open(&store2) {
+        Err(ZarrError::UnsupportedCodec { codec, .. }) => assert_eq!(codec, "delta"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn unsupported_data_types_are_named_at_open() {
+    let (_d, store) = copy_store("v2_zstd_be_u2");
+    for dtype in ["|O", "<U4", "<M8[ns]", "|V4"] {
+        set_json(&store.join(".zarray"), |v| {
+            v["dtype"] = dtype.into();
+            v["fill_value"] = serde_json::Value::Null;
+            v["compressor"] = serde_json::Value::Null;
+        });
+        match zcrop_zarr::open(&store) {
+            Err(ZarrError::UnsupportedDataType { array, .. }) => assert_eq!(array, "/", "{dtype}"),
+            Err(ZarrError::InvalidMetadata { .. }) => {} // e.g. |V4 with a null fill value
+            other => panic!("{dtype}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn out_of_bounds_and_malformed_reads() {
+    let f = zcrop_fixtures::get("v3_workload_4d_u2");
+    let a = open(&f.store_path());
+    for (origin, shape) in [
+        (vec![0, 0, 0, 80], vec![1, 1, 1, 11]),
+        (vec![6, 0, 0, 0], vec![1, 1, 1, 1]),
+        (vec![0, 0, 0], vec![1, 1, 1]),
+        (vec![u64::MAX, 0, 0, 0], vec![2, 1, 1, 1]),
+    ] {
+        match a.read_region(&origin, &shape) {
+            Err(ZarrError::OutOfBounds {
+                array, shape: s, ..
+            }) => {
+                assert_eq!(array, "/");
+                assert_eq!(s, vec![6, 3, 70, 90]);
+            }
+            other => panic!("{origin:?}+{shape:?}: {other:?}"),
+        }
+    }
+    let mut small = vec![0u8; 3];
+    assert!(matches!(
+        a.read_region_into(&[0, 0, 0, 0], &[1, 1, 1, 2], &mut small),
+        Err(ZarrError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        a.read_batch(&[0, 0, 0], &[1, 1, 1, 1]),
+        Err(ZarrError::InvalidArgument(_))
+    ));
+    // A region too large to exist.
+    assert!(a.read_region(&[0, 0, 0, 0], &[u64::MAX, 1, 1, 1]).is_err());
+}
+
+#[test]
+fn missing_store_and_wrong_node_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = zcrop_zarr::open(dir.path().join("nope.zarr")).unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+    let f = zcrop_fixtures::get("v3_hierarchy__images__raw");
+    assert!(matches!(
+        Array::open(f.store_path()),
+        Err(ZarrError::WrongNodeType {
+            expected: "array",
+            found: "group",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn empty_chunk_file() {
+    let (_d, store) = copy_store("v2_zstd_be_u2");
+    std::fs::write(store.join("0.0"), b"").unwrap();
+    match read_all(&open(&store)) {
+        Err(ZarrError::Codec { at, .. }) => assert_eq!(at.key, "0.0"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,0 +1,216 @@
+//! Counting IO: what a read costs in physical reads, shard-index reads and decodes.
+
+mod common;
+
+use common::{assert_same, expected, region};
+use zcrop_io::{BackendChoice, CoalesceLimits, IoConfig, IoEngine};
+use zcrop_zarr::{Array, OpenOptions};
+
+fn fresh(options: &OpenOptions) -> (Array, IoEngine) {
+    // A private engine, so its counters see only this test's reads; no coalescing, so every
+    // request is one physical read.
+    let engine = IoEngine::new(IoConfig {
+        backend: BackendChoice::Uring,
+        coalesce: CoalesceLimits::ADJACENT_ONLY,
+        ..IoConfig::default()
+    })
+    .unwrap();
+    let f = zcrop_fixtures::get("v3_workload_4d_u2");
+    let a = Array::open_with(
+        f.store_path(),
+        &OpenOptions {
+            engine: Some(engine.clone()),
+            ..options.clone()
+        },
+    )
+    .unwrap();
+    (a, engine)
+}
+
+#[test]
+fn a_crop_inside_one_inner_chunk_costs_two_reads_cold_one_warm() {
+    let (a, engine) = fresh(&OpenOptions::default());
+    // Inner chunks are (1, 1, 16, 16): this crop lies inside inner chunk (0, 0, 1, 1).
+    let (origin, shape) = ([0, 0, 17, 18], [1, 1, 4, 5]);
+    let before = engine.metrics();
+    let cold = a.read_region(&origin, &shape).unwrap();
+    let m = engine.metrics() - before;
+    assert_eq!(
+        m.physical_reads, 2,
+        "cold: shard index + inner chunk, {m:?}"
+    );
+
+    let before = engine.metrics();
+    let warm = a.read_region(&origin, &shape).unwrap();
+    let m = engine.metrics() - before;
+    assert_eq!(m.physical_reads, 1, "warm: the inner chunk only, {m:?}");
+    assert_eq!(cold, warm);
+
+    let mut out = vec![0u8; 20 * 2];
+    let stats = a.read_region_into(&origin, &shape, &mut out).unwrap();
+    assert_eq!(
+        (
+            stats.chunks,
+            stats.chunks_decoded,
+            stats.index_reads,
+            stats.index_cache_hits
+        ),
+        (1, 1, 0, 1)
+    );
+}
+
+#[test]
+fn a_batch_reads_and_decodes_each_shared_chunk_once() {
+    let (a, engine) = fresh(&OpenOptions::default());
+    let f = zcrop_fixtures::get("v3_workload_4d_u2");
+    let (data, shape, es) = expected(&f);
+    let crop = [2u64, 3, 20, 20];
+    // Five crops over the same area (heavily overlapping) plus a far one.
+    let origins: Vec<u64> = [
+        [0, 0, 10, 10],
+        [0, 0, 10, 10],
+        [1, 0, 12, 14],
+        [0, 0, 15, 9],
+        [1, 0, 10, 10],
+        [4, 0, 50, 70],
+    ]
+    .iter()
+    .flatten()
+    .copied()
+    .collect();
+    let mut out = vec![0u8; 6 * crop.iter().product::<u64>() as usize * 2];
+    a.read_batch_into(&origins, &crop, &mut out).unwrap(); // warm the index cache
+    let before = engine.metrics();
+    let stats = a.read_batch_into(&origins, &crop, &mut out).unwrap();
+    let m = engine.metrics() - before;
+    // Distinct inner chunks touched: per crop, t x c x y-chunks x x-chunks.
+    let mut distinct = std::collections::BTreeSet::new();
+    for o in origins.chunks_exact(4) {
+        for t in o[0]..o[0] + crop[0] {
+            for c in 0..3 {
+                for y in o[2] / 16..=(o[2] + crop[2] - 1) / 16 {
+                    for x in o[3] / 16..=(o[3] + crop[3] - 1) / 16 {
+                        distinct.insert((t, c, y, x));
+                    }
+                }
+            }
+        }
+    }
+    let n = distinct.len() as u64;
+    assert_eq!(stats.chunks, n);
+    assert_eq!(stats.chunks_decoded + stats.chunks_missing, n, "{stats:?}");
+    assert_eq!(
+        m.requests, stats.chunks_decoded,
+        "one read per chunk present: {m:?}"
+    );
+    assert_eq!(stats.index_reads, 0);
+    let want: Vec<u8> = origins
+        .chunks_exact(4)
+        .flat_map(|o| region(&data, &shape, es, o, &crop))
+        .collect();
+    assert_same(&out, &want, es, "batch");
+}
+
+#[test]
+fn decoded_chunk_cache_serves_repeated_reads() {
+    let (a, engine) = fresh(&OpenOptions {
+        chunk_cache_bytes: 8 << 20,
+        ..OpenOptions::default()
+    });
+    let (origin, shape) = ([1u64, 0, 5, 5], [3u64, 3, 40, 40]);
+    let first = a.read_region(&origin, &shape).unwrap();
+    let before = engine.metrics();
+    let mut second = vec![0u8; first.len()];
+    let stats = a.read_region_into(&origin, &shape, &mut second).unwrap();
+    let m = engine.metrics() - before;
+    assert_eq!(first, second);
+    assert_eq!(
+        stats.chunks_cached,
+        stats.chunks - stats.chunks_missing,
+        "{stats:?}"
+    );
+    assert_eq!(stats.chunks_decoded, 0);
+    assert_eq!(m.physical_reads, 0, "{m:?}");
+    // Off by default: the same read decodes again.
+    let (plain, _) = fresh(&OpenOptions::default());
+    plain.read_region(&origin, &shape).unwrap();
+    let mut again = vec![0u8; first.len()];
+    let stats = plain.read_region_into(&origin, &shape, &mut again).unwrap();
+    assert_eq!(stats.chunks_cached, 0);
+    assert!(stats.chunks_decoded > 0);
+    assert_eq!(again, first);
+}
+
+#[test]
+fn aligned_whole_chunk_crops_decode_straight_into_the_output() {
+    // Crops aligned to inner chunks: every chunk is a whole, contiguous part of its crop, so the
+    // read decodes into the output (the result must still be right).
+    let (a, _) = fresh(&OpenOptions::default());
+    let f = zcrop_fixtures::get("v3_workload_4d_u2");
+    let (data, shape, es) = expected(&f);
+    let crop = [2u64, 1, 16, 16];
+    let origins = [0u64, 1, 16, 32, 3, 2, 48, 64];
+    let got = a.read_batch(&origins, &crop).unwrap();
+    let want: Vec<u8> = origins
+        .chunks_exact(4)
+        .flat_map(|o| region(&data, &shape, es, o, &crop))
+        .collect();
+    assert_same(&got, &want, es, "aligned crops");
+}
+
+#[test]
+fn storage_summary_counts_what_is_stored() {
+    for name in [
+        "v3_sharded_end",
+        "v3_workload_4d_u2",
+        "v2_blosc_lz4_shuffle",
+        "v3_sharded_partial_nocrc_u1",
+    ] {
+        let f = zcrop_fixtures::get(name);
+        let a = Array::open(f.store_path()).unwrap();
+        let s = a.storage_summary().unwrap();
+        assert_eq!(s.storage_chunks, f.n_chunks, "{name}");
+        assert_eq!(
+            s.storage_chunks - s.storage_chunks_present,
+            f.n_missing_chunks,
+            "{name}"
+        );
+        assert!(s.stored_bytes > 0);
+        match a.shard_shape() {
+            Some(_) => {
+                let per_shard: u64 = f
+                    .chunks
+                    .iter()
+                    .zip(f.inner_chunks.as_ref().unwrap())
+                    .map(|(s, i)| s / i)
+                    .product();
+                assert_eq!(s.inner_chunks, Some(per_shard * f.n_chunks), "{name}");
+                assert!(s.inner_chunks_present.unwrap() > 0, "{name}");
+            }
+            None => assert_eq!(s.inner_chunks, None),
+        }
+    }
+}
+
+#[test]
+fn encoded_chunks_decode_to_the_array() {
+    let f = zcrop_fixtures::get("v3_workload_4d_u2");
+    let (data, shape, es) = expected(&f);
+    let a = Array::open(f.store_path()).unwrap();
+    let coords = vec![vec![0, 0, 0, 0], vec![5, 2, 4, 5], vec![2, 1, 3, 0]];
+    let raw = a.read_encoded_chunks(&coords).unwrap();
+    for (c, bytes) in coords.iter().zip(raw) {
+        let chunk = a.decode_chunk(&bytes.unwrap()).unwrap();
+        // Compare the part of the chunk inside the array.
+        let origin: Vec<u64> = c.iter().map(|x| x * 16).collect();
+        let origin = [c[0], c[1], origin[2], origin[3]];
+        let h = (shape[2] - origin[2]).min(16);
+        let w = (shape[3] - origin[3]).min(16);
+        let want = region(&data, &shape, es, &origin, &[1, 1, h, w]);
+        let got: Vec<u8> = (0..h as usize)
+            .flat_map(|r| chunk[r * 32..r * 32 + w as usize * 2].to_vec())
+            .collect();
+        assert_eq!(got, want, "chunk {c:?}");
+    }
+    assert!(a.read_encoded_chunks(&[vec![6, 0, 0, 0]]).is_err());
+}
