@@ -92,7 +92,12 @@ impl Budget {
             .is_ok();
         if !took_bytes {
             self.requests.fetch_sub(1, Ordering::AcqRel);
-            self.notify_waiters();
+            // The request slot taken for a moment may have turned a waiter away: wake waiters,
+            // without the lock (`acquire` calls this while holding it). A wake-up lost in the
+            // race is made up by the waiters' timeout.
+            if self.waiters.load(Ordering::Acquire) > 0 {
+                self.freed.notify_all();
+            }
             return None;
         }
         Some(Permit {

@@ -14,7 +14,9 @@ use crate::coalesce::{CoalesceLimits, coalesce};
 use crate::error::{EngineError, IoError};
 use crate::fdcache::FdCache;
 use crate::metrics::{Metrics, MetricsSnapshot};
-use crate::op::{Ctx, Delivery, Part, PhysOp};
+use crate::op::{
+    Attempt, Ctx, Delivery, Local, Part, Parts, PhysOp, Resolution, Sink, Work, resolve,
+};
 use crate::portable;
 use crate::request::{Completion, ReadRange, ReadRequest};
 #[cfg(target_os = "linux")]
@@ -169,7 +171,12 @@ pub struct IoEngine {
 
 #[derive(Debug)]
 struct Inner {
-    queue: Option<Sender<PhysOp>>,
+    queue: Option<Sender<Work>>,
+    /// The queue's receiving end, for consumers that help while they wait.
+    helper: Receiver<Work>,
+    /// Whether consumers try page-cache reads while they wait (not with `O_DIRECT`, nor with
+    /// [`FastPath::Never`]).
+    consumers_help: bool,
     ctx: Arc<Ctx>,
     backend: BackendKind,
     fallback_reason: Option<String>,
@@ -197,7 +204,8 @@ impl IoEngine {
             direct: config.direct,
             shutdown: AtomicBool::new(false),
         });
-        let (tx, rx) = crossbeam_channel::unbounded::<PhysOp>();
+        let (tx, rx) = crossbeam_channel::unbounded::<Work>();
+        let consumers_help = !config.direct && config.fast_path != FastPath::Never;
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
 
         let mut fallback_reason = None;
@@ -212,6 +220,8 @@ impl IoEngine {
                     return Ok(IoEngine {
                         inner: Arc::new(Inner {
                             queue: Some(tx),
+                            helper: rx,
+                            consumers_help,
                             ctx,
                             backend: BackendKind::Uring,
                             fallback_reason: None,
@@ -242,6 +252,8 @@ impl IoEngine {
         Ok(IoEngine {
             inner: Arc::new(Inner {
                 queue: Some(tx),
+                helper: rx,
+                consumers_help,
                 ctx,
                 backend: BackendKind::Portable,
                 fallback_reason,
@@ -259,7 +271,7 @@ impl IoEngine {
     fn start_uring(
         config: &IoConfig,
         cores: usize,
-        rx: &Receiver<PhysOp>,
+        rx: &Receiver<Work>,
         ctx: &Arc<Ctx>,
     ) -> Result<(Vec<JoinHandle<()>>, Vec<Arc<crate::sys::EventFd>>), EngineError> {
         uring::probe().map_err(|reason| EngineError::UringUnavailable { reason })?;
@@ -301,7 +313,7 @@ impl IoEngine {
     fn start_uring(
         _config: &IoConfig,
         _cores: usize,
-        _rx: &Receiver<PhysOp>,
+        _rx: &Receiver<Work>,
         _ctx: &Arc<Ctx>,
     ) -> Result<(Vec<JoinHandle<()>>, Vec<()>), EngineError> {
         Err(EngineError::UringUnavailable {
@@ -351,25 +363,30 @@ impl IoEngine {
     /// [`CoalesceLimits`]); each request still gets its own [`Completion`].
     pub fn submit(&self, requests: impl IntoIterator<Item = ReadRequest>) -> Batch {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let ops = plan(requests, self.inner.coalesce, &tx);
-        let total: usize = ops.iter().map(|o| o.parts.len()).sum();
-        Metrics::add(&self.inner.ctx.metrics.requests, total as u64);
+        let sink = Arc::new(Sink { tx });
+        let ops = plan(requests, self.inner.coalesce, &sink);
+        let total: usize = ops.iter().map(|o| o.parts.as_slice().len()).sum();
+        let mut local = Local::default();
+        local.counters.requests = total as u64;
         if let Some(queue) = &self.inner.queue {
             for op in ops {
-                if let Err(crossbeam_channel::SendError(op)) = queue.send(op) {
-                    op.fail_shutdown(&self.inner.ctx);
+                if let Err(crossbeam_channel::SendError(Work::Fresh(op))) =
+                    queue.send(Work::Fresh(op))
+                {
+                    op.fail_shutdown(&mut local);
                 }
             }
         }
-        #[cfg(target_os = "linux")]
-        for w in &self.inner.wakers {
-            w.notify();
-        }
+        self.inner.wake();
         Batch {
             rx,
+            sink,
             ready: VecDeque::new(),
             remaining: total,
-            _engine: self.clone(),
+            local,
+            helping: self.inner.consumers_help,
+            misses_in_a_row: 0,
+            engine: self.clone(),
         }
     }
 
@@ -396,6 +413,36 @@ impl IoEngine {
     }
 }
 
+impl Inner {
+    /// Wakes the io_uring workers (the portable workers wake on their own).
+    fn wake(&self) {
+        #[cfg(target_os = "linux")]
+        for w in &self.wakers {
+            w.notify();
+        }
+    }
+
+    /// Hands an item back to the backend workers.
+    fn requeue(&self, work: Work, local: &mut Local) {
+        match &self.queue {
+            Some(q) => match q.send(work) {
+                Ok(()) => self.wake(),
+                Err(crossbeam_channel::SendError(w)) => fail_work(w, local),
+            },
+            None => fail_work(work, local),
+        }
+    }
+}
+
+/// Fails a work item because the engine is gone.
+fn fail_work(work: Work, local: &mut Local) {
+    match work {
+        Work::Fresh(op) => op.fail_shutdown(local),
+        Work::Resolved(r) => r.fail_shutdown(local),
+        Work::Missed(a) => a.fail_shutdown(local),
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.ctx.shutdown.store(true, Ordering::Release);
@@ -416,7 +463,7 @@ impl Drop for Inner {
 fn plan(
     requests: impl IntoIterator<Item = ReadRequest>,
     limits: CoalesceLimits,
-    sink: &Sender<Delivery>,
+    sink: &Arc<Sink>,
 ) -> Vec<PhysOp> {
     #[derive(Default)]
     struct FileReqs {
@@ -457,7 +504,8 @@ fn plan(
                         len: Some(len),
                     }
                 })
-                .collect();
+                .collect::<Vec<Part>>();
+            let parts = Parts::from_vec(parts);
             ops.push(PhysOp {
                 path: Arc::clone(&path),
                 range: ReadRange::Bounded {
@@ -465,24 +513,26 @@ fn plan(
                     len: m.len,
                 },
                 parts,
-                sink: sink.clone(),
+                sink: Arc::clone(sink),
             });
         }
-        let whole_parts = |ids: &mut dyn Iterator<Item = u64>, range: ReadRange| -> Vec<Part> {
-            ids.map(|id| Part {
-                id,
-                range,
-                offset_in_read: 0,
-                len: None,
-            })
-            .collect()
+        let whole_parts = |ids: &mut dyn Iterator<Item = u64>, range: ReadRange| -> Parts {
+            Parts::from_vec(
+                ids.map(|id| Part {
+                    id,
+                    range,
+                    offset_in_read: 0,
+                    len: None,
+                })
+                .collect(),
+            )
         };
         if !f.whole.is_empty() {
             ops.push(PhysOp {
                 path: Arc::clone(&path),
                 range: ReadRange::Whole,
                 parts: whole_parts(&mut f.whole.into_iter(), ReadRange::Whole),
-                sink: sink.clone(),
+                sink: Arc::clone(sink),
             });
         }
         let mut suffix = f.suffix;
@@ -493,7 +543,7 @@ fn plan(
                 path: Arc::clone(&path),
                 range,
                 parts: whole_parts(&mut group.iter().map(|&(_, id)| id), range),
-                sink: sink.clone(),
+                sink: Arc::clone(sink),
             });
         }
     }
@@ -503,13 +553,28 @@ fn plan(
 /// The results of one [`IoEngine::submit`], in completion order. Iterating blocks until the
 /// next result arrives and ends after the last one. Dropping it early is fine: reads still in
 /// flight finish and their results are discarded.
+///
+/// While it waits, the iterating thread helps: it takes planned reads off the engine's queue and
+/// tries them with a non-blocking page-cache read (`preadv2(RWF_NOWAIT)`). Cached data is then
+/// read by the thread that wants it, without a hand-off; a read that misses the cache goes back
+/// to the backend's workers (a batch that keeps missing stops helping).
 #[derive(Debug)]
 pub struct Batch {
     rx: Receiver<Delivery>,
+    sink: Arc<Sink>,
     ready: VecDeque<Completion>,
     remaining: usize,
-    _engine: IoEngine,
+    /// Results this thread produced for other batches, and its counters.
+    local: Local,
+    helping: bool,
+    misses_in_a_row: u32,
+    engine: IoEngine,
 }
+
+/// Misses in a row after which a batch stops helping (its data is not cached).
+const HELP_MISSES: u32 = 8;
+/// Results for other batches a helping consumer holds before sending them.
+const HELP_FLUSH_AT: usize = 64;
 
 impl Batch {
     /// Results not yet returned.
@@ -517,36 +582,41 @@ impl Batch {
         self.remaining
     }
 
-    /// The next result if one has arrived, without waiting.
+    /// The next result if one is available, without waiting for the device.
     pub fn try_next(&mut self) -> Option<Completion> {
-        if self.ready.is_empty()
-            && self.remaining > 0
-            && let Ok(d) = self.rx.try_recv()
-        {
-            self.ready.extend(d.completions);
-            drop(d.permit);
-        }
-        self.pop()
+        self.next_inner(false)
     }
 
-    fn pop(&mut self) -> Option<Completion> {
-        let c = self.ready.pop_front()?;
-        self.remaining -= 1;
-        Some(c)
+    fn take(&mut self, d: Delivery) {
+        self.ready.extend(d.completions);
+        // The permits are released here, as the consumer takes the results.
+        drop(d.permits);
     }
-}
 
-impl Iterator for Batch {
-    type Item = Completion;
-
-    fn next(&mut self) -> Option<Completion> {
-        if self.ready.is_empty() && self.remaining > 0 {
+    fn next_inner(&mut self, block: bool) -> Option<Completion> {
+        loop {
+            if let Some(c) = self.ready.pop_front() {
+                self.remaining -= 1;
+                return Some(c);
+            }
+            if self.remaining == 0 {
+                return None;
+            }
+            if let Ok(d) = self.rx.try_recv() {
+                self.take(d);
+                continue;
+            }
+            if self.help() {
+                continue;
+            }
+            // Nothing to do but wait: first hand over what this thread holds for others.
+            let ctx = &self.engine.inner.ctx;
+            self.local.flush(ctx);
+            if !block {
+                return None;
+            }
             match self.rx.recv() {
-                // The permit inside `d` is released here, as the consumer takes the results.
-                Ok(d) => {
-                    self.ready.extend(d.completions);
-                    drop(d.permit);
-                }
+                Ok(d) => self.take(d),
                 Err(_) => {
                     log::error!(
                         "zcrop-io: workers stopped with {} reads pending",
@@ -556,10 +626,84 @@ impl Iterator for Batch {
                 }
             }
         }
-        self.pop()
+    }
+
+    /// Runs one queued read from the page cache, if any and if that keeps working; returns
+    /// whether it did anything.
+    fn help(&mut self) -> bool {
+        if !self.helping {
+            return false;
+        }
+        let inner = Arc::clone(&self.engine.inner);
+        let ctx = &inner.ctx;
+        let Ok(work) = inner.helper.try_recv() else {
+            return false;
+        };
+        let resolved = match work {
+            Work::Fresh(op) if ctx.shutting_down() => {
+                op.fail_shutdown(&mut self.local);
+                return self.collect_own();
+            }
+            Work::Fresh(op) => match resolve(op, ctx, &mut self.local) {
+                Resolution::Read(r) => r,
+                Resolution::Finished => return self.collect_own(),
+            },
+            // Work that needs the device (or budget) belongs to the workers.
+            other => {
+                inner.requeue(other, &mut self.local);
+                self.helping = false;
+                return false;
+            }
+        };
+        let Some(permit) = ctx.budget.try_acquire(resolved.charge()) else {
+            inner.requeue(Work::Resolved(resolved), &mut self.local);
+            return false;
+        };
+        match resolved.activate(permit).try_cached(ctx, &mut self.local) {
+            Attempt::Done => self.misses_in_a_row = 0,
+            Attempt::Missed(active) => {
+                self.misses_in_a_row += 1;
+                if self.misses_in_a_row >= HELP_MISSES {
+                    self.helping = false;
+                }
+                inner.requeue(Work::Missed(active.release_budget()), &mut self.local);
+            }
+            Attempt::Unsupported(active) => {
+                self.helping = false;
+                inner.requeue(Work::Missed(active.release_budget()), &mut self.local);
+            }
+        }
+        if self.local.pending() >= HELP_FLUSH_AT {
+            self.local.flush(ctx);
+        }
+        self.collect_own()
+    }
+
+    /// Moves this batch's own results out of the local buffer.
+    fn collect_own(&mut self) -> bool {
+        if let Some(d) = self.local.take_for(&self.sink) {
+            self.take(d);
+        }
+        true
+    }
+}
+
+impl Iterator for Batch {
+    type Item = Completion;
+
+    fn next(&mut self) -> Option<Completion> {
+        self.next_inner(true)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         (self.ready.len(), Some(self.remaining))
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // Results held for other batches must reach them.
+        let ctx = Arc::clone(&self.engine.inner.ctx);
+        self.local.flush(&ctx);
     }
 }

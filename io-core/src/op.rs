@@ -1,6 +1,7 @@
 //! The life of one physical read, shared by every backend so they behave identically:
 //! [`PhysOp`] (planned) -> [`resolve`] (file open, range known) -> [`Active`] (permit held,
-//! buffer allocated, being read) -> a [`Delivery`] of one [`Completion`] per request served.
+//! buffer allocated, being read) -> one [`Completion`] per request served, buffered in the
+//! thread's [`Local`] state and delivered to the batch's [`Sink`] in bulk.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
@@ -13,7 +14,7 @@ use crossbeam_channel::Sender;
 use crate::budget::{Budget, Permit};
 use crate::error::IoError;
 use crate::fdcache::{FdCache, OpenFile};
-use crate::metrics::Metrics;
+use crate::metrics::{Counters, Metrics};
 use crate::request::{Completion, ReadRange, RequestId};
 use crate::sys::{self, ReadBuf};
 
@@ -33,6 +34,20 @@ impl Ctx {
     }
 }
 
+/// Where one batch's results go.
+#[derive(Debug)]
+pub(crate) struct Sink {
+    pub(crate) tx: Sender<Delivery>,
+}
+
+/// Results sent to a batch in one message. The permits are released when the consumer takes
+/// the delivery off the channel.
+#[derive(Debug, Default)]
+pub(crate) struct Delivery {
+    pub(crate) completions: Vec<Completion>,
+    pub(crate) permits: Vec<Permit>,
+}
+
 /// One requested range served by a physical read.
 #[derive(Debug, Clone)]
 pub(crate) struct Part {
@@ -45,12 +60,28 @@ pub(crate) struct Part {
     pub(crate) len: Option<u64>,
 }
 
-/// Results for one physical read, sent to the batch that asked. The permit is released when
-/// the consumer takes the delivery off the channel.
-#[derive(Debug)]
-pub(crate) struct Delivery {
-    pub(crate) completions: Vec<Completion>,
-    pub(crate) permit: Option<Permit>,
+/// The requests one physical read serves: usually one, so that case needs no allocation.
+#[derive(Debug, Clone)]
+pub(crate) enum Parts {
+    One(Part),
+    Many(Vec<Part>),
+}
+
+impl Parts {
+    pub(crate) fn as_slice(&self) -> &[Part] {
+        match self {
+            Parts::One(p) => std::slice::from_ref(p),
+            Parts::Many(v) => v,
+        }
+    }
+
+    pub(crate) fn from_vec(mut v: Vec<Part>) -> Parts {
+        if v.len() == 1 {
+            Parts::One(v.swap_remove(0))
+        } else {
+            Parts::Many(v)
+        }
+    }
 }
 
 /// A planned physical read.
@@ -58,57 +89,133 @@ pub(crate) struct Delivery {
 pub(crate) struct PhysOp {
     pub(crate) path: Arc<Path>,
     pub(crate) range: ReadRange,
-    pub(crate) parts: Vec<Part>,
-    pub(crate) sink: Sender<Delivery>,
+    pub(crate) parts: Parts,
+    pub(crate) sink: Arc<Sink>,
+}
+
+/// An item of an engine's work queue.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// A planned read nobody has touched.
+    Fresh(PhysOp),
+    /// A read whose file is open, not yet charged to the budget.
+    Resolved(Resolved),
+    /// A read whose data was not in the page cache (found by a non-blocking attempt): it needs
+    /// the device, so only a backend worker may take it. It holds its buffer but no budget (a
+    /// queued item must not hold budget that the workers wait for); the worker charges it again.
+    Missed(Active),
+}
+
+/// Per-thread state of a worker (or a helping consumer): results not yet delivered, counters
+/// not yet published, and the last file used.
+#[derive(Debug, Default)]
+pub(crate) struct Local {
+    pending: Vec<(Arc<Sink>, Delivery)>,
+    pending_count: usize,
+    pub(crate) counters: Counters,
+    last_file: Option<(Arc<Path>, Arc<OpenFile>)>,
+}
+
+impl Local {
+    /// Buffers results for `sink`.
+    fn deliver(
+        &mut self,
+        sink: &Arc<Sink>,
+        completions: impl Iterator<Item = Completion>,
+        permit: Option<Permit>,
+    ) {
+        let slot = match self.pending.iter().position(|(s, _)| Arc::ptr_eq(s, sink)) {
+            Some(i) => i,
+            None => {
+                self.pending.push((Arc::clone(sink), Delivery::default()));
+                self.pending.len() - 1
+            }
+        };
+        let d = &mut self.pending[slot].1;
+        let before = d.completions.len();
+        d.completions.extend(completions);
+        self.pending_count += d.completions.len() - before;
+        if let Some(p) = permit {
+            d.permits.push(p);
+        }
+    }
+
+    /// Results buffered and not yet sent.
+    pub(crate) fn pending(&self) -> usize {
+        self.pending_count
+    }
+
+    /// Sends every buffered delivery and publishes the counters.
+    pub(crate) fn flush(&mut self, ctx: &Ctx) {
+        for (sink, d) in self.pending.drain(..) {
+            // A dropped batch no longer listens; its permits are released right here.
+            let _ = sink.tx.send(d);
+        }
+        self.pending_count = 0;
+        ctx.metrics.publish(&mut self.counters);
+    }
+
+    /// Takes the buffered deliveries for `sink` (a consumer helping itself skips the channel).
+    pub(crate) fn take_for(&mut self, sink: &Arc<Sink>) -> Option<Delivery> {
+        let i = self
+            .pending
+            .iter()
+            .position(|(s, _)| Arc::ptr_eq(s, sink))?;
+        let (_, d) = self.pending.swap_remove(i);
+        self.pending_count -= d.completions.len();
+        Some(d)
+    }
+
+    /// The open file for `path`, from the last one used or the engine's cache.
+    fn file(&mut self, path: &Arc<Path>, ctx: &Ctx) -> std::io::Result<Arc<OpenFile>> {
+        if let Some((p, f)) = &self.last_file
+            && (Arc::ptr_eq(p, path) || **p == **path)
+        {
+            return Ok(Arc::clone(f));
+        }
+        let opened = ctx.fds.get(path, ctx.direct)?;
+        if opened.direct_fell_back {
+            self.counters.direct_fallbacks += 1;
+        }
+        self.last_file = Some((Arc::clone(path), Arc::clone(&opened.file)));
+        Ok(opened.file)
+    }
 }
 
 impl PhysOp {
     /// Fails every request this read serves with `err`.
-    pub(crate) fn fail(self, err: &IoError, ctx: &Ctx) {
-        Metrics::add(&ctx.metrics.errors, self.parts.len() as u64);
-        let completions = self
-            .parts
-            .iter()
-            .map(|p| Completion {
-                id: p.id,
-                result: Err(err.with_range(p.range)),
-            })
-            .collect();
-        let _ = self.sink.send(Delivery {
-            completions,
-            permit: None,
+    pub(crate) fn fail(self, err: &IoError, local: &mut Local) {
+        local.counters.errors += self.parts.as_slice().len() as u64;
+        let completions = self.parts.as_slice().iter().map(|p| Completion {
+            id: p.id,
+            result: Err(err.with_range(p.range)),
         });
+        local.deliver(&self.sink, completions, None);
     }
 
     /// Fails every request because the engine is shutting down.
-    pub(crate) fn fail_shutdown(self, ctx: &Ctx) {
+    pub(crate) fn fail_shutdown(self, local: &mut Local) {
         let err = IoError::Shutdown {
             path: Arc::clone(&self.path),
             range: self.range,
         };
-        self.fail(&err, ctx);
+        self.fail(&err, local);
     }
 
     /// Serves every request from `data` (the bytes of the whole physical range).
-    fn serve(self, data: &Bytes, permit: Option<Permit>) {
-        let completions = self
-            .parts
-            .iter()
-            .map(|p| Completion {
-                id: p.id,
-                result: Ok(slice_part(data, p)),
-            })
-            .collect();
-        let _ = self.sink.send(Delivery {
-            completions,
-            permit,
+    fn serve(self, data: &Bytes, permit: Option<Permit>, local: &mut Local) {
+        let completions = self.parts.as_slice().iter().map(|p| Completion {
+            id: p.id,
+            result: Ok(slice_part(data, p)),
         });
+        local.deliver(&self.sink, completions, permit);
     }
 }
 
 fn slice_part(data: &Bytes, p: &Part) -> Bytes {
     let start = p.offset_in_read as usize;
     match p.len {
+        Some(len) if start == 0 && len as usize == data.len() => data.clone(),
         Some(len) => data.slice(start..start + len as usize),
         None => data.clone(),
     }
@@ -139,8 +246,8 @@ impl Resolved {
     }
 
     /// Fails the read because the engine is shutting down.
-    pub(crate) fn fail_shutdown(self, ctx: &Ctx) {
-        self.op.fail_shutdown(ctx);
+    pub(crate) fn fail_shutdown(self, local: &mut Local) {
+        self.op.fail_shutdown(local);
     }
 
     /// Allocates the buffer under `permit`.
@@ -150,7 +257,7 @@ impl Resolved {
         Active {
             res: self,
             buf,
-            permit,
+            permit: Some(permit),
         }
     }
 }
@@ -164,19 +271,15 @@ pub(crate) enum Resolution {
 }
 
 /// Opens the file and fixes the byte range. Errors and empty ranges are delivered here.
-pub(crate) fn resolve(op: PhysOp, ctx: &Ctx) -> Resolution {
-    let opened = match ctx.fds.get(&op.path, ctx.direct) {
-        Ok(o) => o,
+pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
+    let file = match local.file(&op.path, ctx) {
+        Ok(f) => f,
         Err(e) => {
             let err = IoError::from_os(e, &op.path, op.range);
-            op.fail(&err, ctx);
+            op.fail(&err, local);
             return Resolution::Finished;
         }
     };
-    if opened.direct_fell_back {
-        Metrics::add(&ctx.metrics.direct_fallbacks, 1);
-    }
-    let file = opened.file;
     let (offset, len) = match op.range {
         ReadRange::Bounded { offset, len }
             if len > 0
@@ -193,7 +296,7 @@ pub(crate) fn resolve(op: PhysOp, ctx: &Ctx) -> Resolution {
                 Ok(m) => m.len(),
                 Err(e) => {
                     let err = IoError::from_os(e, &op.path, range);
-                    op.fail(&err, ctx);
+                    op.fail(&err, local);
                     return Resolution::Finished;
                 }
             };
@@ -205,14 +308,14 @@ pub(crate) fn resolve(op: PhysOp, ctx: &Ctx) -> Resolution {
                         range,
                         file_len,
                     };
-                    op.fail(&err, ctx);
+                    op.fail(&err, local);
                     return Resolution::Finished;
                 }
             }
         }
     };
     if len == 0 {
-        op.serve(&Bytes::new(), None);
+        op.serve(&Bytes::new(), None, local);
         return Resolution::Finished;
     }
     let (read_start, read_len) = match file.direct_align {
@@ -238,7 +341,8 @@ pub(crate) fn resolve(op: PhysOp, ctx: &Ctx) -> Resolution {
 pub(crate) struct Active {
     res: Resolved,
     buf: ReadBuf,
-    permit: Permit,
+    /// Its share of the budget; `None` only while it waits in the queue as [`Work::Missed`].
+    permit: Option<Permit>,
 }
 
 /// What the next syscall of an [`Active`] read should do.
@@ -252,7 +356,34 @@ pub(crate) struct NextRead {
 /// Largest single read syscall we issue (the kernel caps reads near 2 GiB anyway).
 const MAX_READ_PER_CALL: usize = 1 << 30;
 
+/// The outcome of one non-blocking attempt at a read.
+pub(crate) enum Attempt {
+    /// Finished (served from the page cache, or failed) and delivered.
+    Done,
+    /// Not (all) in the page cache: the device must be asked.
+    Missed(Active),
+    /// This file (or filesystem) does not support non-blocking reads.
+    Unsupported(Active),
+}
+
 impl Active {
+    /// Gives the budget back (before queueing the read as [`Work::Missed`]).
+    pub(crate) fn release_budget(mut self) -> Self {
+        self.permit = None;
+        self
+    }
+
+    /// Bytes the budget is charged for.
+    pub(crate) fn charge(&self) -> u64 {
+        self.res.read_len
+    }
+
+    /// Takes `permit` as its budget.
+    pub(crate) fn with_budget(mut self, permit: Permit) -> Self {
+        self.permit = Some(permit);
+        self
+    }
+
     /// Buffer bytes needed before the request is satisfied.
     fn need(&self) -> usize {
         (self.res.offset - self.res.read_start + self.res.len) as usize
@@ -311,34 +442,65 @@ impl Active {
     /// After a syscall returned `n` bytes (already recorded): finishes and delivers the read if
     /// it is over and returns `None`, or returns the read if more must be read (a short read:
     /// the caller issues [`Self::next_read`] again).
-    pub(crate) fn after_read(self, n: usize, ctx: &Ctx) -> Option<Self> {
+    pub(crate) fn after_read(self, n: usize, ctx: &Ctx, local: &mut Local) -> Option<Self> {
         if self.is_complete() {
-            self.finish_ok(ctx);
+            self.finish_ok(local);
             None
         } else if self.hit_eof(n) {
-            self.finish_eof(ctx);
+            self.finish_eof(ctx, local);
             None
         } else {
-            Metrics::add(&ctx.metrics.short_read_resubmits, 1);
+            local.counters.short_read_resubmits += 1;
             Some(self)
         }
     }
 
+    /// One non-blocking read from the page cache (`preadv2(RWF_NOWAIT)`).
+    pub(crate) fn try_cached(mut self, ctx: &Ctx, local: &mut Local) -> Attempt {
+        match self.pread_once(true) {
+            Ok(n) => {
+                local.counters.fast_path_hits += 1;
+                match self.after_read(n, ctx, local) {
+                    None => Attempt::Done,
+                    // Partly cached: the device reads the rest.
+                    Some(rest) => Attempt::Missed(rest),
+                }
+            }
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EAGAIN) => {
+                    local.counters.fast_path_misses += 1;
+                    Attempt::Missed(self)
+                }
+                Some(libc::EOPNOTSUPP) => Attempt::Unsupported(self),
+                Some(libc::EINTR) => Attempt::Missed(self),
+                _ => {
+                    self.finish_err(e, local);
+                    Attempt::Done
+                }
+            },
+        }
+    }
+
     /// Completes every request from the buffer.
-    fn finish_ok(self, ctx: &Ctx) {
-        Metrics::add(&ctx.metrics.physical_reads, 1);
-        Metrics::add(&ctx.metrics.bytes_read, self.buf.filled() as u64);
+    fn finish_ok(self, local: &mut Local) {
+        local.counters.physical_reads += 1;
+        local.counters.bytes_read += self.buf.filled() as u64;
         let lead = (self.res.offset - self.res.read_start) as usize;
         let len = self.res.len as usize;
-        let data = self.buf.into_bytes().slice(lead..lead + len);
-        self.res.op.serve(&data, Some(self.permit));
+        let all = self.buf.into_bytes();
+        let data = if lead == 0 && len == all.len() {
+            all
+        } else {
+            all.slice(lead..lead + len)
+        };
+        self.res.op.serve(&data, self.permit, local);
     }
 
     /// The file ended before the read did: requests wholly inside the bytes obtained succeed,
     /// the others fail with [`IoError::RangePastEof`].
-    fn finish_eof(self, ctx: &Ctx) {
-        Metrics::add(&ctx.metrics.physical_reads, 1);
-        Metrics::add(&ctx.metrics.bytes_read, self.buf.filled() as u64);
+    fn finish_eof(self, _ctx: &Ctx, local: &mut Local) {
+        local.counters.physical_reads += 1;
+        local.counters.bytes_read += self.buf.filled() as u64;
         let lead = (self.res.offset - self.res.read_start) as usize;
         let got = self.buf.filled().saturating_sub(lead);
         let file_len = self
@@ -350,8 +512,10 @@ impl Active {
         let data = self.buf.into_bytes();
         let data = data.slice(lead.min(data.len())..);
         let op = self.res.op;
-        let completions = op
+        let mut errors = 0;
+        let completions: Vec<Completion> = op
             .parts
+            .as_slice()
             .iter()
             .map(|p| {
                 let fits = p
@@ -360,7 +524,7 @@ impl Active {
                 let result = if fits {
                     Ok(slice_part(&data, p))
                 } else {
-                    Metrics::add(&ctx.metrics.errors, 1);
+                    errors += 1;
                     Err(IoError::RangePastEof {
                         path: Arc::clone(&op.path),
                         range: p.range,
@@ -370,23 +534,28 @@ impl Active {
                 Completion { id: p.id, result }
             })
             .collect();
-        let _ = op.sink.send(Delivery {
-            completions,
-            permit: Some(self.permit),
-        });
+        local.counters.errors += errors;
+        local.deliver(&op.sink, completions.into_iter(), self.permit);
     }
 
     /// Fails every request with the OS error `e`.
-    pub(crate) fn finish_err(self, e: std::io::Error, ctx: &Ctx) {
+    pub(crate) fn finish_err(self, e: std::io::Error, local: &mut Local) {
         let err = IoError::from_os(e, &self.res.op.path, self.res.op.range);
         let Active { res, permit, .. } = self;
-        res.op.fail(&err, ctx);
+        res.op.fail(&err, local);
+        drop(permit);
+    }
+
+    /// Fails every request because the engine is shutting down.
+    pub(crate) fn fail_shutdown(self, local: &mut Local) {
+        let Active { res, permit, .. } = self;
+        res.op.fail_shutdown(local);
         drop(permit);
     }
 
     /// Fails every request with `e` and leaks the buffer instead of freeing it: for reads the
     /// kernel may still be writing into (an io_uring ring that broke mid-flight).
-    pub(crate) fn abandon(self, e: &std::io::Error, ctx: &Ctx) {
+    pub(crate) fn abandon(self, e: &std::io::Error, local: &mut Local) {
         let err = IoError::from_os(
             std::io::Error::new(e.kind(), e.to_string()),
             &self.res.op.path,
@@ -394,21 +563,20 @@ impl Active {
         );
         let Active { res, buf, permit } = self;
         std::mem::forget(buf);
-        res.op.fail(&err, ctx);
+        res.op.fail(&err, local);
         drop(permit);
     }
 
-    /// Reads to the end with blocking `pread`s (the portable backend, and the io_uring
-    /// backend's page-cache fast path once data turned out to be cached).
-    pub(crate) fn run_blocking(mut self, ctx: &Ctx) {
+    /// Reads to the end with blocking `pread`s.
+    pub(crate) fn run_blocking(mut self, ctx: &Ctx, local: &mut Local) {
         loop {
             match self.pread_once(false) {
-                Ok(n) => match self.after_read(n, ctx) {
+                Ok(n) => match self.after_read(n, ctx, local) {
                     None => return,
                     Some(again) => self = again,
                 },
-                Err(e) if is_retryable(&e) => Metrics::add(&ctx.metrics.retries, 1),
-                Err(e) => return self.finish_err(e, ctx),
+                Err(e) if is_retryable(&e) => local.counters.retries += 1,
+                Err(e) => return self.finish_err(e, local),
             }
         }
     }

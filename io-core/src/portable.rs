@@ -7,12 +7,15 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Receiver;
 
 use crate::error::EngineError;
-use crate::op::{Ctx, PhysOp, Resolution, resolve};
+use crate::op::{Ctx, Local, Resolution, Work, resolve};
+
+/// Results a worker buffers before sending them.
+const FLUSH_AT: usize = 64;
 
 /// Starts `threads` workers that serve `queue` until it closes.
 pub(crate) fn spawn(
     threads: usize,
-    queue: &Receiver<PhysOp>,
+    queue: &Receiver<Work>,
     ctx: &Arc<Ctx>,
 ) -> Result<Vec<JoinHandle<()>>, EngineError> {
     (0..threads.max(1))
@@ -22,24 +25,49 @@ pub(crate) fn spawn(
             std::thread::Builder::new()
                 .name(format!("zcrop-pread-{i}"))
                 .spawn(move || {
-                    for op in &queue {
-                        run(op, &ctx);
+                    let mut local = Local::default();
+                    for work in &queue {
+                        run(work, &ctx, &mut local);
+                        // Deliver before waiting for more work (and at least every FLUSH_AT).
+                        if queue.is_empty() || local.pending() >= FLUSH_AT {
+                            local.flush(&ctx);
+                        }
                     }
+                    local.flush(&ctx);
                 })
                 .map_err(EngineError::Spawn)
         })
         .collect()
 }
 
-/// Reads one planned read to the end and delivers its results.
-pub(crate) fn run(op: PhysOp, ctx: &Ctx) {
-    if ctx.shutting_down() {
-        return op.fail_shutdown(ctx);
-    }
-    if let Resolution::Read(r) = resolve(op, ctx) {
-        match ctx.budget.acquire(r.charge(), || ctx.shutting_down()) {
-            Some(permit) => r.activate(permit).run_blocking(ctx),
-            None => r.fail_shutdown(ctx),
+/// Reads one item of work to the end.
+fn run(work: Work, ctx: &Ctx, local: &mut Local) {
+    let resolved = match work {
+        Work::Fresh(op) if ctx.shutting_down() => return op.fail_shutdown(local),
+        Work::Fresh(op) => match resolve(op, ctx, local) {
+            Resolution::Read(r) => r,
+            Resolution::Finished => return,
+        },
+        Work::Resolved(r) => r,
+        Work::Missed(active) => {
+            return match charge(active.charge(), ctx, local) {
+                Some(p) => active.with_budget(p).run_blocking(ctx, local),
+                None => active.fail_shutdown(local),
+            };
         }
+    };
+    match charge(resolved.charge(), ctx, local) {
+        Some(p) => resolved.activate(p).run_blocking(ctx, local),
+        None => resolved.fail_shutdown(local),
     }
+}
+
+/// Takes `bytes` of budget, waiting if need be (`None`: the engine is shutting down).
+fn charge(bytes: u64, ctx: &Ctx, local: &mut Local) -> Option<crate::budget::Permit> {
+    if let Some(p) = ctx.budget.try_acquire(bytes) {
+        return Some(p);
+    }
+    // Results held here keep budget; hand them over before waiting for more.
+    local.flush(ctx);
+    ctx.budget.acquire(bytes, || ctx.shutting_down())
 }

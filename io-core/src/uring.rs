@@ -23,8 +23,7 @@ use io_uring::{IoUring, opcode, squeue, types};
 
 use crate::engine::FastPath;
 use crate::error::EngineError;
-use crate::metrics::Metrics;
-use crate::op::{Active, Ctx, PhysOp, Resolution, Resolved, is_retryable, resolve};
+use crate::op::{Active, Attempt, Ctx, Local, Resolution, Resolved, Work, is_retryable, resolve};
 use crate::sys::EventFd;
 
 /// `user_data` of the eventfd read.
@@ -66,7 +65,7 @@ pub(crate) fn spawn(
     index: usize,
     depth: usize,
     fast_path: FastPath,
-    queue: &Receiver<PhysOp>,
+    queue: &Receiver<Work>,
     ctx: &Arc<Ctx>,
 ) -> Result<WorkerHandle, EngineError> {
     let waker = Arc::new(EventFd::new().map_err(EngineError::Spawn)?);
@@ -113,6 +112,31 @@ fn build_ring(depth: usize) -> io::Result<IoUring> {
     }
 }
 
+/// A read that needs budget before it can go on.
+#[derive(Debug)]
+enum Charge {
+    /// Not started: gets its buffer once charged, and may try the page cache.
+    New(Resolved),
+    /// Missed the page cache (found by a consumer): straight to the ring once charged.
+    Missed(Active),
+}
+
+impl Charge {
+    fn bytes(&self) -> u64 {
+        match self {
+            Charge::New(r) => r.charge(),
+            Charge::Missed(a) => a.charge(),
+        }
+    }
+
+    fn fail_shutdown(self, local: &mut Local) {
+        match self {
+            Charge::New(r) => r.fail_shutdown(local),
+            Charge::Missed(a) => a.fail_shutdown(local),
+        }
+    }
+}
+
 /// Tracks whether `RWF_NOWAIT` reads keep finding data in the page cache.
 struct FastPathState {
     mode: FastPath,
@@ -155,7 +179,7 @@ impl FastPathState {
 struct Worker {
     ring: IoUring,
     depth: usize,
-    queue: Receiver<PhysOp>,
+    queue: Receiver<Work>,
     waker: Arc<EventFd>,
     /// Target of the armed eventfd read; boxed so its address is stable.
     waker_buf: Box<[u8; 8]>,
@@ -165,8 +189,9 @@ struct Worker {
     free: Vec<usize>,
     in_flight: usize,
     /// A read waiting for budget while this worker's own reads are in flight.
-    waiting: Option<Resolved>,
+    waiting: Option<Charge>,
     fast: FastPathState,
+    local: Local,
     ctx: Arc<Ctx>,
 }
 
@@ -175,7 +200,7 @@ impl Worker {
         ring: IoUring,
         depth: usize,
         fast_path: FastPath,
-        queue: Receiver<PhysOp>,
+        queue: Receiver<Work>,
         waker: Arc<EventFd>,
         ctx: Arc<Ctx>,
     ) -> Self {
@@ -199,6 +224,7 @@ impl Worker {
                 hits: 0,
                 skipped: 0,
             },
+            local: Local::default(),
             ctx,
         }
     }
@@ -212,11 +238,14 @@ impl Worker {
             }
             if self.in_flight == 0 && !self.waker_armed {
                 if shutting_down && self.waiting.is_none() && self.queue.is_empty() {
+                    self.local.flush(&self.ctx);
                     return;
                 }
                 // Shutting down with work queued: `fill` fails it on the next turn.
                 continue;
             }
+            // Deliver what is done before waiting: consumers wait for it, and it holds budget.
+            self.local.flush(&self.ctx);
             if let Err(e) = self.ring.submit_and_wait(1) {
                 match e.raw_os_error() {
                     // Interrupted, or the kernel is short of memory / the completion queue is
@@ -225,11 +254,12 @@ impl Worker {
                     _ => {
                         log::error!("io_uring_enter failed: {e}; failing this worker's reads");
                         self.abandon(&e);
+                        self.local.flush(&self.ctx);
                         return;
                     }
                 }
             }
-            Metrics::add(&self.ctx.metrics.ring_enters, 1);
+            self.local.counters.ring_enters += 1;
             self.reap();
         }
     }
@@ -238,67 +268,71 @@ impl Worker {
     fn fill(&mut self) {
         let ctx = Arc::clone(&self.ctx);
         while self.in_flight < self.depth {
-            let resolved = match self.waiting.take() {
-                Some(r) => r,
+            let item = match self.waiting.take() {
+                Some(c) => c,
                 None => match self.queue.try_recv() {
-                    Ok(op) if ctx.shutting_down() => {
-                        op.fail_shutdown(&ctx);
+                    Ok(Work::Fresh(op)) if ctx.shutting_down() => {
+                        op.fail_shutdown(&mut self.local);
                         continue;
                     }
-                    Ok(op) => match resolve(op, &ctx) {
-                        Resolution::Read(r) => r,
+                    Ok(Work::Fresh(op)) => match resolve(op, &ctx, &mut self.local) {
+                        Resolution::Read(r) => Charge::New(r),
                         Resolution::Finished => continue,
                     },
+                    Ok(Work::Resolved(r)) => Charge::New(r),
+                    Ok(Work::Missed(active)) if ctx.shutting_down() => {
+                        active.fail_shutdown(&mut self.local);
+                        continue;
+                    }
+                    Ok(Work::Missed(active)) => Charge::Missed(active),
                     Err(_) => break,
                 },
             };
-            let permit = match ctx.budget.try_acquire(resolved.charge()) {
+            let permit = match ctx.budget.try_acquire(item.bytes()) {
                 Some(p) => p,
                 // Our own completions will free budget: go reap them first.
                 None if self.in_flight > 0 => {
-                    self.waiting = Some(resolved);
+                    self.waiting = Some(item);
                     break;
                 }
-                // Nothing of ours in flight: others hold the budget; wait for them.
-                None => match ctx
-                    .budget
-                    .acquire(resolved.charge(), || ctx.shutting_down())
-                {
-                    Some(p) => p,
-                    None => {
-                        resolved.fail_shutdown(&ctx);
-                        continue;
-                    }
-                },
-            };
-            let mut active = resolved.activate(permit);
-            if self.fast.should_try() {
-                match active.pread_once(true) {
-                    Ok(n) => {
-                        self.fast.record(true);
-                        Metrics::add(&ctx.metrics.fast_path_hits, 1);
-                        match active.after_read(n, &ctx) {
-                            None => continue,
-                            // Partly cached: the ring reads the rest.
-                            Some(rest) => active = rest,
+                // Nothing of ours in flight: others hold the budget; hand over what we hold
+                // and wait for them.
+                None => {
+                    self.local.flush(&ctx);
+                    match ctx.budget.acquire(item.bytes(), || ctx.shutting_down()) {
+                        Some(p) => p,
+                        None => {
+                            item.fail_shutdown(&mut self.local);
+                            continue;
                         }
                     }
-                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                        self.fast.record(false);
-                        Metrics::add(&ctx.metrics.fast_path_misses, 1);
-                    }
-                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                        // This filesystem has no RWF_NOWAIT: stop trying.
-                        self.fast.mode = FastPath::Never;
-                    }
-                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                    Err(e) => {
-                        active.finish_err(e, &ctx);
-                        continue;
-                    }
+                }
+            };
+            let resolved = match item {
+                Charge::New(r) => r,
+                // Already known not to be cached: straight to the ring.
+                Charge::Missed(active) => {
+                    self.push(active.with_budget(permit));
+                    continue;
+                }
+            };
+            let active = resolved.activate(permit);
+            if !self.fast.should_try() {
+                self.push(active);
+                continue;
+            }
+            match active.try_cached(&ctx, &mut self.local) {
+                Attempt::Done => self.fast.record(true),
+                Attempt::Missed(rest) => {
+                    self.fast.record(false);
+                    self.push(rest);
+                }
+                Attempt::Unsupported(rest) => {
+                    // This filesystem has no RWF_NOWAIT: stop trying.
+                    self.fast.mode = FastPath::Never;
+                    self.push(rest);
                 }
             }
-            self.push(active);
         }
     }
 
@@ -348,7 +382,7 @@ impl Worker {
             {
                 log::error!("io_uring submit failed: {e}");
             }
-            Metrics::add(&self.ctx.metrics.ring_enters, 1);
+            self.local.counters.ring_enters += 1;
         }
     }
 
@@ -375,17 +409,17 @@ impl Worker {
             if res < 0 {
                 let e = io::Error::from_raw_os_error(-res);
                 if is_retryable(&e) {
-                    Metrics::add(&ctx.metrics.retries, 1);
+                    self.local.counters.retries += 1;
                     self.push(active);
                 } else {
-                    active.finish_err(e, &ctx);
+                    active.finish_err(e, &mut self.local);
                 }
             } else {
                 let n = res as usize;
                 // SAFETY: the kernel reports having written `n` bytes at the pointer of the
                 // read we issued for this slot, which was `active.next_read()`'s.
                 unsafe { active.advance(n) };
-                if let Some(rest) = active.after_read(n, &ctx) {
+                if let Some(rest) = active.after_read(n, &ctx, &mut self.local) {
                     self.push(rest);
                 }
             }
@@ -395,17 +429,14 @@ impl Worker {
     /// The ring is unusable: fail every read. Buffers the kernel may still write are leaked,
     /// not freed, so a late write cannot land in reused memory.
     fn abandon(&mut self, e: &io::Error) {
-        let ctx = Arc::clone(&self.ctx);
         for active in self.slots.drain(..).flatten() {
-            active.abandon(e, &ctx);
+            active.abandon(e, &mut self.local);
         }
-        if let Some(r) = self.waiting.take() {
-            r.fail_shutdown(&ctx);
+        if let Some(c) = self.waiting.take() {
+            c.fail_shutdown(&mut self.local);
         }
         // Leak the eventfd buffer for the same reason.
         std::mem::forget(std::mem::replace(&mut self.waker_buf, Box::new([0; 8])));
-        for op in self.queue.try_iter() {
-            op.fail_shutdown(&ctx);
-        }
+        // Other workers (if any) serve the rest of the queue.
     }
 }

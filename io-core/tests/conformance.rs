@@ -484,3 +484,47 @@ fn bad_config_is_an_error() {
     assert!("bogus".parse::<BackendChoice>().is_err());
     assert_eq!("uring".parse::<BackendChoice>(), Ok(BackendChoice::Uring));
 }
+
+#[test]
+fn concurrent_batches_share_one_small_budget_without_deadlock() {
+    // Several consumers, each helping while it waits, on one engine with a budget of 4 reads:
+    // everything completes, and the budget is never exceeded.
+    let f = Arc::new(fixture(8 << 20, 17));
+    for (name, mut c) in configs() {
+        let budget = Budget::new(4, 256 * 1024);
+        c.budget = Some(Arc::clone(&budget));
+        let e = IoEngine::new(c).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (e, f, budget, tx) =
+                    (e.clone(), Arc::clone(&f), Arc::clone(&budget), tx.clone());
+                std::thread::spawn(move || {
+                    let reqs = (0..400u64).map(|i| {
+                        let off = (t * 400 + i) * 4999 % ((8 << 20) - 5000);
+                        ReadRequest::new(i, Arc::clone(&f.path), ReadRange::new(off, 1000 + i))
+                    });
+                    let mut n = 0;
+                    for c in e.submit(reqs) {
+                        let (reqs, _) = budget.in_flight();
+                        assert!(reqs <= 4);
+                        c.result.unwrap();
+                        n += 1;
+                    }
+                    tx.send(n).unwrap();
+                })
+            })
+            .collect();
+        for _ in 0..4 {
+            let n = rx
+                .recv_timeout(std::time::Duration::from_mins(1))
+                .unwrap_or_else(|_| panic!("{name}: a batch did not finish (deadlock?)"));
+            assert_eq!(n, 400, "{name}");
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        drop(e);
+        assert_eq!(budget.in_flight(), (0, 0), "{name}");
+    }
+}

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""io-core against fio, on the same file, block size and queue depth, in one run.
+
+For each block size (4 KiB, 64 KiB) and page-cache state, runs fio's io_uring and psync engines
+and `zcrop bench io` with the io_uring and the portable backend, interleaved and repeated;
+prints a markdown table of medians and the ratios the targets of issue 3 are about.
+
+    python3 benches/io_vs_fio.py                 # warm, cold and O_DIRECT, 3 repeats
+    python3 benches/io_vs_fio.py --modes warm --repeat 5
+
+Needs root to drop the page cache for cold runs (it says so otherwise). Installs fio with apt
+when it is missing. Builds zcrop in release mode first (`cargo build --release`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def ensure_fio() -> str:
+    fio = shutil.which("fio")
+    if fio:
+        return fio
+    prefix = [] if os.geteuid() == 0 else ["sudo"]
+    subprocess.run(prefix + ["apt-get", "install", "-y", "-qq", "fio"], check=True)
+    return shutil.which("fio") or sys.exit("fio could not be installed")
+
+
+def zcrop_binary() -> str:
+    subprocess.run(["cargo", "build", "--release", "-q", "--bin", "zcrop"], cwd=ROOT, check=True)
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    return os.path.join(target, "release", "zcrop")
+
+
+def drop_caches() -> bool:
+    try:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
+def prewarm(path: str) -> None:
+    with open(path, "rb") as f:
+        while f.read(16 << 20):
+            pass
+
+
+def run_fio(fio: str, path: str, engine: str, bs: int, qd: int, jobs: int, direct: bool, runtime: float) -> dict:
+    cmd = [
+        fio, "--name=zcrop-cmp", f"--filename={path}", "--rw=randread", f"--bs={bs}",
+        f"--ioengine={engine}", f"--numjobs={jobs}", "--group_reporting", "--time_based",
+        f"--runtime={runtime}", "--output-format=json", f"--direct={int(direct)}",
+        "--invalidate=0", "--norandommap", "--randrepeat=0",
+    ]
+    if engine == "io_uring":
+        cmd.append(f"--iodepth={qd}")
+    out = json.loads(sh(cmd).stdout)
+    job = out["jobs"][0]
+    iops = job["read"]["iops"]
+    cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100.0  # cores, summed over jobs
+    return {"reads_per_s": iops, "cpu_cores": cpu}
+
+
+def run_zcrop(zcrop: str, path: str, backend: str, bs: int, qd: int, reads: int, direct: bool, threads: int) -> dict:
+    cmd = [zcrop, "bench", "io", path, "--json", "--no-progress", "--no-prewarm", "--backend", backend,
+           "--block-size", str(bs), "--queue-depth", str(qd), "--reads", str(reads)]
+    if direct:
+        cmd.append("--direct")
+    if threads:
+        cmd += ["--io-threads", str(threads)]
+    r = json.loads(sh(cmd).stdout)
+    return {"reads_per_s": r["reads_per_s"], "cpu_cores": r["cpu_cores_used"] or float("nan")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--file-size", default="4G")
+    ap.add_argument("--queue-depth", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--modes", default="warm,cold,direct,warm2", help="warm, cold, direct, warm2 (two cores)")
+    ap.add_argument("--block-sizes", default="4096,65536")
+    ap.add_argument("--seconds", type=float, default=4.0, help="target length of each measurement")
+    ap.add_argument("--data-dir", default=os.environ.get("ZCROP_BENCH_DATA", os.path.join(tempfile.gettempdir(), "zcrop-bench-data")))
+    ap.add_argument("--json-out", help="also write all measurements here")
+    args = ap.parse_args()
+
+    fio = ensure_fio()
+    zcrop = zcrop_binary()
+    made = json.loads(sh([zcrop, "bench", "io", "--json", "--no-progress", "--no-prewarm", "--reads", "1",
+                          "--file-size", args.file_size, "--data-dir", args.data_dir]).stdout)
+    path = made["path"]
+    can_drop = drop_caches()
+    cpus = os.cpu_count() or 1
+    print(f"file {path} ({made['file_bytes'] / 2**30:.1f} GiB), queue depth {args.queue_depth}, "
+          f"{cpus} CPUs, fio {sh([fio, '--version']).stdout.strip()}, page cache drop: {'yes' if can_drop else 'NO (not root)'}",
+          file=sys.stderr)
+
+    rows = []
+    for bs in [int(b) for b in args.block_sizes.split(",")]:
+        for mode in args.modes.split(","):
+            if mode in ("cold", "direct") and mode == "cold" and not can_drop:
+                print("skipping cold runs: cannot drop the page cache", file=sys.stderr)
+                continue
+            direct = mode == "direct"
+            jobs = 2 if mode == "warm2" else 1
+            # Expected rates set the number of reads so each run lasts about --seconds.
+            expect = {"warm": 500_000, "warm2": 1_000_000, "cold": 60_000, "direct": 60_000}[mode]
+            if bs >= 65536:
+                expect = min(expect, 200_000 if mode.startswith("warm") else 17_000)
+            blocks = made["file_bytes"] // bs
+            reads = int(min(blocks, expect * args.seconds))
+            runs: dict[str, list[dict]] = {k: [] for k in ("fio_io_uring", "fio_psync", "zcrop_uring", "zcrop_portable")}
+            for _ in range(args.repeat):
+                for name in runs:
+                    if mode.startswith("warm"):
+                        prewarm(path)
+                    else:
+                        drop_caches()
+                    if name == "fio_io_uring":
+                        r = run_fio(fio, path, "io_uring", bs, args.queue_depth, jobs, direct, args.seconds)
+                    elif name == "fio_psync":
+                        r = run_fio(fio, path, "psync", bs, 1, jobs if mode == "warm2" else (args.queue_depth if mode != "warm" else 1), direct, args.seconds)
+                    elif name == "zcrop_uring":
+                        r = run_zcrop(zcrop, path, "uring", bs, args.queue_depth, reads, direct, jobs if mode.startswith("warm") else 1)
+                    else:
+                        r = run_zcrop(zcrop, path, "portable", bs, args.queue_depth, reads, direct, jobs if mode == "warm2" else (args.queue_depth if mode != "warm" else 1))
+                    runs[name].append(r)
+            med = {k: statistics.median(x["reads_per_s"] for x in v) for k, v in runs.items()}
+            cpu = {k: statistics.median(x["cpu_cores"] for x in v) for k, v in runs.items()}
+            rows.append({"block_size": bs, "mode": mode, "reads_per_s": med, "cpu_cores": cpu, "runs": runs})
+
+    print()
+    print("| block | mode | fio io_uring | fio psync | zcrop uring | zcrop portable | uring / fio io_uring | uring / best fio | uring CPU (cores) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m, c = r["reads_per_s"], r["cpu_cores"]
+        best = max(m["fio_io_uring"], m["fio_psync"])
+        print(f"| {r['block_size'] // 1024} KiB | {r['mode']} | {m['fio_io_uring']:,.0f} | {m['fio_psync']:,.0f} | "
+              f"{m['zcrop_uring']:,.0f} | {m['zcrop_portable']:,.0f} | {m['zcrop_uring'] / m['fio_io_uring']:.2f} | "
+              f"{m['zcrop_uring'] / best:.2f} | {c['zcrop_uring']:.2f} |")
+    print()
+    print("Modes: warm = file in the page cache, one job / ring (fio psync: 1 job); warm2 = both cores "
+          "(fio: 2 jobs, zcrop: 2 rings / 2 pread threads); cold = page cache dropped before each run, "
+          "buffered reads (fio psync: queue-depth jobs); direct = O_DIRECT. Medians of "
+          f"{args.repeat} interleaved runs; reads/s.")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
