@@ -123,7 +123,7 @@ impl NativeArray {
         out: Option<Bound<'py, PyArray1<u8>>>,
     ) -> PyResult<Option<Words<'py>>> {
         let request = Request::Blocks(parse_blocks(blocks)?);
-        self.run(py, &request, out)
+        self.run(py, request, out)
     }
 
     /// Reads single elements at `coords` (an `(N, ndim)` `uint64` array), in order.
@@ -135,7 +135,7 @@ impl NativeArray {
         out: Option<Bound<'py, PyArray1<u8>>>,
     ) -> PyResult<Option<Words<'py>>> {
         let request = points_request(&coords, self.inner.ndim())?;
-        self.run(py, &request, out)
+        self.run(py, request, out)
     }
 
     /// Reads crops of `shape` at `origins` (an `(N, ndim)` `uint64` array) as one planned batch.
@@ -148,7 +148,7 @@ impl NativeArray {
         out: Option<Bound<'py, PyArray1<u8>>>,
     ) -> PyResult<Option<Words<'py>>> {
         let request = crops_request(&origins, shape, self.inner.ndim())?;
-        self.run(py, &request, out)
+        self.run(py, request, out)
     }
 
     /// [`NativeArray::read`] in the background; `notify(error, (words, nbytes))` when done.
@@ -190,11 +190,10 @@ impl NativeArray {
     fn run<'py>(
         &self,
         py: Python<'py>,
-        request: &Request,
+        request: Request,
         out: Option<Bound<'py, PyArray1<u8>>>,
     ) -> PyResult<Option<Words<'py>>> {
-        let array = &self.inner;
-        let work = request.work_bytes(array);
+        let work = request.work_bytes(&self.inner);
         match out {
             Some(out) => {
                 let mut out: PyReadwriteArray1<'py, u8> = out
@@ -203,13 +202,17 @@ impl NativeArray {
                 let bytes = out.as_slice_mut().map_err(|e| {
                     PyValueError::new_err(format!("out= must be C-contiguous: {e}"))
                 })?;
+                let array = &self.inner;
                 blocking::run(py, work, |cancel| {
                     request.execute(array, bytes, cancel).map_err(Into::into)
                 })?;
                 Ok(None)
             }
             None => {
-                let owned = blocking::run(py, work, |cancel| request.execute_owned(array, cancel))?;
+                let array = self.inner.clone();
+                let owned = blocking::run_owned(py, work, move |cancel| {
+                    request.execute_owned(&array, cancel)
+                })?;
                 Ok(Some(owned.into_numpy(py)))
             }
         }

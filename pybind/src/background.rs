@@ -13,42 +13,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::blocking::{self, Failure};
-use crossbeam_channel::{Receiver, Sender};
+use crate::pool::{Job, Pool};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-/// A queued job.
-type Job = Box<dyn FnOnce() + Send>;
+/// Fewest threads running async work; more on machines with more cores.
+const MIN_THREADS: usize = 4;
 
-/// Fewest driver threads; more on machines with more cores.
-const MIN_DRIVERS: usize = 4;
-
-/// The job queue, with its driver threads started on first use.
-fn queue() -> PyResult<&'static Sender<Job>> {
-    static QUEUE: OnceLock<Option<Sender<Job>>> = OnceLock::new();
-    QUEUE
-        .get_or_init(start_drivers)
-        .as_ref()
-        .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("cannot start zcrop's threads"))
-}
-
-fn start_drivers() -> Option<Sender<Job>> {
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let drivers = (2 * cores).max(MIN_DRIVERS);
-    let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-    let started = (0..drivers)
-        .filter(|i| {
-            let rx: Receiver<Job> = rx.clone();
-            std::thread::Builder::new()
-                .name(format!("zcrop-async-{i}"))
-                .spawn(move || {
-                    for job in rx {
-                        job();
-                    }
-                })
-                .is_ok()
-        })
-        .count();
-    (started > 0).then_some(tx)
+/// The threads that run async work (IO waits there; decoding fans out to the rayon pool).
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        Pool::new("zcrop-async", (2 * cores).max(MIN_THREADS))
+    })
 }
 
 /// A job in flight, as Python sees it: it can be cancelled.
@@ -96,8 +74,8 @@ where
             }
         });
     });
-    queue()?
-        .send(job)
-        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("zcrop's threads have stopped"))?;
+    pool()
+        .execute(job)
+        .map_err(|_| PyRuntimeError::new_err("cannot start a thread for zcrop's async reads"))?;
     Ok(Pending { cancel })
 }

@@ -16,6 +16,7 @@ mod background;
 mod blocking;
 mod errors;
 mod group;
+mod pool;
 mod read;
 
 use pyo3::prelude::*;

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from zcrop import _zcrop
+from zcrop._zcrop import NativeArray, NativeGroup
 from zcrop._array import Array, AsyncArray, await_native
 from zcrop._group import AsyncGroup, Group, wrap, wrap_async
 from zcrop.errors import NodeNotFoundError, NodeTypeError
@@ -19,7 +20,7 @@ __all__ = ["open", "open_array", "open_async", "open_group"]
 _READ_MODES = ("r", "r+", "a")
 
 
-def _store_path(store: Any, path: str | None, mode: str | None, kwargs: dict[str, Any]) -> str:
+def _store_path(store: Any, mode: str | None, kwargs: dict[str, Any]) -> str:
     """The directory to open, from zarr-python style arguments."""
     if mode is not None and mode not in _READ_MODES:
         raise ValueError(
@@ -44,9 +45,36 @@ def _store_path(store: Any, path: str | None, mode: str | None, kwargs: dict[str
         root = os.fsdecode(root)
     if root.startswith("file://"):
         root = root[len("file://") :]
-    if path:
-        root = os.path.join(root, path.strip("/"))
     return root
+
+
+def _open_native(root: str, path: str | None) -> NativeArray | NativeGroup:
+    """Opens ``path`` inside the store at ``root``: through the root group when there is one
+    (so names are store paths, ``/group/array``), else the sub-directory itself."""
+    sub = (path or "").strip("/")
+    if not sub:
+        return _zcrop.open_node(root)
+    try:
+        top = _zcrop.open_node(root)
+    except NodeNotFoundError:
+        top = None
+    if isinstance(top, NativeGroup):
+        return top.get(sub)
+    return _zcrop.open_node(os.path.join(root, sub))
+
+
+async def _open_native_async(root: str, path: str | None) -> NativeArray | NativeGroup:
+    """:func:`_open_native` on zcrop's threads."""
+    sub = (path or "").strip("/")
+    if not sub:
+        return await await_native(_zcrop.submit_open, root)  # type: ignore[no-any-return]
+    try:
+        top = await await_native(_zcrop.submit_open, root)
+    except NodeNotFoundError:
+        top = None
+    if isinstance(top, NativeGroup):
+        return await await_native(top.submit_get, sub)  # type: ignore[no-any-return]
+    return await await_native(_zcrop.submit_open, os.path.join(root, sub))  # type: ignore[no-any-return]
 
 
 def _check_format(node: Any, zarr_format: int | None, where: str) -> None:
@@ -68,8 +96,8 @@ def open(
     Raises :class:`FileNotFoundError` (:class:`zcrop.NodeNotFoundError`) when there is none.
     ``mode`` may be ``"r"``, ``"r+"`` or ``"a"``: zcrop only reads.
     """
-    where = _store_path(store, path, mode, kwargs)
-    node = _zcrop.open_node(where)
+    where = _store_path(store, mode, kwargs)
+    node = _open_native(where, path)
     _check_format(node, zarr_format or zarr_version, where)
     return wrap(node)
 
@@ -84,8 +112,8 @@ def open_array(
     **kwargs: Any,
 ) -> Array:
     """Opens the array at ``store``; a group there raises :class:`zcrop.NodeTypeError`."""
-    where = _store_path(store, path, mode, kwargs)
-    node = wrap(_zcrop.open_node(where))
+    where = _store_path(store, mode, kwargs)
+    node = wrap(_open_native(where, path))
     if not isinstance(node, Array):
         raise NodeTypeError(f"{where} is a Zarr group, not an array")
     _check_format(node, zarr_format or zarr_version, where)
@@ -102,8 +130,8 @@ def open_group(
     **kwargs: Any,
 ) -> Group:
     """Opens the group at ``store``; an array there raises :class:`zcrop.NodeTypeError`."""
-    where = _store_path(store, path, mode, kwargs)
-    node = wrap(_zcrop.open_node(where))
+    where = _store_path(store, mode, kwargs)
+    node = wrap(_open_native(where, path))
     if not isinstance(node, Group):
         raise NodeTypeError(f"{where} is a Zarr array, not a group")
     _check_format(node, zarr_format or zarr_version, where)
@@ -121,7 +149,7 @@ async def open_async(
 ) -> AsyncArray | AsyncGroup:
     """:func:`open` for asyncio: ``await zcrop.open_async(path)`` gives an
     :class:`AsyncArray` or :class:`AsyncGroup`. Opening runs on zcrop's threads."""
-    where = _store_path(store, path, mode, kwargs)
-    node = wrap_async(await await_native(_zcrop.submit_open, where))
+    where = _store_path(store, mode, kwargs)
+    node = wrap_async(await _open_native_async(where, path))
     _check_format(node, zarr_format or zarr_version, where)
     return node
