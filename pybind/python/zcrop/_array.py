@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from zcrop import _indexing
 from zcrop._zcrop import NativeArray, Pending
+from zcrop.errors import BoundsError
 
 if TYPE_CHECKING:
     from zcrop._indexing import Coordinates, Orthogonal
@@ -51,7 +52,8 @@ class Attributes(Mapping[str, Any]):
 
     def asdict(self) -> dict[str, Any]:
         """The attributes as a new ``dict``."""
-        return json.loads(json.dumps(self._data))
+        copy: dict[str, Any] = json.loads(json.dumps(self._data))
+        return copy
 
     def __repr__(self) -> str:
         return f"Attributes({self._data!r})"
@@ -86,7 +88,8 @@ class ArrayMetadata(Mapping[str, Any]):
 
     def to_dict(self) -> dict[str, Any]:
         """The metadata as a new ``dict``."""
-        return json.loads(json.dumps(self._data))
+        copy: dict[str, Any] = json.loads(json.dumps(self._data))
+        return copy
 
     def __repr__(self) -> str:
         return f"ArrayMetadata({self._data!r})"
@@ -267,7 +270,10 @@ class _ArrayBase:
 
     def _out_bytes(self, out: Any, shape: tuple[int, ...]) -> npt.NDArray[Any]:
         """Checks an ``out=`` array; returns it."""
-        out = _out_array(out)
+        arr = _out_array(out)
+        return self._check_out(arr, shape)
+
+    def _check_out(self, out: npt.NDArray[Any], shape: tuple[int, ...]) -> npt.NDArray[Any]:
         if out.shape != shape:
             raise ValueError(
                 f"shape of out argument doesn't match. Expected {shape}, got {out.shape}"
@@ -331,7 +337,7 @@ def _block_selection(selection: Any, shape: tuple[int, ...], chunks: tuple[int, 
                 f"expected integer or slice, got {type(s)!r}"
             )
         if start >= n or start < 0:
-            raise _indexing.BoundsError(f"index out of bounds for dimension with length {n}")
+            raise BoundsError(f"index out of bounds for dimension with length {n}")
         out.append(slice(start, stop))
     return tuple(out)
 
@@ -361,7 +367,7 @@ class Array(_ArrayBase):
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> npt.NDArray[Any]:
         a = np.asarray(self.get_basic_selection(Ellipsis))
-        return a if dtype is None else a.astype(dtype, copy=False)
+        return a if dtype is None else np.asarray(a.astype(dtype, copy=False))
 
     def _read(self, sel: Orthogonal, out: Any) -> Any:
         if out is None:

@@ -46,7 +46,7 @@ class Coordinates:
 
 def is_integer(x: Any) -> bool:
     """An integer (Python or numpy), but not a bool."""
-    return isinstance(x, numbers.Integral) and type(x) not in (bool, np.bool_)
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
 def is_bool(x: Any) -> bool:
@@ -161,7 +161,7 @@ def replace_ellipsis(selection: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
         raise IndexError(
             f"too many indices for array; expected {len(shape)}, got {len(selection)}"
         )
-    return selection
+    return tuple(selection)
 
 
 def _bounds_error(dim_len: int) -> BoundsError:
