@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
+use zcrop::sampler::SamplerError;
 use zcrop::zarr::ZarrError;
 
 use crate::errors;
@@ -49,6 +50,14 @@ pub(crate) enum Failure {
     Zarr(ZarrError),
     /// The result buffer (this many bytes) could not be allocated.
     NoMemory(usize),
+    /// The sampler or its loader failed.
+    Sampler(SamplerError),
+}
+
+impl From<SamplerError> for Failure {
+    fn from(e: SamplerError) -> Self {
+        Failure::Sampler(e)
+    }
 }
 
 impl From<ZarrError> for Failure {
@@ -84,7 +93,7 @@ where
 }
 
 /// Runs `work`, which owns what it touches, with the GIL released; on Ctrl-C raises at once and
-/// leaves the work to stop by itself. Otherwise as [`run`].
+/// leaves the work to stop by itself (its result is dropped). Otherwise as [`run`].
 pub(crate) fn run_owned<T, F>(py: Python<'_>, work_bytes: u64, work: F) -> PyResult<T>
 where
     T: Send + 'static,
@@ -95,25 +104,47 @@ where
         let result = py.detach(|| guarded(|| work(&cancel)));
         return finish(py, result);
     }
+    run_handoff(py, move |cancel, reply| {
+        // Nobody listens any more after a Ctrl-C: the result is dropped here.
+        let _ = reply.send(guarded(|| work(cancel)));
+    })
+}
+
+/// Where a job run by [`run_handoff`] sends its result.
+pub(crate) struct Reply<T>(mpsc::SyncSender<Guarded<T>>);
+
+impl<T> Reply<T> {
+    /// Hands the result to the waiting caller; gives it back if the caller is gone (it raised
+    /// `KeyboardInterrupt`).
+    pub(crate) fn send(self, result: Guarded<T>) -> Result<(), Guarded<T>> {
+        self.0.send(result).map_err(|e| e.0)
+    }
+}
+
+/// Runs `job` on a pool thread while the caller waits with the GIL released, checking for
+/// signals; on Ctrl-C sets the cancellation flag and raises at once. The job sends its result
+/// through its [`Reply`] and decides what to do with it when nobody waits any more.
+pub(crate) fn run_handoff<T, J>(py: Python<'_>, job: J) -> PyResult<T>
+where
+    T: Send + 'static,
+    J: FnOnce(&AtomicBool, Reply<T>) + Send + 'static,
+{
     let cancel = Arc::new(AtomicBool::new(false));
     let (done_tx, done_rx) = mpsc::sync_channel::<Guarded<T>>(1);
-    let job: Job = {
+    let boxed: Job = {
         let cancel = Arc::clone(&cancel);
-        Box::new(move || {
-            // Nobody listens any more after a Ctrl-C: the result is dropped here.
-            let _ = done_tx.send(guarded(|| work(&cancel)));
-        })
+        Box::new(move || job(&cancel, Reply(done_tx)))
     };
-    if let Err(job) = sync_pool().execute(job) {
-        // Without a thread the read still runs, inline (without Ctrl-C, which beats failing).
-        py.detach(job);
+    if let Err(boxed) = sync_pool().execute(boxed) {
+        // Without a thread the job still runs, inline (without Ctrl-C, which beats failing).
+        py.detach(boxed);
     }
     let outcome = py.detach(move || {
         loop {
             match done_rx.recv_timeout(POLL) {
                 Ok(result) => return Ok(result),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Ok(Err("the read thread ended without a result".to_string()));
+                    return Ok(Err("the job ended without a result".to_string()));
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Err(interrupt) = Python::attach(check_signals) {
@@ -148,8 +179,14 @@ pub(crate) fn finish<T>(py: Python<'_>, result: Guarded<T>) -> PyResult<T> {
         Ok(Err(Failure::NoMemory(bytes))) => Err(PyMemoryError::new_err(format!(
             "cannot allocate {bytes} bytes for the result"
         ))),
+        Ok(Err(Failure::Sampler(e))) => Err(errors::sampler_pyerr(py, &e)),
         Err(panic) => Err(errors::panic_err(py, &panic)),
     }
+}
+
+/// The Python exception for a sampler error (see `errors::sampler_pyerr`).
+pub(crate) fn sampler_err(py: Python<'_>, e: &SamplerError) -> PyErr {
+    errors::sampler_pyerr(py, e)
 }
 
 /// Runs Python's signal handlers (a `KeyboardInterrupt` comes back as an error).

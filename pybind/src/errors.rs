@@ -6,10 +6,12 @@
 
 use std::any::Any;
 
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 use zcrop::io::ReadRange;
+use zcrop::sampler::SamplerError;
 use zcrop::zarr::{Location, ZarrError};
 
 /// Declares a function returning the class `zcrop.errors.$name`, imported once.
@@ -34,6 +36,7 @@ exception_class!(shard_index, "ShardIndexError");
 exception_class!(transform, "TransformError");
 exception_class!(cancelled, "CancelledError");
 exception_class!(internal, "InternalError");
+exception_class!(loader, "LoaderError");
 
 /// The Python exception for `e`.
 pub(crate) fn to_pyerr(py: Python<'_>, e: &ZarrError) -> PyErr {
@@ -41,7 +44,12 @@ pub(crate) fn to_pyerr(py: Python<'_>, e: &ZarrError) -> PyErr {
 }
 
 fn build(py: Python<'_>, e: &ZarrError) -> PyResult<PyErr> {
-    let message = e.to_string();
+    build_with(py, e, None)
+}
+
+/// [`build`] with another message (the same class and location attributes).
+fn build_with(py: Python<'_>, e: &ZarrError, message: Option<String>) -> PyResult<PyErr> {
+    let message = message.unwrap_or_else(|| e.to_string());
     let (class, at, filename) = match e {
         ZarrError::NodeNotFound { path } => (node_not_found(py)?, None, Some(path.clone())),
         ZarrError::WrongNodeType { path, .. } => (node_type(py)?, None, Some(path.clone())),
@@ -68,6 +76,23 @@ fn build(py: Python<'_>, e: &ZarrError) -> PyResult<PyErr> {
         value.setattr("filename", path.to_string_lossy().into_owned())?;
     }
     Ok(PyErr::from_value(value))
+}
+
+/// The Python exception for a sampler or loader error: a read error keeps the class of its
+/// Zarr error (with the step and source in the message), a bad spec is a ValueError.
+pub(crate) fn sampler_pyerr(py: Python<'_>, e: &SamplerError) -> PyErr {
+    let built = match e {
+        SamplerError::Read { error, .. } | SamplerError::Open { error, .. } => {
+            build_with(py, error, Some(e.to_string()))
+        }
+        SamplerError::Spec { .. } | SamplerError::EmptyRegion { .. } => {
+            invalid_argument(py).and_then(|c| c.call1((e.to_string(),)).map(PyErr::from_value))
+        }
+        SamplerError::Alloc { .. } => Ok(PyMemoryError::new_err(e.to_string())),
+        SamplerError::WorkerPanic { .. } => Ok(panic_err(py, &e.to_string())),
+        _ => loader(py).and_then(|c| c.call1((e.to_string(),)).map(PyErr::from_value)),
+    };
+    built.unwrap_or_else(|failed| failed)
 }
 
 /// Sets `node`, `key` and `byte_range` on an exception instance.

@@ -14,8 +14,10 @@
 mod array;
 mod background;
 mod blocking;
+mod buffer;
 mod errors;
 mod group;
+mod loader;
 mod pool;
 mod read;
 
@@ -40,6 +42,9 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<array::NativeArray>()?;
     m.add_class::<group::NativeGroup>()?;
     m.add_class::<background::Pending>()?;
+    m.add_class::<loader::NativeLoader>()?;
+    m.add_class::<loader::NativeBatch>()?;
+    m.add_class::<buffer::SourceView>()?;
     m.add("INLINE_WORK_BYTES", blocking::INLINE_WORK_BYTES)?;
     Ok(())
 }

@@ -19,6 +19,7 @@ type plain ``except`` clauses expect).
 from zcrop._api import open, open_array, open_async, open_group
 from zcrop._array import Array, ArrayMetadata, AsyncArray, Attributes
 from zcrop._group import AsyncGroup, Group
+from zcrop._loader import Dim, Loader, Source
 from zcrop._zcrop import __version__
 from zcrop.errors import (
     BoundsError,
@@ -26,6 +27,7 @@ from zcrop.errors import (
     CodecError,
     InternalError,
     InvalidArgumentError,
+    LoaderError,
     MetadataError,
     NodeNotFoundError,
     NodeTypeError,
@@ -45,13 +47,17 @@ __all__ = [
     "BoundsError",
     "CancelledError",
     "CodecError",
+    "Dim",
     "Group",
     "InternalError",
     "InvalidArgumentError",
+    "Loader",
+    "LoaderError",
     "MetadataError",
     "NodeNotFoundError",
     "NodeTypeError",
     "ShardIndexError",
+    "Source",
     "StoreError",
     "TransformError",
     "UnsupportedError",

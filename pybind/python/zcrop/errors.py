@@ -25,6 +25,8 @@ class                         raised when
                               :class:`CodecError`)
 :class:`TransformError`       a transform failed on a block
 :class:`CancelledError`       a read was cancelled
+:class:`LoaderError`          a loader cannot go on, e.g. the consumer holds every batch buffer
+                              (also a :class:`RuntimeError`)
 :class:`InternalError`        a bug in zcrop (a Rust panic, caught before it reached Python)
 ============================  =================================================================
 
@@ -43,6 +45,7 @@ __all__ = [
     "CodecError",
     "InternalError",
     "InvalidArgumentError",
+    "LoaderError",
     "MetadataError",
     "NodeNotFoundError",
     "NodeTypeError",
@@ -118,6 +121,11 @@ class TransformError(ZcropError):
 
 class CancelledError(ZcropError):
     """A read was cancelled before it finished."""
+
+
+class LoaderError(ZcropError, RuntimeError):
+    """A loader cannot go on, e.g. the consumer holds every batch buffer of its ring (drop a
+    batch, or use ``copy=True``). A batch whose read failed raises the read's own error."""
 
 
 class InternalError(ZcropError):
