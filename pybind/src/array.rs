@@ -83,6 +83,12 @@ impl NativeArray {
         self.inner.path()
     }
 
+    /// The array's directory.
+    #[getter]
+    fn dir(&self) -> std::path::PathBuf {
+        self.inner.dir().to_path_buf()
+    }
+
     /// The attributes, as a JSON text.
     #[getter]
     fn attributes_json(&self) -> String {

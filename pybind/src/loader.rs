@@ -12,8 +12,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use zcrop::sampler::{
-    Batch, CoordValue, Dim, FftNorm, Loader, LoaderConfig, Mode, PinOptions, PinState,
-    SampleMeta, SampleSpec, Sampler, SamplerError, Shard, Source, Spectrum, Transform,
+    Batch, CoordValue, Dim, FftNorm, Loader, LoaderConfig, Mode, PinOptions, PinState, SampleMeta,
+    SampleSpec, Sampler, SamplerError, Shard, Source, Spectrum, Transform,
 };
 
 use crate::array::NativeArray;
@@ -64,8 +64,12 @@ fn parse_dim(d: &Bound<'_, PyAny>) -> PyResult<Dim> {
         "along" => {
             let name: String = d.get_item(1)?.extract()?;
             let (num, den): (u64, u64) = (d.get_item(2)?.extract()?, d.get_item(3)?.extract()?);
-            let (offset, jitter): (i64, u64) = (d.get_item(4)?.extract()?, d.get_item(5)?.extract()?);
-            Ok(Dim::along(name).scale(num, den).offset(offset).jitter(jitter))
+            let (offset, jitter): (i64, u64) =
+                (d.get_item(4)?.extract()?, d.get_item(5)?.extract()?);
+            Ok(Dim::along(name)
+                .scale(num, den)
+                .offset(offset)
+                .jitter(jitter))
         }
         other => Err(PyValueError::new_err(format!("unknown dim kind {other:?}"))),
     }

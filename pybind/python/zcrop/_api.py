@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from zcrop import _zcrop
+from zcrop import _fork, _zcrop
 from zcrop._zcrop import NativeArray, NativeGroup
 from zcrop._array import Array, AsyncArray, await_native
 from zcrop._group import AsyncGroup, Group, wrap, wrap_async
@@ -51,6 +51,7 @@ def _store_path(store: Any, mode: str | None, kwargs: dict[str, Any]) -> str:
 def _open_native(root: str, path: str | None) -> NativeArray | NativeGroup:
     """Opens ``path`` inside the store at ``root``: through the root group when there is one
     (so names are store paths, ``/group/array``), else the sub-directory itself."""
+    _fork.started()
     sub = (path or "").strip("/")
     if not sub:
         return _zcrop.open_node(root)
@@ -65,6 +66,7 @@ def _open_native(root: str, path: str | None) -> NativeArray | NativeGroup:
 
 async def _open_native_async(root: str, path: str | None) -> NativeArray | NativeGroup:
     """:func:`_open_native` on zcrop's threads."""
+    _fork.started()
     sub = (path or "").strip("/")
     if not sub:
         return await await_native(_zcrop.submit_open, root)  # type: ignore[no-any-return]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import numpy.typing as npt
 
-from zcrop import _indexing
+from zcrop import _fork, _indexing
 from zcrop._zcrop import NativeArray, Pending
 from zcrop.errors import BoundsError
 
@@ -370,6 +370,7 @@ class Array(_ArrayBase):
         return a if dtype is None else np.asarray(a.astype(dtype, copy=False))
 
     def _read(self, sel: Orthogonal, out: Any) -> Any:
+        _fork.check()
         if out is None:
             return self._view(self._native.read([sel.dims]), sel.shape)
         arr = self._out_bytes(out, sel.shape)
@@ -378,6 +379,7 @@ class Array(_ArrayBase):
         return arr
 
     def _read_points(self, sel: Coordinates, out: Any) -> Any:
+        _fork.check()
         if out is None:
             return self._view(self._native.read_points(sel.coords), sel.shape)
         arr = self._out_bytes(out, sel.shape)
@@ -450,6 +452,7 @@ class Array(_ArrayBase):
         needs is read and decoded once, however many crops share it.
 
         ``out``: a C-contiguous ``(N, *shape)`` array of the array's dtype to read into."""
+        _fork.check()
         o, s = _crop_args(origins, shape, self.ndim)
         full = (o.shape[0], *s)
         if out is None:
@@ -496,6 +499,7 @@ async def await_native(submit: Callable[..., Pending], *args: Any) -> Any:
     The native side calls ``notify`` from its own thread when done; ``notify`` hands the result
     to this loop with ``call_soon_threadsafe``. Cancelling the awaiting task cancels the read.
     """
+    _fork.check()
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import numpy as np
 
+from zcrop import _fork
 from zcrop._array import Array
 from zcrop._zcrop import NativeArray, NativeBatch, NativeLoader
 
@@ -141,7 +142,8 @@ class Source:
         coords: bool = True,
     ) -> None:
         if isinstance(array, Array):
-            native: NativeArray | str = array.native
+            # By directory, so a Source pickles (for DataLoader workers started by spawn).
+            native: NativeArray | str = os.fspath(array.native.dir)
             default_name = array.basename or "data"
         elif isinstance(array, (str, os.PathLike)):
             native = os.fspath(array)
@@ -289,6 +291,7 @@ class Loader:
         buffers: int = 0,
         copy: bool = False,
     ) -> None:
+        _fork.started()
         srcs = _sources(sources)
         if mode not in ("uniform", "epoch"):
             raise ValueError(f"mode must be 'uniform' or 'epoch', got {mode!r}")
@@ -334,6 +337,7 @@ class Loader:
         return self
 
     def __next__(self) -> Batch:
+        _fork.check()
         native = self._loader()
         batch = native.next()
         if batch is None:
@@ -344,7 +348,8 @@ class Loader:
         out: Batch = {}
         for s, name in enumerate(self._names):
             shape = tuple(int(n) for n in batch.shape(s))
-            arr = np.frombuffer(batch.view(s), dtype=self._dtypes[s]).reshape(shape)
+            view = cast(Any, batch.view(s))  # exports the buffer protocol
+            arr = np.frombuffer(view, dtype=self._dtypes[s]).reshape(shape)
             out[name] = arr.copy() if self._copy else arr
         out["meta"] = batch.samples()
         return out

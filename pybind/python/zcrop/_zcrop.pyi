@@ -15,8 +15,11 @@ import numpy.typing as npt
 __all__ = [
     "INLINE_WORK_BYTES",
     "NativeArray",
+    "NativeBatch",
     "NativeGroup",
+    "NativeLoader",
     "Pending",
+    "SourceView",
     "__version__",
     "cli_main",
     "open_node",
@@ -84,6 +87,9 @@ class NativeArray:
     @property
     def path(self) -> str:
         """The path relative to the store root."""
+    @property
+    def dir(self) -> str:
+        """The array's directory."""
     @property
     def attributes_json(self) -> str:
         """The attributes as JSON."""
@@ -159,3 +165,77 @@ class NativeGroup:
         """:meth:`get` in the background."""
     def submit_members(self, notify: _Notify) -> Pending:
         """:meth:`members` in the background."""
+
+@final
+class NativeLoader:
+    """A running loader over the sampler (the Rust side of ``zcrop.Loader``)."""
+
+    def __new__(cls, spec: dict[str, Any]) -> NativeLoader:
+        """Builds the sampler and starts the loader from a spec dict (see ``zcrop/_loader.py``)."""
+    def next(self) -> NativeBatch | None:
+        """The next batch in step order (GIL released, Ctrl-C honoured), ``None`` at the end."""
+    def seek(self, step: int) -> None:
+        """Restarts the stream at ``step``."""
+    @property
+    def next_step(self) -> int:
+        """The step the next batch will be."""
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        """Per source: ``name``, ``array``, ``crop``, ``dtype``, ``element_size``."""
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch on this rank."""
+    @property
+    def epoch_len(self) -> int:
+        """Allowed sample positions."""
+    @property
+    def position_box(self) -> tuple[list[int], list[int]]:
+        """The valid position box."""
+    @property
+    def steps(self) -> tuple[int, int | None]:
+        """The first step and the end step."""
+    @property
+    def pin_state(self) -> dict[str, Any]:
+        """Whether the ring buffers are page-locked / CUDA-registered, and why not."""
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of one ring buffer."""
+    def plan(self, step: int) -> list[dict[str, Any]]:
+        """The metadata of batch ``step``'s samples, without reading."""
+
+@final
+class NativeBatch:
+    """One batch: a ring buffer and the metadata of its samples."""
+
+    @property
+    def step(self) -> int:
+        """The step."""
+    def __len__(self) -> int:
+        """Number of samples."""
+    @property
+    def num_sources(self) -> int:
+        """Number of sources."""
+    def dtype(self, s: int) -> str:
+        """The delivered element type of source ``s`` (a v3 name, also a numpy name)."""
+    def shape(self, s: int) -> list[int]:
+        """``(batch_size, *crop)`` of source ``s``."""
+    def view(self, s: int) -> SourceView:
+        """A read-only buffer over source ``s``'s bytes (keeps the batch alive)."""
+    def samples(self) -> list[dict[str, Any]]:
+        """The metadata of every sample."""
+    @property
+    def read_time(self) -> float:
+        """Seconds a worker took to plan and read this batch."""
+    @property
+    def stats(self) -> dict[str, int]:
+        """What the reads of this batch did."""
+    @property
+    def pin_state(self) -> dict[str, Any]:
+        """Whether this batch's buffer is page-locked / CUDA-registered."""
+
+@final
+class SourceView:
+    """One source's bytes of a batch, exported read-only through the buffer protocol."""
+
+    def __len__(self) -> int:
+        """Number of bytes."""
