@@ -1,8 +1,9 @@
-//! Work for the async API: run on a small pool of driver threads, completed by a callback.
+//! Work for the async API: run on a pool of up to `max(4, 2 x cores)` threads (`pool.rs`,
+//! started on demand), completed by a callback.
 //!
 //! `submit` queues a job that owns everything it touches (the array handle, the request, the
 //! output buffer it allocates), so the caller returns at once and no Python object is borrowed
-//! while the GIL is released. A driver thread runs the job (IO waits there; decoding fans out to
+//! while the GIL is released. A pool thread runs the job (IO waits there; decoding fans out to
 //! the rayon pool), then attaches to Python and calls `notify(error, value)`. The Python side
 //! passes a `notify` that hands the result to its asyncio loop with `call_soon_threadsafe`, so
 //! this module knows nothing of asyncio. [`Pending::cancel`] sets the job's cancellation flag.
