@@ -77,6 +77,17 @@ impl Budget {
     /// Takes one request of `bytes` bytes if the budget allows it now. A read larger than the
     /// whole byte budget is admitted when nothing else holds bytes, so it cannot starve.
     pub fn try_acquire(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
+        let p = self.take(bytes);
+        if p.is_none() {
+            // A request slot taken and given back may have let another waiter in.
+            self.notify_waiters();
+        }
+        p
+    }
+
+    /// [`Budget::try_acquire`] without waking waiters on failure, for callers that hold
+    /// `self.lock` (waking would lock it again).
+    fn take(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
         // Compare-and-swap, so the counters never exceed the limits, not even for an instant.
         self.requests
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
@@ -92,12 +103,6 @@ impl Budget {
             .is_ok();
         if !took_bytes {
             self.requests.fetch_sub(1, Ordering::AcqRel);
-            // The request slot taken for a moment may have turned a waiter away: wake waiters,
-            // without the lock (`acquire` calls this while holding it). A wake-up lost in the
-            // race is made up by the waiters' timeout.
-            if self.waiters.load(Ordering::Acquire) > 0 {
-                self.freed.notify_all();
-            }
             return None;
         }
         Some(Permit {
@@ -119,11 +124,14 @@ impl Budget {
             let mut guard = self.lock.lock();
             self.waiters.fetch_add(1, Ordering::AcqRel);
             // Re-check under the lock: a release between the failed try and here notifies
-            // under the same lock, so the wake-up cannot be lost.
-            if let Some(p) = self.try_acquire(bytes) {
+            // under the same lock, so the wake-up cannot be lost. (`take`, not `try_acquire`:
+            // its wake-up would lock `self.lock` again and deadlock.)
+            if let Some(p) = self.take(bytes) {
                 self.waiters.fetch_sub(1, Ordering::AcqRel);
                 return Some(p);
             }
+            // The request slot `take` took and gave back may let another waiter in.
+            self.freed.notify_all();
             self.freed.wait_for(&mut guard, Duration::from_millis(20));
             self.waiters.fetch_sub(1, Ordering::AcqRel);
         }
@@ -200,6 +208,30 @@ mod tests {
         assert!(!waiter.is_finished(), "must wait while the budget is spent");
         drop(held);
         assert_eq!(waiter.join().unwrap(), Some(10));
+    }
+
+    /// A waiter that gets a request slot but not the bytes must not deadlock on the budget's
+    /// own lock (it did: the failed re-check woke waiters while holding the lock). The scenario
+    /// runs on its own thread so that a deadlock fails the test instead of hanging it.
+    #[test]
+    fn acquire_waits_for_bytes_without_deadlock() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let b = Budget::new(10, 100);
+            let held = b.try_acquire(90).unwrap();
+            let b2 = Arc::clone(&b);
+            let waiter = std::thread::spawn(move || b2.acquire(50, || false).map(|p| p.bytes()));
+            std::thread::sleep(Duration::from_millis(50));
+            let waited = !waiter.is_finished();
+            drop(held);
+            tx.send((waited, waiter.join().unwrap())).unwrap();
+        });
+        let got = rx.recv_timeout(Duration::from_secs(20));
+        assert_eq!(
+            got,
+            Ok((true, Some(50))),
+            "the waiter must wait, then get the bytes"
+        );
     }
 
     #[test]

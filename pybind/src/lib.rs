@@ -4,6 +4,22 @@
 //! buffers, exceptions, GIL release. Nothing here decides how data is read.
 //!
 //! **Must not know about:** how IO, planning or decoding work; it only calls the `zcrop` crate.
+//!
+//! - `blocking`: the one helper every sync call goes through (GIL release, Ctrl-C, panics,
+//!   errors); `background`: the same for async calls, on driver threads.
+//! - `errors`: Rust errors -> the exception tree declared in `zcrop/errors.py`.
+//! - `read`: one read (request, work estimate, output buffer), shared by sync and async.
+//! - `array`, `group`: the `NativeArray` and `NativeGroup` classes the Python package wraps.
+
+mod array;
+mod background;
+mod blocking;
+mod buffer;
+mod errors;
+mod group;
+mod loader;
+mod pool;
+mod read;
 
 use pyo3::prelude::*;
 
@@ -21,5 +37,14 @@ fn cli_main(py: Python<'_>, argv: Vec<String>) -> u8 {
 fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(group::open_node, m)?)?;
+    m.add_function(wrap_pyfunction!(group::submit_open, m)?)?;
+    m.add_class::<array::NativeArray>()?;
+    m.add_class::<group::NativeGroup>()?;
+    m.add_class::<background::Pending>()?;
+    m.add_class::<loader::NativeLoader>()?;
+    m.add_class::<loader::NativeBatch>()?;
+    m.add_class::<buffer::SourceView>()?;
+    m.add("INLINE_WORK_BYTES", blocking::INLINE_WORK_BYTES)?;
     Ok(())
 }

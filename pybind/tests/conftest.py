@@ -36,3 +36,26 @@ def rust_binary() -> pathlib.Path | None:
 def manifest() -> list[dict]:
     """The fixtures' manifest (one entry per array)."""
     return json.loads((FIXTURES / "manifest.json").read_text())
+
+
+def manifest_entries() -> list[dict]:
+    """The fixtures' manifest entries, for parametrising tests at collection time."""
+    return json.loads((FIXTURES / "manifest.json").read_text())
+
+
+def array_path(entry: dict) -> str:
+    """The directory of a manifest entry's array."""
+    store = FIXTURES / entry["store"]
+    return str(store / entry["array_path"]) if entry["array_path"] else str(store)
+
+
+def assert_same(expected, got) -> None:
+    """zcrop's result is what zarr-python returned: same type, dtype, shape and bytes
+    (bitwise, so NaN payloads and signed zeros count)."""
+    import numpy as np
+
+    assert type(got) is type(expected), (type(got), type(expected))
+    e, g = np.asarray(expected), np.asarray(got)
+    assert g.dtype == e.dtype, (g.dtype, e.dtype)
+    assert g.shape == e.shape, (g.shape, e.shape)
+    assert g.tobytes() == e.tobytes()

@@ -1,5 +1,70 @@
-"""zcrop: fast random N-d crops from huge Zarr arrays, to feed GPU/TPU training."""
+"""zcrop: fast random N-d crops from huge Zarr arrays, to feed GPU/TPU training.
 
+The read API mirrors zarr-python's, so ``import zarr`` -> ``import zcrop as zarr`` is enough for
+reading code::
+
+    import zcrop
+
+    arr = zcrop.open("weather.zarr/temperature")
+    block = arr[0, :, 100:228, 200:328]          # numpy array, zarr-python's dtype and values
+    crops = arr.read_crops([[0, 0, 0, 0], [3, 2, 64, 64]], (4, 3, 128, 128))  # one planned batch
+
+Async: ``arr = await zcrop.open_async(path)``, ``await arr.getitem(sel)``,
+``await arr.read_crops(origins, shape)``.
+
+Errors: see :mod:`zcrop.errors` (every zcrop error is a :class:`ZcropError` and also the builtin
+type plain ``except`` clauses expect).
+"""
+
+from zcrop._api import open, open_array, open_async, open_group
+from zcrop._array import Array, ArrayMetadata, AsyncArray, Attributes
+from zcrop._group import AsyncGroup, Group
+from zcrop._loader import Dim, Loader, Source
 from zcrop._zcrop import __version__
+from zcrop.errors import (
+    BoundsError,
+    CancelledError,
+    CodecError,
+    InternalError,
+    InvalidArgumentError,
+    LoaderError,
+    MetadataError,
+    NodeNotFoundError,
+    NodeTypeError,
+    ShardIndexError,
+    StoreError,
+    TransformError,
+    UnsupportedError,
+    ZcropError,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "Array",
+    "ArrayMetadata",
+    "AsyncArray",
+    "AsyncGroup",
+    "Attributes",
+    "BoundsError",
+    "CancelledError",
+    "CodecError",
+    "Dim",
+    "Group",
+    "InternalError",
+    "InvalidArgumentError",
+    "Loader",
+    "LoaderError",
+    "MetadataError",
+    "NodeNotFoundError",
+    "NodeTypeError",
+    "ShardIndexError",
+    "Source",
+    "StoreError",
+    "TransformError",
+    "UnsupportedError",
+    "ZcropError",
+    "__version__",
+    "open",
+    "open_array",
+    "open_async",
+    "open_group",
+]

@@ -1,0 +1,157 @@
+"""Opening stores: ``zcrop.open``, ``open_array``, ``open_group`` and ``open_async``.
+
+They take the arguments of zarr-python's functions of the same names that make sense for
+reading a local store, so ``zarr.open(path)`` becomes ``zcrop.open(path)``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from zcrop import _fork, _zcrop
+from zcrop._zcrop import NativeArray, NativeGroup
+from zcrop._array import Array, AsyncArray, await_native
+from zcrop._group import AsyncGroup, Group, wrap, wrap_async
+from zcrop.errors import NodeNotFoundError, NodeTypeError
+
+__all__ = ["open", "open_array", "open_async", "open_group"]
+
+_READ_MODES = ("r", "r+", "a")
+
+
+def _store_path(store: Any, mode: str | None, kwargs: dict[str, Any]) -> str:
+    """The directory to open, from zarr-python style arguments."""
+    if mode is not None and mode not in _READ_MODES:
+        raise ValueError(
+            f"zcrop opens stores for reading; mode {mode!r} would create or overwrite data "
+            f"(use one of {', '.join(map(repr, _READ_MODES))})"
+        )
+    storage_options = kwargs.pop("storage_options", None)
+    if storage_options:
+        raise ValueError("zcrop reads local stores; storage_options are not supported")
+    kwargs.pop("use_consolidated", None)  # consolidated metadata is used when present
+    if kwargs:
+        raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(kwargs))}")
+    if store is None:
+        raise TypeError("a store (a local path) is required")
+    if isinstance(store, (str, os.PathLike)):
+        root = os.fspath(store)
+    elif hasattr(store, "root"):  # zarr.storage.LocalStore
+        root = os.fspath(store.root)
+    else:
+        raise TypeError(f"zcrop reads local stores given as a path; got {type(store)!r}")
+    if isinstance(root, bytes):
+        root = os.fsdecode(root)
+    if root.startswith("file://"):
+        root = root[len("file://") :]
+    return root
+
+
+def _open_native(root: str, path: str | None) -> NativeArray | NativeGroup:
+    """Opens ``path`` inside the store at ``root``: through the root group when there is one
+    (so names are store paths, ``/group/array``), else the sub-directory itself."""
+    _fork.started()
+    sub = (path or "").strip("/")
+    if not sub:
+        return _zcrop.open_node(root)
+    try:
+        top = _zcrop.open_node(root)
+    except NodeNotFoundError:
+        top = None
+    if isinstance(top, NativeGroup):
+        return top.get(sub)
+    return _zcrop.open_node(os.path.join(root, sub))
+
+
+async def _open_native_async(root: str, path: str | None) -> NativeArray | NativeGroup:
+    """:func:`_open_native` on zcrop's threads."""
+    _fork.started()
+    sub = (path or "").strip("/")
+    if not sub:
+        return await await_native(_zcrop.submit_open, root)  # type: ignore[no-any-return]
+    try:
+        top = await await_native(_zcrop.submit_open, root)
+    except NodeNotFoundError:
+        top = None
+    if isinstance(top, NativeGroup):
+        return await await_native(top.submit_get, sub)  # type: ignore[no-any-return]
+    return await await_native(_zcrop.submit_open, os.path.join(root, sub))  # type: ignore[no-any-return]
+
+
+def _check_format(node: Any, zarr_format: int | None, where: str) -> None:
+    if zarr_format is not None and int(node.zarr_format) != int(zarr_format):
+        raise NodeNotFoundError(f"no Zarr v{zarr_format} array or group at {where}")
+
+
+def open(
+    store: Any = None,
+    *,
+    mode: str | None = None,
+    path: str | None = None,
+    zarr_format: int | None = None,
+    zarr_version: int | None = None,
+    **kwargs: Any,
+) -> Array | Group:
+    """Opens the array or group at ``store`` (a local path; ``path`` joins a sub-path).
+
+    Raises :class:`FileNotFoundError` (:class:`zcrop.NodeNotFoundError`) when there is none.
+    ``mode`` may be ``"r"``, ``"r+"`` or ``"a"``: zcrop only reads.
+    """
+    where = _store_path(store, mode, kwargs)
+    node = _open_native(where, path)
+    _check_format(node, zarr_format or zarr_version, where)
+    return wrap(node)
+
+
+def open_array(
+    store: Any = None,
+    *,
+    mode: str | None = None,
+    path: str | None = None,
+    zarr_format: int | None = None,
+    zarr_version: int | None = None,
+    **kwargs: Any,
+) -> Array:
+    """Opens the array at ``store``; a group there raises :class:`zcrop.NodeTypeError`."""
+    where = _store_path(store, mode, kwargs)
+    node = wrap(_open_native(where, path))
+    if not isinstance(node, Array):
+        raise NodeTypeError(f"{where} is a Zarr group, not an array")
+    _check_format(node, zarr_format or zarr_version, where)
+    return node
+
+
+def open_group(
+    store: Any = None,
+    *,
+    mode: str | None = None,
+    path: str | None = None,
+    zarr_format: int | None = None,
+    zarr_version: int | None = None,
+    **kwargs: Any,
+) -> Group:
+    """Opens the group at ``store``; an array there raises :class:`zcrop.NodeTypeError`."""
+    where = _store_path(store, mode, kwargs)
+    node = wrap(_open_native(where, path))
+    if not isinstance(node, Group):
+        raise NodeTypeError(f"{where} is a Zarr array, not a group")
+    _check_format(node, zarr_format or zarr_version, where)
+    return node
+
+
+async def open_async(
+    store: Any = None,
+    *,
+    mode: str | None = None,
+    path: str | None = None,
+    zarr_format: int | None = None,
+    zarr_version: int | None = None,
+    **kwargs: Any,
+) -> AsyncArray | AsyncGroup:
+    """:func:`open` for asyncio: ``await zcrop.open_async(path)`` gives an
+    :class:`AsyncArray` or :class:`AsyncGroup`. Opening runs on zcrop's threads."""
+    where = _store_path(store, mode, kwargs)
+    node = wrap_async(await _open_native_async(where, path))
+    _check_format(node, zarr_format or zarr_version, where)
+    return node

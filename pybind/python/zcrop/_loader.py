@@ -1,0 +1,446 @@
+"""``zcrop.Loader``: deterministic batches of random crops, read ahead in the background.
+
+A thin shell over the Rust sampler and loader: batch ``step`` of rank ``rank`` is a pure
+function of ``(seed, step, rank, world_size)`` and the spec, so ``state_dict()`` is just the
+next step and ``load_state_dict()`` resumes exactly there.
+
+**Buffers and their lifetime.** Batches are read into a ring of reusable (page-locked where the
+OS allows) host buffers. With ``copy=False`` (the default) each array of a batch is a read-only
+numpy view of its ring buffer, made without a copy; the buffer goes back to the loader only
+when every array (and every view, tensor or jax array made from it without a copy) of that
+batch is gone. So keeping at most ``buffers - prefetch`` batches alive at a time keeps the
+pipeline running; holding more makes :meth:`Loader.__next__` raise :class:`zcrop.LoaderError`
+(``buffers`` defaults to ``prefetch + 1``, i.e. one batch held while the next ones are read).
+``copy=True`` returns ordinary writable arrays instead and hands the buffer back at once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Union, cast
+
+import numpy as np
+
+from zcrop import _fork
+from zcrop._array import Array
+from zcrop._zcrop import NativeArray, NativeBatch, NativeLoader
+
+__all__ = ["Batch", "Dim", "Loader", "Source"]
+
+#: A batch: one array per source (by name), and ``"meta"``, one dict per sample.
+Batch = dict[str, Any]
+
+
+class Dim:
+    """How one array dimension's crop origin follows the sample position.
+
+    ``Dim.along("y")`` follows position dimension ``y`` one to one; ``.scale(1, 4)`` for an
+    array 4x coarser than the position grid, ``.offset(2)`` shifts it, ``.jitter(1)`` adds a
+    per-sample uniform jitter in ``[-1, 1]``. ``Dim.fixed(0)`` always starts at 0 (e.g. all
+    channels). In a :class:`Source`'s ``dims``, a string means ``Dim.along(name)`` and an int
+    ``Dim.fixed(origin)``.
+    """
+
+    __slots__ = ("_spec",)
+
+    def __init__(self, spec: tuple[Any, ...]) -> None:
+        self._spec = spec
+
+    @staticmethod
+    def along(position: str) -> Dim:
+        """Follows position dimension ``position`` one to one."""
+        return Dim(("along", str(position), 1, 1, 0, 0))
+
+    @staticmethod
+    def fixed(origin: int) -> Dim:
+        """Always starts at ``origin``."""
+        return Dim(("fixed", int(origin)))
+
+    def _aligned(self, what: str) -> tuple[Any, ...]:
+        if self._spec[0] != "along":
+            raise ValueError(f"{what} applies to Dim.along(...), not to a fixed dimension")
+        return self._spec
+
+    def scale(self, num: int, den: int = 1) -> Dim:
+        """Scales the position by ``num / den`` (rounded down)."""
+        s = self._aligned("scale")
+        return Dim((s[0], s[1], int(num), int(den), s[4], s[5]))
+
+    def offset(self, offset: int) -> Dim:
+        """Adds ``offset`` array elements to the origin."""
+        s = self._aligned("offset")
+        return Dim((s[0], s[1], s[2], s[3], int(offset), s[5]))
+
+    def jitter(self, jitter: int) -> Dim:
+        """Jitters the origin by a uniform integer in ``[-jitter, jitter]`` per sample."""
+        s = self._aligned("jitter")
+        return Dim((s[0], s[1], s[2], s[3], s[4], int(jitter)))
+
+    def __repr__(self) -> str:
+        if self._spec[0] == "fixed":
+            return f"Dim.fixed({self._spec[1]})"
+        _, name, num, den, offset, jitter = self._spec
+        return f"Dim.along({name!r}).scale({num}, {den}).offset({offset}).jitter({jitter})"
+
+
+def _dim(d: Any) -> tuple[Any, ...]:
+    if isinstance(d, Dim):
+        return d._spec
+    if isinstance(d, str):
+        return Dim.along(d)._spec
+    if isinstance(d, (int, np.integer)) and not isinstance(d, bool):
+        return Dim.fixed(int(d))._spec
+    raise TypeError(f"a dim is a Dim, a position name or a fixed origin, got {d!r}")
+
+
+_DTYPES = {None: "native", "float32": "float32", "float64": "float64"}
+
+
+class Source:
+    """One dataset of each sample: an array, the crop shape, how crop origins follow the
+    sample position, and what happens to the crops on their way into the batch.
+
+    Parameters
+    ----------
+    array:
+        A path to a Zarr array, or a :class:`zcrop.Array`.
+    crop:
+        The crop shape (one entry per array dimension).
+    name:
+        The source's name in each batch (default: the array's basename, or ``"data"``).
+    dims:
+        Per array dimension, a :class:`Dim`, a position name (follows it) or an int (fixed
+        origin). By default dimensions named like positions follow them and the others start
+        at 0; an array without dimension names follows the positions in order.
+    dtype:
+        ``None`` (the array's own dtype), ``"float32"`` or ``"float64"``.
+    normalize:
+        ``(axis, mean, std)``: ``(x - mean[c]) / std[c]`` per index ``c`` along crop axis
+        ``axis``, fused into the read.
+    fft:
+        ``{"axes": [...], "output": "complex" | "power", "norm": "backward" | "ortho" |
+        "forward"}``: numpy's ``fftn`` of each (converted, normalised) crop over ``axes``.
+        Needs ``dtype`` float32 (complex64 output) or float64 (complex128).
+    coords:
+        Label samples with the values of 1-d coordinate arrays named like the dimensions
+        (sibling arrays), when there are any.
+    """
+
+    __slots__ = ("_spec", "name")
+
+    def __init__(
+        self,
+        array: Any,
+        crop: Sequence[int],
+        *,
+        name: str | None = None,
+        dims: Sequence[Any] | None = None,
+        dtype: Any = None,
+        normalize: tuple[int, Sequence[float], Sequence[float]] | None = None,
+        fft: Mapping[str, Any] | None = None,
+        coords: bool = True,
+    ) -> None:
+        if isinstance(array, Array):
+            # By directory, so a Source pickles (for DataLoader workers started by spawn).
+            native: NativeArray | str = os.fspath(array.native.dir)
+            default_name = array.basename or "data"
+        elif isinstance(array, (str, os.PathLike)):
+            native = os.fspath(array)
+            default_name = os.path.basename(os.path.normpath(native)) or "data"
+        else:
+            raise TypeError(f"a source's array is a path or a zcrop.Array, got {type(array)!r}")
+        key = None if dtype is None else np.dtype(dtype).name
+        if key not in _DTYPES:
+            raise ValueError(f"dtype must be None, float32 or float64, got {dtype!r}")
+        self.name: str = str(name) if name is not None else default_name
+        norm_spec = None
+        if normalize is not None:
+            axis, mean, std = normalize
+            norm_spec = (int(axis), [float(m) for m in mean], [float(s) for s in std])
+        fft_spec = None
+        if fft is not None:
+            fft_spec = (
+                [int(a) for a in fft["axes"]],
+                str(fft.get("output", "complex")),
+                str(fft.get("norm", "backward")),
+            )
+        self._spec: dict[str, Any] = {
+            "name": self.name,
+            "array": native,
+            "crop": [int(c) for c in crop],
+            "dims": None if dims is None else [_dim(d) for d in dims],
+            "dtype": _DTYPES[key],
+            "normalize": norm_spec,
+            "fft": fft_spec,
+            "coords": bool(coords),
+        }
+
+    def __repr__(self) -> str:
+        return f"Source({self.name!r}, crop={tuple(self._spec['crop'])})"
+
+
+def _sources(sources: Any) -> list[Source]:
+    if isinstance(sources, Source):
+        out = [sources]
+    elif isinstance(sources, Mapping):
+        out = []
+        for name, s in sources.items():
+            if not isinstance(s, Source):
+                raise TypeError(f"source {name!r} is not a zcrop.Source")
+            s.name = s._spec["name"] = str(name)
+            out.append(s)
+    else:
+        out = list(sources)
+        if not all(isinstance(s, Source) for s in out):
+            raise TypeError("sources must be zcrop.Source objects")
+    if not out:
+        raise ValueError("a loader needs at least one source")
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"source names must be unique, got {names}")
+    if "meta" in names:
+        raise ValueError("'meta' is reserved for the per-sample metadata of each batch")
+    return out
+
+
+def _positions(first: Source) -> list[str]:
+    arr = first._spec["array"]
+    native = arr if isinstance(arr, NativeArray) else Array(_open_native(arr)).native
+    names = native.dimension_names
+    ndim = len(native.shape)
+    if names and all(names):
+        return [str(n) for n in names]
+    return [f"dim_{i}" for i in range(ndim)]
+
+
+def _open_native(path: str) -> NativeArray:
+    from zcrop import _zcrop
+
+    node = _zcrop.open_node(path)
+    if not isinstance(node, NativeArray):
+        raise TypeError(f"{path} is a group, not an array")
+    return node
+
+
+class Loader:
+    """Batches of random crops over one or more sources, read ahead in the background.
+
+    Iterating yields batches: a dict with one ``(batch_size, *crop)`` array per source (by
+    name) and ``"meta"``, a list with one dict per sample (``step``, ``index``,
+    ``global_index``, ``epoch``, ``position`` and, per source, ``array``, ``origin``,
+    ``shape`` and coordinate labels). Batch ``step`` is a pure function of the seed, the
+    step, the rank and the world size.
+
+    Parameters
+    ----------
+    sources:
+        A :class:`Source`, a list of them, or a dict ``name -> Source``.
+    positions:
+        Names of the sample position dimensions (default: the first source's dimension
+        names, or ``dim_0 ...``).
+    batch_size:
+        Samples per batch on this rank.
+    seed:
+        The seed.
+    rank, world_size:
+        This process's share of each global batch of ``batch_size * world_size`` samples.
+    prefetch:
+        Batches read ahead of the consumer.
+    mode:
+        ``"uniform"`` (independent draws) or ``"epoch"`` (every lattice point of ``stride``
+        once per epoch, in a new pseudo-random order each epoch).
+    stride:
+        The lattice spacing per position dimension in epoch mode.
+    region:
+        ``(start, end)`` per position dimension: sample positions only there.
+    steps:
+        Stop after this many steps (``len(loader)``); ``None`` iterates forever.
+    start_step:
+        The first step.
+    workers:
+        Threads producing batches (each batch is also decoded in parallel).
+    threads:
+        Decode threads of the loader's own (default: the shared pool).
+    pin:
+        Page-lock the ring buffers and register them with CUDA when present.
+    buffers:
+        Ring buffers (default ``prefetch + 1``).
+    copy:
+        Return writable copies instead of read-only views of the ring buffers.
+    """
+
+    def __init__(
+        self,
+        sources: Any,
+        *,
+        positions: Sequence[str] | None = None,
+        batch_size: int = 1,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        prefetch: int = 2,
+        mode: str = "uniform",
+        stride: Sequence[int] | None = None,
+        region: tuple[Sequence[int], Sequence[int]] | None = None,
+        steps: int | None = None,
+        start_step: int = 0,
+        workers: int = 1,
+        threads: int | None = None,
+        pin: bool = True,
+        buffers: int = 0,
+        copy: bool = False,
+    ) -> None:
+        _fork.started()
+        srcs = _sources(sources)
+        if mode not in ("uniform", "epoch"):
+            raise ValueError(f"mode must be 'uniform' or 'epoch', got {mode!r}")
+        if mode == "epoch" and stride is None:
+            raise ValueError("epoch mode needs a stride per position dimension")
+        for what, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
+            if int(value) < 1:
+                raise ValueError(f"{what} must be at least 1, got {value}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} of world size {world_size} is not valid")
+        if steps is not None and steps < 0 or start_step < 0:
+            raise ValueError("steps and start_step must not be negative")
+        self._copy = bool(copy)
+        self._names = [s.name for s in srcs]
+        self._seed, self._rank, self._world = int(seed), int(rank), int(world_size)
+        self._batch_size = int(batch_size)
+        self._start = int(start_step)
+        self._steps = None if steps is None else int(steps)
+        spec = {
+            "positions": list(positions) if positions is not None else _positions(srcs[0]),
+            "sources": [s._spec for s in srcs],
+            "mode": mode,
+            "stride": None if stride is None else [int(x) for x in stride],
+            "region": None if region is None else ([int(x) for x in region[0]], [int(x) for x in region[1]]),
+            "seed": self._seed,
+            "batch_size": self._batch_size,
+            "start_step": self._start,
+            "end_step": None if self._steps is None else self._start + self._steps,
+            "rank": self._rank,
+            "world_size": self._world,
+            "prefetch": int(prefetch),
+            "buffers": int(buffers),
+            "workers": int(workers),
+            "threads": None if threads is None else int(threads),
+            "pin": bool(pin),
+        }
+        self._native: NativeLoader | None = NativeLoader(spec)
+        self._dtypes = [np.dtype(s["dtype"]) for s in self._native.sources]
+
+    # --- iteration ------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        _fork.check()
+        native = self._loader()
+        batch = native.next()
+        if batch is None:
+            raise StopIteration
+        return self._to_dict(batch)
+
+    def _to_dict(self, batch: NativeBatch) -> Batch:
+        out: Batch = {}
+        for s, name in enumerate(self._names):
+            shape = tuple(int(n) for n in batch.shape(s))
+            view = cast(Any, batch.view(s))  # exports the buffer protocol
+            arr = np.frombuffer(view, dtype=self._dtypes[s]).reshape(shape)
+            out[name] = arr.copy() if self._copy else arr
+        out["meta"] = batch.samples()
+        return out
+
+    def __len__(self) -> int:
+        """The number of steps of this loader (``steps``); a ``TypeError`` when endless."""
+        if self._steps is None:
+            raise TypeError("an endless loader (steps=None) has no length")
+        return self._steps
+
+    # --- state ----------------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """The step the next batch will be."""
+        return int(self._loader().next_step)
+
+    def state_dict(self) -> dict[str, int]:
+        """Where this loader is: the next step, and what a resumed loader must match."""
+        return {
+            "step": self.step,
+            "seed": self._seed,
+            "rank": self._rank,
+            "world_size": self._world,
+            "batch_size": self._batch_size,
+        }
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resumes at ``state["step"]``: the next batch is exactly the one an uninterrupted
+        run would have produced there. The seed, rank, world size and batch size must match."""
+        for key, mine in (
+            ("seed", self._seed),
+            ("rank", self._rank),
+            ("world_size", self._world),
+            ("batch_size", self._batch_size),
+        ):
+            if key in state and int(state[key]) != mine:
+                raise ValueError(f"state has {key}={state[key]}, this loader has {mine}")
+        self.seek(int(state["step"]))
+
+    def seek(self, step: int) -> None:
+        """Restarts the stream at ``step`` (reads in flight are cancelled)."""
+        if step < 0:
+            raise ValueError("step must not be negative")
+        self._loader().seek(step)
+
+    # --- information ----------------------------------------------------------------------
+
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        """Per source: ``name``, ``array``, ``crop``, ``dtype`` (delivered), ``element_size``."""
+        return list(self._loader().sources)
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch on this rank."""
+        return self._batch_size
+
+    @property
+    def epoch_len(self) -> int:
+        """Allowed sample positions (the epoch length in epoch mode)."""
+        return int(self._loader().epoch_len)
+
+    @property
+    def pin_state(self) -> dict[str, Any]:
+        """Whether the ring buffers are page-locked / CUDA-registered, and why not."""
+        return dict(self._loader().pin_state)
+
+    def plan(self, step: int) -> list[dict[str, Any]]:
+        """The metadata of batch ``step``'s samples, without reading anything."""
+        return list(self._loader().plan(step))
+
+    # --- lifetime -------------------------------------------------------------------------
+
+    def _loader(self) -> NativeLoader:
+        if self._native is None:
+            raise ValueError("the loader is closed")
+        return self._native
+
+    def close(self) -> None:
+        """Stops the background reads. Batches already delivered stay valid."""
+        self._native = None
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Loader sources={self._names} batch_size={self._batch_size} seed={self._seed}>"
+
+
+SourcesArg = Union[Source, Sequence[Source], Mapping[str, Source]]

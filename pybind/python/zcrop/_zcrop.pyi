@@ -1,0 +1,241 @@
+"""Type stubs of zcrop's native module (``zcrop._zcrop``, Rust, pyo3).
+
+The public API is the Python package (:mod:`zcrop`); these classes and functions are what it
+calls. Results of reads are ``(words, nbytes)``: a ``uint64`` array owning the bytes (handed
+over from Rust without a copy) and how many of its bytes are the result, native-endian, C order.
+"""
+
+from collections.abc import Callable, Sequence
+from os import PathLike
+from typing import Any, Final, Literal, TypeAlias, final, overload
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "INLINE_WORK_BYTES",
+    "NativeArray",
+    "NativeBatch",
+    "NativeGroup",
+    "NativeLoader",
+    "Pending",
+    "SourceView",
+    "__version__",
+    "cli_main",
+    "open_node",
+    "submit_open",
+]
+
+__version__: Final[str]
+#: Reads that decode at most this many bytes run on the calling thread (GIL released).
+INLINE_WORK_BYTES: Final[int]
+
+#: One dimension of a selection: ``(start, len)`` or a 1-d ``uint64`` array of indices.
+_DimSelection: TypeAlias = tuple[int, int] | npt.NDArray[np.uint64]
+#: A read's result: the words owning the bytes, and the number of bytes.
+_Words: TypeAlias = tuple[npt.NDArray[np.uint64], int]
+#: Called from a zcrop thread (with the GIL) when background work is done: ``(error, value)``.
+_Notify: TypeAlias = Callable[[BaseException | None, Any], object]
+
+def cli_main(argv: Sequence[str]) -> int:
+    """Runs the ``zcrop`` command line with ``argv`` (program name first); its exit code."""
+
+def open_node(path: str | PathLike[str]) -> NativeArray | NativeGroup:
+    """Opens the array or group at ``path``."""
+
+def submit_open(path: str | PathLike[str], notify: _Notify) -> Pending:
+    """:func:`open_node` on a background thread; ``notify(error, node)`` when done."""
+
+@final
+class Pending:
+    """Background work in flight."""
+
+    def cancel(self) -> None:
+        """Asks the work to stop; it then completes with ``zcrop.CancelledError``."""
+
+    def cancelled(self) -> bool:
+        """Whether cancellation was asked for."""
+
+@final
+class NativeArray:
+    """An opened Zarr array (the Rust side of ``zcrop.Array``)."""
+
+    @property
+    def shape(self) -> list[int]:
+        """The shape."""
+    @property
+    def chunk_shape(self) -> list[int]:
+        """The shape of the chunks that are read and decoded (innermost when sharded)."""
+    @property
+    def shard_shape(self) -> list[int] | None:
+        """The shard shape of a sharded array, else ``None``."""
+    @property
+    def numpy_dtype(self) -> str:
+        """The numpy dtype string zarr-python reports (``>u2`` for big-endian v2)."""
+    @property
+    def data_type(self) -> str:
+        """The Zarr v3 data type name."""
+    @property
+    def fill_value_bytes(self) -> bytes:
+        """The fill value: one element, native-endian."""
+    @property
+    def zarr_format(self) -> int:
+        """2 or 3."""
+    @property
+    def name(self) -> str:
+        """The path in the store, ``/``-rooted."""
+    @property
+    def path(self) -> str:
+        """The path relative to the store root."""
+    @property
+    def dir(self) -> str:
+        """The array's directory."""
+    @property
+    def attributes_json(self) -> str:
+        """The attributes as JSON."""
+    @property
+    def metadata_json(self) -> str:
+        """The metadata as stored, as JSON."""
+    @property
+    def dimension_names(self) -> list[str | None] | None:
+        """The v3 dimension names, if set."""
+    @property
+    def sharding_levels(self) -> int:
+        """Number of sharding levels (0 when unsharded)."""
+    @property
+    def decoder(self) -> str:
+        """How chunks are decoded, in words."""
+    @overload
+    def read(self, blocks: Sequence[Sequence[_DimSelection]], out: None = None) -> _Words:
+        """Reads orthogonal selections, one output block each, into a new buffer."""
+    @overload
+    def read(
+        self, blocks: Sequence[Sequence[_DimSelection]], out: npt.NDArray[np.uint8]
+    ) -> None:
+        """Reads orthogonal selections into ``out`` (contiguous, writable, exact size)."""
+    @overload
+    def read_points(self, coords: npt.NDArray[np.uint64], out: None = None) -> _Words:
+        """Reads the elements at the rows of ``coords`` (``(N, ndim)``)."""
+    @overload
+    def read_points(self, coords: npt.NDArray[np.uint64], out: npt.NDArray[np.uint8]) -> None:
+        """Reads the elements at the rows of ``coords`` into ``out``."""
+    @overload
+    def read_crops(
+        self, origins: npt.NDArray[np.uint64], shape: Sequence[int], out: None = None
+    ) -> _Words:
+        """Reads crops of ``shape`` at the rows of ``origins`` as one planned batch."""
+    @overload
+    def read_crops(
+        self, origins: npt.NDArray[np.uint64], shape: Sequence[int], out: npt.NDArray[np.uint8]
+    ) -> None:
+        """Reads crops of ``shape`` at the rows of ``origins`` into ``out``."""
+    def submit_read(self, blocks: Sequence[Sequence[_DimSelection]], notify: _Notify) -> Pending:
+        """:meth:`read` in the background; ``notify(error, words)``."""
+    def submit_points(self, coords: npt.NDArray[np.uint64], notify: _Notify) -> Pending:
+        """:meth:`read_points` in the background."""
+    def submit_crops(
+        self, origins: npt.NDArray[np.uint64], shape: Sequence[int], notify: _Notify
+    ) -> Pending:
+        """:meth:`read_crops` in the background."""
+
+@final
+class NativeGroup:
+    """An opened Zarr group (the Rust side of ``zcrop.Group``)."""
+
+    @property
+    def name(self) -> str:
+        """The path in the store, ``/``-rooted."""
+    @property
+    def path(self) -> str:
+        """The path relative to the store root."""
+    @property
+    def zarr_format(self) -> int:
+        """2 or 3."""
+    @property
+    def attributes_json(self) -> str:
+        """The attributes as JSON."""
+    @property
+    def is_consolidated(self) -> bool:
+        """Whether the metadata is consolidated."""
+    def get(self, path: str) -> NativeArray | NativeGroup:
+        """Opens the member at ``path``."""
+    def members(self) -> list[tuple[str, Literal["array", "group"]]]:
+        """The direct members, sorted by name."""
+    def submit_get(self, path: str, notify: _Notify) -> Pending:
+        """:meth:`get` in the background."""
+    def submit_members(self, notify: _Notify) -> Pending:
+        """:meth:`members` in the background."""
+
+@final
+class NativeLoader:
+    """A running loader over the sampler (the Rust side of ``zcrop.Loader``)."""
+
+    def __new__(cls, spec: dict[str, Any]) -> NativeLoader:
+        """Builds the sampler and starts the loader from a spec dict (see ``zcrop/_loader.py``)."""
+    def next(self) -> NativeBatch | None:
+        """The next batch in step order (GIL released, Ctrl-C honoured), ``None`` at the end."""
+    def seek(self, step: int) -> None:
+        """Restarts the stream at ``step``."""
+    @property
+    def next_step(self) -> int:
+        """The step the next batch will be."""
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        """Per source: ``name``, ``array``, ``crop``, ``dtype``, ``element_size``."""
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch on this rank."""
+    @property
+    def epoch_len(self) -> int:
+        """Allowed sample positions."""
+    @property
+    def position_box(self) -> tuple[list[int], list[int]]:
+        """The valid position box."""
+    @property
+    def steps(self) -> tuple[int, int | None]:
+        """The first step and the end step."""
+    @property
+    def pin_state(self) -> dict[str, Any]:
+        """Whether the ring buffers are page-locked / CUDA-registered, and why not."""
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of one ring buffer."""
+    def plan(self, step: int) -> list[dict[str, Any]]:
+        """The metadata of batch ``step``'s samples, without reading."""
+
+@final
+class NativeBatch:
+    """One batch: a ring buffer and the metadata of its samples."""
+
+    @property
+    def step(self) -> int:
+        """The step."""
+    def __len__(self) -> int:
+        """Number of samples."""
+    @property
+    def num_sources(self) -> int:
+        """Number of sources."""
+    def dtype(self, s: int) -> str:
+        """The delivered element type of source ``s`` (a v3 name, also a numpy name)."""
+    def shape(self, s: int) -> list[int]:
+        """``(batch_size, *crop)`` of source ``s``."""
+    def view(self, s: int) -> SourceView:
+        """A read-only buffer over source ``s``'s bytes (keeps the batch alive)."""
+    def samples(self) -> list[dict[str, Any]]:
+        """The metadata of every sample."""
+    @property
+    def read_time(self) -> float:
+        """Seconds a worker took to plan and read this batch."""
+    @property
+    def stats(self) -> dict[str, int]:
+        """What the reads of this batch did."""
+    @property
+    def pin_state(self) -> dict[str, Any]:
+        """Whether this batch's buffer is page-locked / CUDA-registered."""
+
+@final
+class SourceView:
+    """One source's bytes of a batch, exported read-only through the buffer protocol."""
+
+    def __len__(self) -> int:
+        """Number of bytes."""

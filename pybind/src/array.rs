@@ -1,0 +1,312 @@
+//! `NativeArray`: the Rust array handle behind `zcrop.Array` and `zcrop.AsyncArray`.
+//!
+//! Selections arrive already normalised by the Python side (`zcrop/_indexing.py`): per output
+//! block, per dimension, either a `(start, len)` range or a 1-d `uint64` array of indices.
+//! Results come back as a flat `uint64` word buffer plus a byte length, handed to numpy without
+//! copying; the Python side gives them their dtype and shape. With `out`, the read writes
+//! straight into the caller's `uint8` view of its array.
+
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+use zcrop::zarr::{Array, DimSelection};
+
+use crate::background::{self, Pending};
+use crate::blocking;
+use crate::read::Request;
+
+/// An opened Zarr array (the Rust side of `zcrop.Array`). Cheap to share between threads.
+#[pyclass(frozen, module = "zcrop._zcrop")]
+pub(crate) struct NativeArray {
+    pub(crate) inner: Array,
+}
+
+/// A read's result as Python gets it: the word buffer and the number of bytes in it.
+type Words<'py> = (Bound<'py, PyArray1<u64>>, usize);
+
+// pyo3 extracts arguments by value: `PyReadonlyArray2` cannot be taken by reference.
+#[allow(clippy::needless_pass_by_value)]
+#[pymethods]
+impl NativeArray {
+    /// The shape.
+    #[getter]
+    fn shape(&self) -> Vec<u64> {
+        self.inner.shape().to_vec()
+    }
+
+    /// The shape of the chunks that are read and decoded (zarr-python's `chunks`).
+    #[getter]
+    fn chunk_shape(&self) -> Vec<u64> {
+        self.inner.chunk_shape().to_vec()
+    }
+
+    /// The shard shape of a sharded array (zarr-python's `shards`), else `None`.
+    #[getter]
+    fn shard_shape(&self) -> Option<Vec<u64>> {
+        self.inner.shard_shape().map(<[u64]>::to_vec)
+    }
+
+    /// The numpy dtype string zarr-python reports (e.g. `>u2` for a big-endian v2 array).
+    #[getter]
+    fn numpy_dtype(&self) -> String {
+        self.inner.numpy_dtype()
+    }
+
+    /// The Zarr v3 data type name (`uint16`, `float32`, ...).
+    #[getter]
+    fn data_type(&self) -> String {
+        self.inner.data_type()
+    }
+
+    /// The fill value: one element, native-endian bytes.
+    #[getter]
+    fn fill_value_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.inner.fill_value_bytes())
+    }
+
+    /// 2 or 3.
+    #[getter]
+    fn zarr_format(&self) -> u8 {
+        self.inner.zarr_format()
+    }
+
+    /// The array's path in its store (`/` or `/group/name`).
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The array's path relative to the store root (`` or `group/name`).
+    #[getter]
+    fn path(&self) -> &str {
+        self.inner.path()
+    }
+
+    /// The array's directory.
+    #[getter]
+    fn dir(&self) -> std::path::PathBuf {
+        self.inner.dir().to_path_buf()
+    }
+
+    /// The attributes, as a JSON text.
+    #[getter]
+    fn attributes_json(&self) -> String {
+        serde_json::Value::Object(self.inner.attributes().clone()).to_string()
+    }
+
+    /// The metadata as stored, as a JSON text.
+    #[getter]
+    fn metadata_json(&self) -> String {
+        self.inner.metadata_json().to_string()
+    }
+
+    /// The v3 dimension names, if set.
+    #[getter]
+    fn dimension_names(&self) -> Option<Vec<Option<String>>> {
+        self.inner.dimension_names()
+    }
+
+    /// Number of sharding levels (0 when unsharded).
+    #[getter]
+    fn sharding_levels(&self) -> usize {
+        self.inner.sharding_levels()
+    }
+
+    /// How chunks are decoded, in words.
+    #[getter]
+    fn decoder(&self) -> String {
+        self.inner.decoder_description()
+    }
+
+    /// Reads orthogonal selections, one output block each. Returns `(words, nbytes)`, or
+    /// `None` after writing into `out` (a writable, contiguous `uint8` array of the exact size).
+    #[pyo3(signature = (blocks, out=None))]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        blocks: &Bound<'py, PyAny>,
+        out: Option<Bound<'py, PyArray1<u8>>>,
+    ) -> PyResult<Option<Words<'py>>> {
+        let request = Request::Blocks(parse_blocks(blocks)?);
+        self.run(py, request, out)
+    }
+
+    /// Reads single elements at `coords` (an `(N, ndim)` `uint64` array), in order.
+    #[pyo3(signature = (coords, out=None))]
+    fn read_points<'py>(
+        &self,
+        py: Python<'py>,
+        coords: PyReadonlyArray2<'py, u64>,
+        out: Option<Bound<'py, PyArray1<u8>>>,
+    ) -> PyResult<Option<Words<'py>>> {
+        let request = points_request(&coords, self.inner.ndim())?;
+        self.run(py, request, out)
+    }
+
+    /// Reads crops of `shape` at `origins` (an `(N, ndim)` `uint64` array) as one planned batch.
+    #[pyo3(signature = (origins, shape, out=None))]
+    fn read_crops<'py>(
+        &self,
+        py: Python<'py>,
+        origins: PyReadonlyArray2<'py, u64>,
+        shape: Vec<u64>,
+        out: Option<Bound<'py, PyArray1<u8>>>,
+    ) -> PyResult<Option<Words<'py>>> {
+        let request = crops_request(&origins, shape, self.inner.ndim())?;
+        self.run(py, request, out)
+    }
+
+    /// [`NativeArray::read`] in the background; `notify(error, (words, nbytes))` when done.
+    fn submit_read(&self, blocks: &Bound<'_, PyAny>, notify: Py<PyAny>) -> PyResult<Pending> {
+        self.submit(Request::Blocks(parse_blocks(blocks)?), notify)
+    }
+
+    /// [`NativeArray::read_points`] in the background.
+    fn submit_points(
+        &self,
+        coords: PyReadonlyArray2<'_, u64>,
+        notify: Py<PyAny>,
+    ) -> PyResult<Pending> {
+        self.submit(points_request(&coords, self.inner.ndim())?, notify)
+    }
+
+    /// [`NativeArray::read_crops`] in the background.
+    fn submit_crops(
+        &self,
+        origins: PyReadonlyArray2<'_, u64>,
+        shape: Vec<u64>,
+        notify: Py<PyAny>,
+    ) -> PyResult<Pending> {
+        self.submit(crops_request(&origins, shape, self.inner.ndim())?, notify)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "NativeArray(name={:?}, shape={:?}, dtype={:?})",
+            self.inner.name(),
+            self.inner.shape(),
+            self.inner.numpy_dtype()
+        )
+    }
+}
+
+impl NativeArray {
+    /// Runs `request` through the blocking helper, into `out` or a new buffer.
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        request: Request,
+        out: Option<Bound<'py, PyArray1<u8>>>,
+    ) -> PyResult<Option<Words<'py>>> {
+        let work = request.work_bytes(&self.inner);
+        match out {
+            Some(out) => {
+                let mut out: PyReadwriteArray1<'py, u8> = out
+                    .try_readwrite()
+                    .map_err(|e| PyValueError::new_err(format!("out= is not writable: {e}")))?;
+                let bytes = out.as_slice_mut().map_err(|e| {
+                    PyValueError::new_err(format!("out= must be C-contiguous: {e}"))
+                })?;
+                let array = &self.inner;
+                blocking::run(py, work, |cancel| {
+                    request.execute(array, bytes, cancel).map_err(Into::into)
+                })?;
+                Ok(None)
+            }
+            None => {
+                let array = self.inner.clone();
+                let owned = blocking::run_owned(py, work, move |cancel| {
+                    request.execute_owned(&array, cancel)
+                })?;
+                Ok(Some(owned.into_numpy(py)))
+            }
+        }
+    }
+
+    /// Queues `request` on the background threads.
+    fn submit(&self, request: Request, notify: Py<PyAny>) -> PyResult<Pending> {
+        let array = self.inner.clone();
+        background::submit(
+            notify,
+            move |cancel| request.execute_owned(&array, cancel),
+            |py, owned| {
+                let (words, len) = owned.into_numpy(py);
+                Ok(
+                    PyTuple::new(py, [words.into_any(), len.into_pyobject(py)?.into_any()])?
+                        .into_any(),
+                )
+            },
+        )
+    }
+}
+
+/// Parses `[[dim, ...], ...]`: per block, per dimension, `(start, len)` or a 1-d `uint64` array.
+fn parse_blocks(blocks: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<DimSelection>>> {
+    blocks
+        .try_iter()?
+        .map(|block| block?.try_iter()?.map(|dim| parse_dim(&dim?)).collect())
+        .collect()
+}
+
+fn parse_dim(dim: &Bound<'_, PyAny>) -> PyResult<DimSelection> {
+    if let Ok((start, len)) = dim.extract::<(u64, u64)>() {
+        return Ok(DimSelection::Range { start, len });
+    }
+    if let Ok(points) = dim.extract::<PyReadonlyArray1<'_, u64>>() {
+        return Ok(DimSelection::Points(
+            points.as_array().iter().copied().collect(),
+        ));
+    }
+    Err(PyTypeError::new_err(format!(
+        "a dimension selection must be (start, len) or a 1-d uint64 array, got {}",
+        dim.get_type().name()?
+    )))
+}
+
+/// One single-element block per row of `coords`.
+fn points_request(coords: &PyReadonlyArray2<'_, u64>, ndim: usize) -> PyResult<Request> {
+    let coords = coords.as_array();
+    if coords.ncols() != ndim {
+        return Err(PyValueError::new_err(format!(
+            "coordinates have {} columns, the array has {ndim} dimensions",
+            coords.ncols()
+        )));
+    }
+    Ok(Request::Blocks(
+        coords
+            .rows()
+            .into_iter()
+            .map(|row| {
+                row.iter()
+                    .map(|&start| DimSelection::Range { start, len: 1 })
+                    .collect()
+            })
+            .collect(),
+    ))
+}
+
+/// Crops of `shape` at the rows of `origins`.
+fn crops_request(
+    origins: &PyReadonlyArray2<'_, u64>,
+    shape: Vec<u64>,
+    ndim: usize,
+) -> PyResult<Request> {
+    let origins = origins.as_array();
+    if origins.ncols() != ndim || shape.len() != ndim {
+        return Err(PyValueError::new_err(format!(
+            "origins have {} columns and the crop shape {} dimensions; the array has {ndim}",
+            origins.ncols(),
+            shape.len()
+        )));
+    }
+    if ndim == 0 && origins.nrows() != 1 {
+        return Err(PyValueError::new_err(
+            "a 0-d array has exactly one crop: pass one empty origin",
+        ));
+    }
+    Ok(Request::Crops {
+        origins: origins.iter().copied().collect(),
+        shape,
+    })
+}

@@ -1,0 +1,82 @@
+//! Work for the async API: run on a pool of up to `max(4, 2 x cores)` threads (`pool.rs`,
+//! started on demand), completed by a callback.
+//!
+//! `submit` queues a job that owns everything it touches (the array handle, the request, the
+//! output buffer it allocates), so the caller returns at once and no Python object is borrowed
+//! while the GIL is released. A pool thread runs the job (IO waits there; decoding fans out to
+//! the rayon pool), then attaches to Python and calls `notify(error, value)`. The Python side
+//! passes a `notify` that hands the result to its asyncio loop with `call_soon_threadsafe`, so
+//! this module knows nothing of asyncio. [`Pending::cancel`] sets the job's cancellation flag.
+//!
+//! Sync and async calls run the same job function; only the waiting differs (`blocking.rs`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::blocking::{self, Failure};
+use crate::pool::{Job, Pool};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+/// Fewest threads running async work; more on machines with more cores.
+const MIN_THREADS: usize = 4;
+
+/// The threads that run async work (IO waits there; decoding fans out to the rayon pool).
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        Pool::new("zcrop-async", (2 * cores).max(MIN_THREADS))
+    })
+}
+
+/// A job in flight, as Python sees it: it can be cancelled.
+#[pyclass(frozen, module = "zcrop._zcrop")]
+pub(crate) struct Pending {
+    cancel: Arc<AtomicBool>,
+}
+
+#[pymethods]
+impl Pending {
+    /// Asks the job to stop; it then completes with `zcrop.CancelledError` unless it was done.
+    fn cancel(&self) {
+        self.cancel.store(true, Ordering::Release);
+    }
+
+    /// Whether cancellation was asked for.
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire)
+    }
+}
+
+/// Queues `work` and returns at once. When it is done, `convert` turns its output into a Python
+/// value (with the GIL) and `notify(None, value)` is called; on failure `notify(exc, None)`.
+pub(crate) fn submit<T, W, C>(notify: Py<PyAny>, work: W, convert: C) -> PyResult<Pending>
+where
+    T: Send + 'static,
+    W: FnOnce(&AtomicBool) -> Result<T, Failure> + Send + 'static,
+    C: for<'py> FnOnce(Python<'py>, T) -> PyResult<Bound<'py, PyAny>> + Send + 'static,
+{
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancel);
+    let job: Job = Box::new(move || {
+        let result = blocking::guarded(|| work(&flag));
+        // Nothing to notify once the interpreter is gone.
+        let _ = Python::try_attach(|py| {
+            let outcome = blocking::finish(py, result).and_then(|v| convert(py, v));
+            let args = match outcome {
+                Ok(value) => (py.None(), value.unbind()),
+                Err(e) => (e.into_value(py).into_any(), py.None()),
+            };
+            if let Err(e) = notify.call1(py, args) {
+                // The callback itself failed (for example its loop was closed): report it the
+                // way Python reports errors nobody can catch.
+                e.write_unraisable(py, Some(notify.bind(py)));
+            }
+        });
+    });
+    pool()
+        .execute(job)
+        .map_err(|_| PyRuntimeError::new_err("cannot start a thread for zcrop's async reads"))?;
+    Ok(Pending { cancel })
+}

@@ -1,0 +1,127 @@
+//! `NativeGroup`: the Rust group handle behind `zcrop.Group`, and opening nodes.
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use zcrop::zarr::{Group, Node, NodeKind};
+
+use crate::array::NativeArray;
+use crate::background::{self, Pending};
+use crate::blocking::{self, Failure};
+
+/// An opened Zarr group (the Rust side of `zcrop.Group`).
+#[pyclass(frozen, module = "zcrop._zcrop")]
+pub(crate) struct NativeGroup {
+    inner: Group,
+}
+
+/// A node as Python gets it: a `NativeArray` or a `NativeGroup`.
+pub(crate) fn node_into_py(py: Python<'_>, node: Node) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match node {
+        Node::Array(inner) => Bound::new(py, NativeArray { inner })?.into_any(),
+        Node::Group(inner) => Bound::new(py, NativeGroup { inner })?.into_any(),
+    })
+}
+
+fn kind_name(kind: NodeKind) -> &'static str {
+    match kind {
+        NodeKind::Array => "array",
+        NodeKind::Group => "group",
+    }
+}
+
+#[pymethods]
+impl NativeGroup {
+    /// The group's path in its store (`/` for the root).
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The group's path relative to the store root.
+    #[getter]
+    fn path(&self) -> &str {
+        self.inner.path()
+    }
+
+    /// 2 or 3.
+    #[getter]
+    fn zarr_format(&self) -> u8 {
+        self.inner.zarr_format()
+    }
+
+    /// The attributes, as a JSON text.
+    #[getter]
+    fn attributes_json(&self) -> String {
+        serde_json::Value::Object(self.inner.attributes().clone()).to_string()
+    }
+
+    /// Whether the group's metadata is consolidated.
+    #[getter]
+    fn is_consolidated(&self) -> bool {
+        self.inner.is_consolidated()
+    }
+
+    /// Opens the member at `path` (a name or a `/`-separated path).
+    fn get<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyAny>> {
+        let node = blocking::run(py, 0, |_| self.inner.get(path).map_err(Failure::from))?;
+        node_into_py(py, node)
+    }
+
+    /// The direct members: `(name, "array" | "group")`, sorted by name.
+    fn members(&self, py: Python<'_>) -> PyResult<Vec<(String, &'static str)>> {
+        let members = blocking::run(py, 0, |_| self.inner.members().map_err(Failure::from))?;
+        Ok(members
+            .into_iter()
+            .map(|(name, kind)| (name, kind_name(kind)))
+            .collect())
+    }
+
+    /// [`NativeGroup::get`] in the background; `notify(error, node)` when done.
+    fn submit_get(&self, path: String, notify: Py<PyAny>) -> PyResult<Pending> {
+        let group = self.inner.clone();
+        background::submit(
+            notify,
+            move |_| group.get(&path).map_err(Failure::from),
+            node_into_py,
+        )
+    }
+
+    /// [`NativeGroup::members`] in the background; `notify(error, [(name, kind), ...])`.
+    fn submit_members(&self, notify: Py<PyAny>) -> PyResult<Pending> {
+        let group = self.inner.clone();
+        background::submit(
+            notify,
+            move |_| group.members().map_err(Failure::from),
+            |py, members| {
+                let list: Vec<(String, &'static str)> = members
+                    .into_iter()
+                    .map(|(name, kind)| (name, kind_name(kind)))
+                    .collect();
+                list.into_pyobject(py).map(Bound::into_any)
+            },
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!("NativeGroup(name={:?})", self.inner.name())
+    }
+}
+
+/// Opens the array or group at `path`: a `NativeArray` or a `NativeGroup`.
+#[pyfunction]
+#[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments by value
+pub(crate) fn open_node(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    let node = blocking::run(py, 0, |_| zcrop::zarr::open(&path).map_err(Failure::from))?;
+    node_into_py(py, node)
+}
+
+/// [`open_node`] in the background; `notify(error, node)` when done.
+#[pyfunction]
+pub(crate) fn submit_open(path: PathBuf, notify: Py<PyAny>) -> PyResult<Pending> {
+    background::submit(
+        notify,
+        move |_| zcrop::zarr::open(&path).map_err(Failure::from),
+        node_into_py,
+    )
+}

@@ -1,0 +1,463 @@
+//! `NativeLoader` and `NativeBatch`: the sampler's loader behind `zcrop.Loader`.
+//!
+//! The Python side (`zcrop/_loader.py`) builds a plain dict spec; this module turns it into a
+//! `Sampler` and a `Loader` and hands out batches. Waiting for a batch goes through the
+//! blocking helper, so it releases the GIL and honours Ctrl-C; a batch that arrives after the
+//! caller was interrupted is kept and returned by the next call, so no step is lost.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use zcrop::sampler::{
+    Batch, CoordValue, Dim, FftNorm, Loader, LoaderConfig, Mode, PinOptions, PinState, SampleMeta,
+    SampleSpec, Sampler, SamplerError, Shard, Source, Spectrum, Transform,
+};
+
+use crate::array::NativeArray;
+use crate::blocking::{self, Failure, Reply};
+use crate::buffer::SourceView;
+
+/// The loader and what the Python side may be owed.
+struct State {
+    loader: Loader,
+    /// A batch (or its error) produced for a caller that was interrupted meanwhile.
+    stash: Option<Result<Batch, SamplerError>>,
+}
+
+/// A running loader (the Rust side of `zcrop.Loader`).
+#[pyclass(frozen, module = "zcrop._zcrop")]
+pub(crate) struct NativeLoader {
+    state: Arc<Mutex<State>>,
+    sampler: Sampler,
+    config: LoaderConfig,
+    pin_state: PinState,
+    buffer_bytes: usize,
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn item<'py, T>(spec: &Bound<'py, PyDict>, key: &str) -> PyResult<T>
+where
+    T: for<'a> FromPyObject<'a, 'py>,
+    for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
+{
+    match spec.get_item(key)? {
+        Some(v) => v.extract::<T>().map_err(|e| {
+            let e: PyErr = e.into();
+            PyTypeError::new_err(format!("loader spec field {key:?}: {e}"))
+        }),
+        None => Err(PyValueError::new_err(format!(
+            "loader spec has no field {key:?}"
+        ))),
+    }
+}
+
+fn parse_dim(d: &Bound<'_, PyAny>) -> PyResult<Dim> {
+    let kind: String = d.get_item(0)?.extract()?;
+    match kind.as_str() {
+        "fixed" => Ok(Dim::fixed(d.get_item(1)?.extract()?)),
+        "along" => {
+            let name: String = d.get_item(1)?.extract()?;
+            let (num, den): (u64, u64) = (d.get_item(2)?.extract()?, d.get_item(3)?.extract()?);
+            let (offset, jitter): (i64, u64) =
+                (d.get_item(4)?.extract()?, d.get_item(5)?.extract()?);
+            Ok(Dim::along(name)
+                .scale(num, den)
+                .offset(offset)
+                .jitter(jitter))
+        }
+        other => Err(PyValueError::new_err(format!("unknown dim kind {other:?}"))),
+    }
+}
+
+fn parse_transform(s: &Bound<'_, PyDict>) -> PyResult<Transform> {
+    let dtype: String = item(s, "dtype")?;
+    let mut t = match dtype.as_str() {
+        "native" => Transform::none(),
+        "float32" => Transform::to_f32(),
+        "float64" => Transform::to_f64(),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "dtype must be None, 'float32' or 'float64', got {other:?}"
+            )));
+        }
+    };
+    let normalize: Option<(usize, Vec<f64>, Vec<f64>)> = item(s, "normalize")?;
+    if let Some((axis, mean, std)) = normalize {
+        t = t.normalize(axis, mean, std);
+    }
+    let fft: Option<(Vec<usize>, String, String)> = item(s, "fft")?;
+    if let Some((axes, output, norm)) = fft {
+        let output = match output.as_str() {
+            "complex" => Spectrum::Complex,
+            "power" => Spectrum::Power,
+            o => return Err(PyValueError::new_err(format!("fft output {o:?}"))),
+        };
+        let norm = match norm.as_str() {
+            "backward" => FftNorm::Backward,
+            "ortho" => FftNorm::Ortho,
+            "forward" => FftNorm::Forward,
+            n => return Err(PyValueError::new_err(format!("fft norm {n:?}"))),
+        };
+        t = t.fft(axes, output).fft_norm(norm);
+    }
+    Ok(t)
+}
+
+fn parse_source(s: &Bound<'_, PyDict>) -> PyResult<Source> {
+    let name: String = item(s, "name")?;
+    let crop: Vec<u64> = item(s, "crop")?;
+    let array = s
+        .get_item("array")?
+        .ok_or_else(|| PyValueError::new_err("a source needs an array"))?;
+    let source = if let Ok(native) = array.cast::<NativeArray>() {
+        Source::new(name, native.get().inner.clone(), crop)
+    } else {
+        let path: PathBuf = array.extract()?;
+        Source::open(name, path, crop).map_err(|e| blocking::sampler_err(array.py(), &e))?
+    };
+    let dims: Option<Vec<Bound<'_, PyAny>>> = item(s, "dims")?;
+    let mut source = match dims {
+        Some(dims) => source.dims(dims.iter().map(parse_dim).collect::<PyResult<Vec<_>>>()?),
+        None => source,
+    };
+    source = source.transform(parse_transform(s)?);
+    let coords: bool = item(s, "coords")?;
+    if !coords {
+        source = source.without_coordinates();
+    }
+    Ok(source)
+}
+
+fn parse_spec(spec: &Bound<'_, PyDict>) -> PyResult<(SampleSpec, LoaderConfig)> {
+    let positions: Vec<String> = item(spec, "positions")?;
+    let mut sample = SampleSpec::new(positions);
+    let sources: Vec<Bound<'_, PyDict>> = item(spec, "sources")?;
+    for s in &sources {
+        sample = sample.source(parse_source(s)?);
+    }
+    let mode: String = item(spec, "mode")?;
+    sample = sample.mode(match mode.as_str() {
+        "uniform" => Mode::Uniform,
+        "epoch" => Mode::Epoch {
+            stride: item(spec, "stride")?,
+        },
+        m => return Err(PyValueError::new_err(format!("unknown mode {m:?}"))),
+    });
+    let region: Option<(Vec<u64>, Vec<u64>)> = item(spec, "region")?;
+    if let Some((start, end)) = region {
+        sample = sample.region(start, end);
+    }
+    sample = sample
+        .seed(item(spec, "seed")?)
+        .batch_size(item(spec, "batch_size")?);
+    let pin: bool = item(spec, "pin")?;
+    let config = LoaderConfig {
+        start_step: item(spec, "start_step")?,
+        end_step: item(spec, "end_step")?,
+        shard: Shard::new(item(spec, "rank")?, item(spec, "world_size")?),
+        prefetch: item(spec, "prefetch")?,
+        buffers: item(spec, "buffers")?,
+        workers: item(spec, "workers")?,
+        threads: item(spec, "threads")?,
+        pin: if pin {
+            PinOptions::default()
+        } else {
+            PinOptions::pageable()
+        },
+    };
+    Ok((sample, config))
+}
+
+fn coord_value(py: Python<'_>, v: &CoordValue) -> PyResult<Py<PyAny>> {
+    Ok(match *v {
+        CoordValue::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
+        CoordValue::UInt(u) => u.into_pyobject(py)?.into_any().unbind(),
+        CoordValue::Float(f) => f.into_pyobject(py)?.into_any().unbind(),
+        CoordValue::Bool(b) => b.into_pyobject(py)?.to_owned().into_any().unbind(),
+    })
+}
+
+/// One sample's metadata as a dict.
+fn meta_dict<'py>(py: Python<'py>, m: &SampleMeta) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("step", m.step)?;
+    d.set_item("index", m.index)?;
+    d.set_item("global_index", m.global_index)?;
+    d.set_item("epoch", m.epoch)?;
+    d.set_item("position", m.position.clone())?;
+    let sources = PyDict::new(py);
+    for s in &m.sources {
+        let sd = PyDict::new(py);
+        sd.set_item("array", &*s.array)?;
+        sd.set_item("origin", s.origin.clone())?;
+        sd.set_item("shape", s.shape.clone())?;
+        let coords = PyList::empty(py);
+        for c in &s.coords {
+            let cd = PyDict::new(py);
+            cd.set_item("dim", &*c.dim)?;
+            cd.set_item("axis", c.axis)?;
+            cd.set_item("first", coord_value(py, &c.first)?)?;
+            cd.set_item("last", coord_value(py, &c.last)?)?;
+            cd.set_item("units", c.units.as_deref())?;
+            coords.append(cd)?;
+        }
+        sd.set_item("coords", coords)?;
+        sources.set_item(&*s.source, sd)?;
+    }
+    d.set_item("sources", sources)?;
+    Ok(d)
+}
+
+fn pin_dict<'py>(py: Python<'py>, p: &PinState) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("page_locked", p.page_locked)?;
+    d.set_item("cuda_registered", p.cuda_registered)?;
+    d.set_item("reason", p.reason.as_deref())?;
+    Ok(d)
+}
+
+// pyo3 extracts arguments by value.
+#[allow(clippy::needless_pass_by_value)]
+#[pymethods]
+impl NativeLoader {
+    /// Builds the sampler and starts the loader from a spec dict (see `zcrop/_loader.py`).
+    #[new]
+    fn new(py: Python<'_>, spec: Bound<'_, PyDict>) -> PyResult<Self> {
+        let (sample, config) = parse_spec(&spec)?;
+        let cfg = config.clone();
+        let (sampler, loader) = blocking::run(py, 0, move |_| {
+            let sampler = Sampler::new(sample)?;
+            let loader = Loader::new(sampler.clone(), cfg)?;
+            Ok::<_, Failure>((sampler, loader))
+        })?;
+        let pin_state = loader.pin_state().clone();
+        let buffer_bytes = loader.buffer_bytes();
+        let config = loader.config().clone();
+        Ok(NativeLoader {
+            state: Arc::new(Mutex::new(State {
+                loader,
+                stash: None,
+            })),
+            sampler,
+            config,
+            pin_state,
+            buffer_bytes,
+        })
+    }
+
+    /// The next batch in step order, or `None` after the last step.
+    fn next(&self, py: Python<'_>) -> PyResult<Option<NativeBatch>> {
+        let state = Arc::clone(&self.state);
+        let batch = blocking::run_handoff(py, move |_cancel, reply: Reply<Option<Batch>>| {
+            let mut st = lock(&state);
+            let got = st.stash.take().unwrap_or_else(|| st.loader.next_batch());
+            let result = match got {
+                Ok(batch) => Ok(Ok(Some(batch))),
+                Err(SamplerError::Exhausted { .. }) => Ok(Ok(None)),
+                Err(e) => Ok(Err(Failure::Sampler(e))),
+            };
+            // The caller was interrupted: keep the batch for the next call (under the same
+            // lock, so no later call can overtake it). Errors are re-created as they were.
+            if let Err(Ok(Ok(Some(batch)))) = reply.send(result) {
+                st.stash = Some(Ok(batch));
+            }
+        })?;
+        Ok(batch.map(|batch| NativeBatch { batch }))
+    }
+
+    /// Restarts the stream at `step` (reads in flight are cancelled).
+    fn seek(&self, py: Python<'_>, step: u64) {
+        let state = &self.state;
+        py.detach(|| {
+            let mut st = lock(state);
+            st.stash = None;
+            st.loader.seek(step);
+        });
+    }
+
+    /// The step the next call to `next` returns.
+    #[getter]
+    fn next_step(&self, py: Python<'_>) -> u64 {
+        let state = &self.state;
+        py.detach(|| {
+            let st = lock(state);
+            match &st.stash {
+                Some(Ok(b)) => b.step(),
+                _ => st.loader.next_step(),
+            }
+        })
+    }
+
+    /// The sources: `name`, `array` (its directory), `crop`, `dtype`, `element_size`.
+    #[getter]
+    fn sources<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.sampler
+            .sources()
+            .iter()
+            .map(|s| {
+                let d = PyDict::new(py);
+                d.set_item("name", &*s.name)?;
+                d.set_item("array", &*s.array)?;
+                d.set_item("crop", s.crop.clone())?;
+                d.set_item("dtype", &s.dtype)?;
+                d.set_item("element_size", s.element_size)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Samples per batch (on this rank).
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.sampler.batch_size()
+    }
+
+    /// Allowed sample positions: the epoch length in epoch mode.
+    #[getter]
+    fn epoch_len(&self) -> u64 {
+        self.sampler.epoch_len()
+    }
+
+    /// The valid position box: `(start, end)`.
+    #[getter]
+    fn position_box(&self) -> (Vec<u64>, Vec<u64>) {
+        self.sampler.position_box()
+    }
+
+    /// The first step and the end step (`None`: endless).
+    #[getter]
+    fn steps(&self) -> (u64, Option<u64>) {
+        (self.config.start_step, self.config.end_step)
+    }
+
+    /// Whether the batch buffers are page-locked and CUDA-registered, and why not.
+    #[getter]
+    fn pin_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        pin_dict(py, &self.pin_state)
+    }
+
+    /// Bytes of one ring buffer.
+    #[getter]
+    fn buffer_bytes(&self) -> usize {
+        self.buffer_bytes
+    }
+
+    /// The metadata of every sample of batch `step` of this rank (no IO: a pure function of
+    /// the spec, the seed, the step and the rank).
+    fn plan<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let plan = self
+            .sampler
+            .plan(step, self.config.shard)
+            .map_err(|e| blocking::sampler_err(py, &e))?;
+        plan.samples().iter().map(|m| meta_dict(py, m)).collect()
+    }
+}
+
+/// One batch of a loader: a ring buffer of pinned memory and the metadata of its samples. The
+/// buffer goes back to the loader when this object (and every view of it) is gone.
+#[pyclass(frozen, module = "zcrop._zcrop")]
+pub(crate) struct NativeBatch {
+    batch: Batch,
+}
+
+impl NativeBatch {
+    /// The bytes of source `s`.
+    pub(crate) fn source_bytes(&self, s: usize) -> &[u8] {
+        self.batch.source(s)
+    }
+}
+
+#[pymethods]
+impl NativeBatch {
+    /// The step.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.batch.step()
+    }
+
+    /// Number of samples.
+    fn __len__(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Number of sources.
+    #[getter]
+    fn num_sources(&self) -> usize {
+        self.batch.num_sources()
+    }
+
+    /// The v3 name of source `s`'s delivered element type.
+    fn dtype(&self, s: usize) -> PyResult<String> {
+        self.check(s)?;
+        Ok(self.batch.dtype(s).to_string())
+    }
+
+    /// The shape of source `s`: `(batch_size, *crop)`.
+    fn shape(&self, s: usize) -> PyResult<Vec<u64>> {
+        self.check(s)?;
+        Ok(self.batch.shape(s))
+    }
+
+    /// A read-only buffer over source `s`'s bytes (keeps this batch alive).
+    fn view(slf: Bound<'_, Self>, s: usize) -> PyResult<SourceView> {
+        slf.get().check(s)?;
+        Ok(SourceView {
+            batch: slf.unbind(),
+            source: s,
+        })
+    }
+
+    /// The metadata of every sample.
+    fn samples<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.batch
+            .samples()
+            .iter()
+            .map(|m| meta_dict(py, m))
+            .collect()
+    }
+
+    /// Seconds a worker took to plan and read this batch.
+    #[getter]
+    fn read_time(&self) -> f64 {
+        self.batch.read_time().as_secs_f64()
+    }
+
+    /// Chunks read and decoded, bytes decoded, for this batch.
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.batch.stats();
+        let d = PyDict::new(py);
+        d.set_item("chunks", s.chunks)?;
+        d.set_item("chunks_missing", s.chunks_missing)?;
+        d.set_item("chunks_decoded", s.chunks_decoded)?;
+        d.set_item("bytes_decoded", s.bytes_decoded)?;
+        d.set_item("chunk_bytes_read", s.chunk_bytes_read)?;
+        d.set_item("output_bytes", s.output_bytes)?;
+        Ok(d)
+    }
+
+    /// Whether this batch's buffer is page-locked and CUDA-registered.
+    #[getter]
+    fn pin_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        pin_dict(py, self.batch.pin_state())
+    }
+}
+
+impl NativeBatch {
+    fn check(&self, s: usize) -> PyResult<()> {
+        if s < self.batch.num_sources() {
+            Ok(())
+        } else {
+            Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "source {s} of a batch with {} sources",
+                self.batch.num_sources()
+            )))
+        }
+    }
+}

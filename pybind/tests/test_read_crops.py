@@ -1,0 +1,85 @@
+"""read_crops: a batch of crops equals numpy slicing of what zarr-python wrote, for every
+fixture, sync and async, with and without out=."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zcrop
+from conftest import FIXTURES, array_path, manifest_entries
+
+ENTRIES = [e for e in manifest_entries() if e["shape"] and 0 not in e["shape"]]
+
+
+@pytest.fixture(params=ENTRIES, ids=[e["name"] for e in ENTRIES], scope="module")
+def case(request):
+    entry = request.param
+    return zcrop.open_array(array_path(entry)), np.load(FIXTURES / entry["npy"])
+
+
+@pytest.fixture(params=ENTRIES, ids=[e["name"] for e in ENTRIES], scope="module")
+def path(request):
+    return array_path(request.param)
+
+
+@st.composite
+def crops(draw, shape):
+    crop = [draw(st.integers(1, n)) for n in shape]
+    n = draw(st.integers(0, 6))
+    origins = [[draw(st.integers(0, s - c)) for s, c in zip(shape, crop)] for _ in range(n)]
+    return np.array(origins, dtype=np.int64).reshape(n, len(shape)), crop
+
+
+@given(data=st.data())
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_crops_equal_numpy_slices(case, data):
+    arr, expected = case
+    origins, crop = data.draw(crops(arr.shape))
+    got = arr.read_crops(origins, crop)
+    assert got.dtype == expected.dtype
+    assert got.shape == (len(origins), *crop)
+    want = np.empty((len(origins), *crop), dtype=expected.dtype)  # keeps the byte order
+    for i, org in enumerate(origins):
+        want[i] = expected[tuple(slice(o, o + c) for o, c in zip(org, crop))]
+    assert got.tobytes() == want.tobytes()
+    out = np.empty(want.shape, dtype=want.dtype)
+    assert arr.read_crops(origins, crop, out=out) is out
+    assert out.tobytes() == want.tobytes()
+
+
+def test_crops_sharing_chunks_and_repeats(case):
+    arr, expected = case
+    crop = [max(1, n // 3) for n in arr.shape]
+    origins = np.array([[0] * arr.ndim, [0] * arr.ndim, [n - c for n, c in zip(arr.shape, crop)]])
+    got = arr.read_crops(origins, crop)
+    for org, g in zip(origins, got):
+        assert g.tobytes() == expected[tuple(slice(o, o + c) for o, c in zip(org, crop))].tobytes()
+    # Origins may be any integer dtype.
+    assert arr.read_crops(origins.astype(np.uint32), crop).tobytes() == got.tobytes()
+
+
+def test_async_read_crops_equal_sync(path):
+    arr = zcrop.open_array(path)
+    crop = [max(1, n // 2) for n in arr.shape]
+    origins = [[n - c for n, c in zip(arr.shape, crop)], [0] * arr.ndim]
+
+    async def main():
+        a = await zcrop.open_async(path)
+        return await a.read_crops(origins, crop)
+
+    got = asyncio.run(main())
+    assert got.dtype == arr.dtype
+    assert got.tobytes() == arr.read_crops(origins, crop).tobytes()
+
+
+def test_zero_d_array_has_one_crop():
+    arr = zcrop.open_array(FIXTURES / "data/v3_0d_f8.zarr")
+    got = arr.read_crops(np.zeros((1, 0), dtype=np.int64), ())
+    assert got.shape == (1,)
+    assert got[0] == arr[()]

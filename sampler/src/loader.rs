@@ -1,0 +1,566 @@
+//! The pipeline: background workers read the next batches through zarr-front into a ring of
+//! reusable pinned host buffers, and hand them to the consumer in step order.
+//!
+//! * **Prefetch:** at most `prefetch` batches are claimed ahead of the consumer (in flight or
+//!   ready). Workers never allocate: a batch needs a free buffer of the ring, and a buffer is
+//!   free again only when the consumer drops the [`Batch`] that holds it (back-pressure).
+//! * **Errors:** a batch that fails reaches the consumer, in its place in the step order, as a
+//!   [`SamplerError::Read`] naming the step and the source; the next call returns the next step.
+//! * **Shutdown:** dropping the [`Loader`] cancels the reads in flight (zarr-front's
+//!   cancellation flag), stops and joins the workers. Batches still held stay valid.
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use zcrop_zarr::ReadStats;
+
+use crate::error::{Result, SamplerError, spec_err};
+use crate::pinned::{Element, PinOptions, PinState, PinnedBuffer, as_elements, page_size};
+use crate::sampler::{BatchPlan, SampleMeta, Sampler, Shard};
+
+/// How a [`Loader`] runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoaderConfig {
+    /// The first step delivered (resume at step `k` by starting at `k`).
+    pub start_step: u64,
+    /// Stop before this step (`None`: never stop).
+    pub end_step: Option<u64>,
+    /// Which rank of how many this process is.
+    pub shard: Shard,
+    /// Batches read ahead of the consumer (in flight or ready), at least 1.
+    pub prefetch: usize,
+    /// Buffers in the ring; `0` means `prefetch + 1` (one batch held by the consumer while
+    /// `prefetch` are read ahead). The consumer may hold up to `buffers - prefetch` batches
+    /// without slowing the workers.
+    pub buffers: usize,
+    /// Threads producing batches concurrently (each batch is also decoded in parallel).
+    pub workers: usize,
+    /// Decode threads in a pool of the loader's own; `None` uses rayon's global pool.
+    pub threads: Option<usize>,
+    /// Page-locking and CUDA registration of the buffers.
+    pub pin: PinOptions,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        LoaderConfig {
+            start_step: 0,
+            end_step: None,
+            shard: Shard::SINGLE,
+            prefetch: 2,
+            buffers: 0,
+            workers: 1,
+            threads: None,
+            pin: PinOptions::default(),
+        }
+    }
+}
+
+/// A snapshot of a loader's pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoaderStatus {
+    /// Batches read and waiting for the consumer.
+    pub ready: usize,
+    /// Batches being read.
+    pub in_flight: usize,
+    /// Ring buffers free for the workers.
+    pub free_buffers: usize,
+    /// Ring buffers in all (the rest are held by ready batches or by the consumer).
+    pub buffers: usize,
+}
+
+/// Where each source lies in a batch buffer: page-aligned regions.
+#[derive(Debug)]
+struct Layout {
+    offsets: Vec<usize>,
+    lens: Vec<usize>,
+    total: usize,
+}
+
+impl Layout {
+    fn new(sampler: &Sampler) -> Result<Layout> {
+        let page = page_size();
+        let mut offsets = Vec::new();
+        let mut lens = Vec::new();
+        let mut at = 0usize;
+        for s in sampler.sources() {
+            offsets.push(at);
+            lens.push(s.batch_bytes);
+            at = at
+                .checked_add(s.batch_bytes)
+                .and_then(|x| x.checked_next_multiple_of(page))
+                .ok_or_else(|| spec_err("a batch is too large to address"))?;
+        }
+        Ok(Layout {
+            offsets,
+            lens,
+            total: at,
+        })
+    }
+}
+
+struct Produced {
+    plan: BatchPlan,
+    buf: PinnedBuffer,
+    stats: ReadStats,
+    read_time: Duration,
+}
+
+struct State {
+    generation: u64,
+    next_claim: u64,
+    next_deliver: u64,
+    in_flight: usize,
+    ready: BTreeMap<u64, std::result::Result<Produced, SamplerError>>,
+    free: Vec<PinnedBuffer>,
+    stop: bool,
+    cancel: Arc<AtomicBool>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Workers wait here for a claimable step and a free buffer.
+    work: Condvar,
+    /// The consumer waits here for its next step.
+    ready: Condvar,
+    sampler: Sampler,
+    layout: Layout,
+    config: LoaderConfig,
+    pool: Option<rayon::ThreadPool>,
+    pin_state: PinState,
+}
+
+impl Shared {
+    fn give_back(&self, buf: PinnedBuffer) {
+        let mut st = self.state.lock();
+        if st.stop {
+            return;
+        }
+        st.free.push(buf);
+        drop(st);
+        self.work.notify_all();
+        self.ready.notify_all();
+    }
+
+    fn produce(
+        &self,
+        step: u64,
+        buf: &mut PinnedBuffer,
+        cancel: &AtomicBool,
+    ) -> Result<(BatchPlan, ReadStats)> {
+        let plan = self.sampler.plan(step, self.config.shard)?;
+        let bytes = buf.as_mut_slice();
+        let mut stats = ReadStats::default();
+        for s in 0..self.layout.offsets.len() {
+            let (off, len) = (self.layout.offsets[s], self.layout.lens[s]);
+            let region = &mut bytes[off..off + len];
+            stats += match &self.pool {
+                Some(pool) => {
+                    pool.install(|| self.sampler.read_into(&plan, s, region, Some(cancel)))?
+                }
+                None => self.sampler.read_into(&plan, s, region, Some(cancel))?,
+            };
+        }
+        Ok((plan, stats))
+    }
+
+    fn worker(self: &Arc<Self>) {
+        loop {
+            let (step, generation, mut buf, cancel) = {
+                let mut st = self.state.lock();
+                loop {
+                    if st.stop {
+                        return;
+                    }
+                    let ahead = st.next_claim - st.next_deliver;
+                    let before_end = self.config.end_step.is_none_or(|e| st.next_claim < e);
+                    if before_end && ahead < self.config.prefetch as u64 && !st.free.is_empty() {
+                        break;
+                    }
+                    self.work.wait(&mut st);
+                }
+                let buf = st.free.pop().expect("checked non-empty");
+                let step = st.next_claim;
+                st.next_claim += 1;
+                st.in_flight += 1;
+                (step, st.generation, buf, Arc::clone(&st.cancel))
+            };
+            let t0 = Instant::now();
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.produce(step, &mut buf, &cancel)
+            }))
+            .unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(ToString::to_string)
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".into());
+                Err(SamplerError::WorkerPanic { step, message })
+            });
+            let read_time = t0.elapsed();
+            let mut st = self.state.lock();
+            st.in_flight -= 1;
+            if st.stop || st.generation != generation {
+                // Cancelled by a seek or shutdown: the result is stale.
+                if !st.stop {
+                    st.free.push(buf);
+                }
+            } else {
+                let entry = match result {
+                    Ok((plan, stats)) => Ok(Produced {
+                        plan,
+                        buf,
+                        stats,
+                        read_time,
+                    }),
+                    Err(e) => {
+                        st.free.push(buf);
+                        Err(e)
+                    }
+                };
+                st.ready.insert(step, entry);
+            }
+            drop(st);
+            self.ready.notify_all();
+            self.work.notify_all();
+        }
+    }
+}
+
+/// A background pipeline of batches. See the module documentation.
+///
+/// Batches arrive in step order from `config.start_step`. Each holds one ring buffer until it
+/// is dropped, so keep a batch alive until its data has been copied (for an asynchronous
+/// host-to-device copy: until the copy has completed), then drop it.
+pub struct Loader {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("config", &self.shared.config)
+            .field("buffer_bytes", &self.shared.layout.total)
+            .field("pin_state", &self.shared.pin_state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loader {
+    /// Allocates the ring and starts the workers, which begin reading at
+    /// `config.start_step` at once.
+    pub fn new(sampler: Sampler, mut config: LoaderConfig) -> Result<Loader> {
+        if config.prefetch == 0 {
+            return Err(spec_err("prefetch must be at least 1"));
+        }
+        if config.workers == 0 {
+            return Err(spec_err("a loader needs at least one worker"));
+        }
+        if config.buffers == 0 {
+            config.buffers = config.prefetch + 1;
+        }
+        if config.shard.world_size == 0 || config.shard.rank >= config.shard.world_size {
+            return Err(spec_err(format!(
+                "rank {} of world size {} is not a valid shard",
+                config.shard.rank, config.shard.world_size
+            )));
+        }
+        let layout = Layout::new(&sampler)?;
+        let mut free = Vec::with_capacity(config.buffers);
+        for _ in 0..config.buffers {
+            free.push(PinnedBuffer::new(layout.total, &config.pin).map_err(|e| {
+                SamplerError::Alloc {
+                    bytes: layout.total,
+                    reason: e.to_string(),
+                }
+            })?);
+        }
+        let pin_state = PinState::combine(free.iter().map(PinnedBuffer::state));
+        let pool = match config.threads {
+            None => None,
+            Some(n) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("zcrop-decode-{i}"))
+                    .build()
+                    .map_err(|e| spec_err(format!("cannot start {n} decode threads: {e}")))?,
+            ),
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                generation: 0,
+                next_claim: config.start_step,
+                next_deliver: config.start_step,
+                in_flight: 0,
+                ready: BTreeMap::new(),
+                free,
+                stop: false,
+                cancel: Arc::new(AtomicBool::new(false)),
+            }),
+            work: Condvar::new(),
+            ready: Condvar::new(),
+            sampler,
+            layout,
+            pool,
+            pin_state,
+            config,
+        });
+        let workers = (0..shared.config.workers)
+            .map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("zcrop-loader-{i}"))
+                    .spawn(move || s.worker())
+                    .map_err(|e| spec_err(format!("cannot start a loader thread: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Loader { shared, workers })
+    }
+
+    /// The next batch, in step order; waits for it if needed. A failed batch is returned as
+    /// its error and the loader moves on to the next step.
+    pub fn next_batch(&mut self) -> Result<Batch> {
+        let shared = &self.shared;
+        let mut st = shared.state.lock();
+        loop {
+            let step = st.next_deliver;
+            if let Some(end) = shared.config.end_step
+                && step >= end
+            {
+                return Err(SamplerError::Exhausted { end });
+            }
+            if let Some(entry) = st.ready.remove(&step) {
+                st.next_deliver += 1;
+                drop(st);
+                shared.work.notify_all();
+                let p = entry?;
+                return Ok(Batch {
+                    plan: p.plan,
+                    buf: Some(p.buf),
+                    stats: p.stats,
+                    read_time: p.read_time,
+                    home: Arc::clone(shared),
+                });
+            }
+            if st.next_claim == step && st.in_flight == 0 && st.free.is_empty() {
+                return Err(SamplerError::AllBuffersHeld {
+                    buffers: shared.config.buffers,
+                });
+            }
+            shared.ready.wait(&mut st);
+        }
+    }
+
+    /// Restarts the stream at `step`: cancels reads in flight, drops prefetched batches, and
+    /// starts reading `step` at once. The next batch is `step`.
+    pub fn seek(&mut self, step: u64) {
+        let mut st = self.shared.state.lock();
+        st.cancel.store(true, Ordering::Release);
+        st.cancel = Arc::new(AtomicBool::new(false));
+        st.generation += 1;
+        st.next_claim = step;
+        st.next_deliver = step;
+        let ready = std::mem::take(&mut st.ready);
+        for (_, entry) in ready {
+            if let Ok(p) = entry {
+                st.free.push(p.buf);
+            }
+        }
+        drop(st);
+        self.shared.work.notify_all();
+    }
+
+    /// What the pipeline holds right now.
+    pub fn status(&self) -> LoaderStatus {
+        let st = self.shared.state.lock();
+        LoaderStatus {
+            ready: st.ready.len(),
+            in_flight: st.in_flight,
+            free_buffers: st.free.len(),
+            buffers: self.shared.config.buffers,
+        }
+    }
+
+    /// The step the next [`Loader::next_batch`] returns.
+    pub fn next_step(&self) -> u64 {
+        self.shared.state.lock().next_deliver
+    }
+
+    /// Whether the ring's buffers are page-locked and CUDA-registered, and why not.
+    pub fn pin_state(&self) -> &PinState {
+        &self.shared.pin_state
+    }
+
+    /// The configuration (with `buffers` resolved).
+    pub fn config(&self) -> &LoaderConfig {
+        &self.shared.config
+    }
+
+    /// The sampler.
+    pub fn sampler(&self) -> &Sampler {
+        &self.shared.sampler
+    }
+
+    /// Bytes of one ring buffer (all sources of one batch, each page-aligned).
+    pub fn buffer_bytes(&self) -> usize {
+        self.shared.layout.total
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<Batch>;
+
+    /// The next batch; `None` once `end_step` is reached.
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.next_batch() {
+            Err(SamplerError::Exhausted { .. }) => None,
+            other => Some(other),
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        {
+            let mut st = self.shared.state.lock();
+            st.stop = true;
+            st.cancel.store(true, Ordering::Release);
+            st.ready.clear();
+            st.free.clear();
+        }
+        self.shared.work.notify_all();
+        self.shared.ready.notify_all();
+        for w in self.workers.drain(..) {
+            // A worker that panicked outside a read has nothing left to clean up.
+            let _ = w.join();
+        }
+    }
+}
+
+/// One delivered batch: its buffer (one page-aligned region per source) and its metadata.
+/// Dropping it returns the buffer to the ring.
+pub struct Batch {
+    plan: BatchPlan,
+    buf: Option<PinnedBuffer>,
+    stats: ReadStats,
+    read_time: Duration,
+    home: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("step", &self.plan.step())
+            .field("len", &self.plan.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Batch {
+    fn bytes(&self) -> &[u8] {
+        // The buffer is only taken out by `drop`.
+        self.buf.as_ref().map_or(&[], PinnedBuffer::as_slice)
+    }
+
+    /// The step.
+    pub fn step(&self) -> u64 {
+        self.plan.step()
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.plan.len()
+    }
+
+    /// Whether the batch has no samples (never).
+    pub fn is_empty(&self) -> bool {
+        self.plan.is_empty()
+    }
+
+    /// The plan: positions, origins and epochs, flat.
+    pub fn plan(&self) -> &BatchPlan {
+        &self.plan
+    }
+
+    /// Metadata of sample `i`.
+    pub fn sample(&self, i: usize) -> SampleMeta {
+        self.plan.sample(i)
+    }
+
+    /// Metadata of every sample.
+    pub fn samples(&self) -> Vec<SampleMeta> {
+        self.plan.samples()
+    }
+
+    /// Number of sources.
+    pub fn num_sources(&self) -> usize {
+        self.home.layout.offsets.len()
+    }
+
+    /// The bytes of source `s`: `(batch_size, *crop)` elements of [`Batch::dtype`], C order.
+    pub fn source(&self, s: usize) -> &[u8] {
+        let (off, len) = (self.home.layout.offsets[s], self.home.layout.lens[s]);
+        &self.bytes()[off..off + len]
+    }
+
+    /// The bytes of the source named `name`.
+    pub fn source_by_name(&self, name: &str) -> Option<&[u8]> {
+        let s = (0..self.num_sources()).find(|&s| &*self.home.sampler.source(s).name == name)?;
+        Some(self.source(s))
+    }
+
+    /// Source `s` as elements of `T` (`None` if `T`'s size does not divide the data or the data
+    /// is not aligned for it; each source starts on a page boundary).
+    pub fn typed<T: Element>(&self, s: usize) -> Option<&[T]> {
+        as_elements(self.source(s))
+    }
+
+    /// The v3 name of source `s`'s element type.
+    pub fn dtype(&self, s: usize) -> &str {
+        &self.home.sampler.source(s).dtype
+    }
+
+    /// The shape of source `s`: `(batch_size, *crop)`.
+    pub fn shape(&self, s: usize) -> Vec<u64> {
+        let mut shape = vec![self.len() as u64];
+        shape.extend_from_slice(&self.home.sampler.source(s).crop);
+        shape
+    }
+
+    /// Address of source `s`'s data (page-aligned, in pinned memory when
+    /// [`Batch::pin_state`] says so), valid while the batch lives.
+    pub fn as_ptr(&self, s: usize) -> *const u8 {
+        self.source(s).as_ptr()
+    }
+
+    /// Whether the buffer is page-locked and CUDA-registered.
+    pub fn pin_state(&self) -> &PinState {
+        self.buf
+            .as_ref()
+            .map_or(&self.home.pin_state, PinnedBuffer::state)
+    }
+
+    /// What the reads of this batch did (summed over sources).
+    pub fn stats(&self) -> ReadStats {
+        self.stats
+    }
+
+    /// How long a worker took to plan and read this batch.
+    pub fn read_time(&self) -> Duration {
+        self.read_time
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.home.give_back(buf);
+        }
+    }
+}

@@ -1,0 +1,1025 @@
+//! The sample spec (sources, how their origins follow a shared position, sampling mode) and the
+//! [`Sampler`] that turns `(seed, step, rank, world_size)` into a batch plan and reads it.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use parking_lot::Mutex;
+use zcrop_zarr::{Array, ReadOptions, ReadStats, StitchTransform};
+
+use crate::coords::{self, Coord, CoordLabel};
+use crate::error::{Result, SamplerError, spec_err};
+use crate::permutation::Permutation;
+use crate::rng::SampleRng;
+use crate::space::{Mask, PositionSpace};
+use crate::transform::{Fused, Transform};
+
+/// How one dimension of a source's crop origin follows from the shared sample position.
+///
+/// An aligned dimension has origin `offset + floor(position * num / den) + jitter`, where
+/// `position` is the sample's coordinate along the named position dimension and `jitter` is
+/// drawn uniformly from `[-j, j]` per sample. A fixed dimension always starts at the same
+/// index (for example all channels of a `(t, c, y, x)` array).
+///
+/// ```
+/// use zcrop_sampler::Dim;
+/// // A grid 4x coarser than the position grid, shifted by 2 cells, jittered by +-1 cell.
+/// let d = Dim::along("y").scale(1, 4).offset(2).jitter(1);
+/// // All of the channel axis.
+/// let c = Dim::fixed(0);
+/// # let _ = (d, c);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dim {
+    position: Option<String>,
+    offset: i64,
+    num: u64,
+    den: u64,
+    jitter: u64,
+}
+
+impl Dim {
+    /// Follows position dimension `position` one to one.
+    pub fn along(position: impl Into<String>) -> Dim {
+        Dim {
+            position: Some(position.into()),
+            offset: 0,
+            num: 1,
+            den: 1,
+            jitter: 0,
+        }
+    }
+
+    /// Always starts at `origin`.
+    pub fn fixed(origin: u64) -> Dim {
+        Dim {
+            position: None,
+            offset: origin as i64,
+            num: 1,
+            den: 1,
+            jitter: 0,
+        }
+    }
+
+    /// Adds `offset` array elements to an aligned origin.
+    #[must_use]
+    pub fn offset(mut self, offset: i64) -> Dim {
+        self.offset = offset;
+        self
+    }
+
+    /// Scales the position by `num / den` (rounded down): `scale(3, 1)` for an array three times
+    /// finer than the position grid, `scale(1, 3)` for one three times coarser.
+    #[must_use]
+    pub fn scale(mut self, num: u64, den: u64) -> Dim {
+        self.num = num;
+        self.den = den;
+        self
+    }
+
+    /// Jitters the origin by a uniform integer in `[-j, j]`, drawn per sample.
+    #[must_use]
+    pub fn jitter(mut self, j: u64) -> Dim {
+        self.jitter = j;
+        self
+    }
+}
+
+/// Which coordinate arrays label a source's samples.
+#[derive(Debug, Clone, Default)]
+enum Coordinates {
+    /// 1-d sibling arrays named like the dimensions (see the `coords` module).
+    #[default]
+    Discover,
+    /// None.
+    Off,
+    /// These arrays, by source dimension.
+    Given(Vec<(usize, String, Array)>),
+}
+
+/// One dataset of a sample: an array, the shape of its crops, how their origins follow the
+/// sample position, and the transform applied on the way into the batch buffer.
+#[derive(Debug, Clone)]
+pub struct Source {
+    name: String,
+    array: Array,
+    crop: Vec<u64>,
+    dims: Option<Vec<Dim>>,
+    transform: Transform,
+    coordinates: Coordinates,
+}
+
+impl Source {
+    /// A source named `name` reading crops of `crop` from `array`.
+    ///
+    /// Unless [`Source::dims`] says otherwise, a dimension whose name (v3 `dimension_names` or
+    /// v2 `_ARRAY_DIMENSIONS`) is a position dimension follows it, the others are fixed at 0;
+    /// an array without names and with as many dimensions as positions follows them in order.
+    pub fn new(name: impl Into<String>, array: Array, crop: impl Into<Vec<u64>>) -> Source {
+        Source {
+            name: name.into(),
+            array,
+            crop: crop.into(),
+            dims: None,
+            transform: Transform::none(),
+            coordinates: Coordinates::Discover,
+        }
+    }
+
+    /// Opens the array at `path` (see [`Source::new`]).
+    pub fn open(
+        name: impl Into<String>,
+        path: impl AsRef<Path>,
+        crop: impl Into<Vec<u64>>,
+    ) -> Result<Source> {
+        let name = name.into();
+        let array = Array::open(path).map_err(|error| SamplerError::Open {
+            source_name: name.clone(),
+            error,
+        })?;
+        Ok(Source::new(name, array, crop))
+    }
+
+    /// How each array dimension's origin follows the position (one entry per dimension).
+    #[must_use]
+    pub fn dims(mut self, dims: impl IntoIterator<Item = Dim>) -> Source {
+        self.dims = Some(dims.into_iter().collect());
+        self
+    }
+
+    /// The transform applied while stitching (dtype conversion, normalisation, FFT).
+    #[must_use]
+    pub fn transform(mut self, transform: Transform) -> Source {
+        self.transform = transform;
+        self
+    }
+
+    /// Labels samples with the values of `coordinate` (a 1-d array as long as dimension `axis`)
+    /// instead of discovering coordinate arrays. Call once per labelled dimension.
+    #[must_use]
+    pub fn coordinate(mut self, axis: usize, name: impl Into<String>, coordinate: Array) -> Source {
+        let entry = (axis, name.into(), coordinate);
+        match &mut self.coordinates {
+            Coordinates::Given(v) => v.push(entry),
+            c => *c = Coordinates::Given(vec![entry]),
+        }
+        self
+    }
+
+    /// Turns coordinate labels off for this source.
+    #[must_use]
+    pub fn without_coordinates(mut self) -> Source {
+        self.coordinates = Coordinates::Off;
+        self
+    }
+}
+
+/// How sample positions are chosen.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Independent uniform draws over every allowed position (with replacement).
+    #[default]
+    Uniform,
+    /// Every allowed point of the lattice `box_start + k * stride` exactly once per epoch, in a
+    /// pseudo-random order that changes every epoch. Epoch `e` is global samples
+    /// `e * epoch_len .. (e + 1) * epoch_len`; a batch may straddle two epochs.
+    Epoch {
+        /// The lattice spacing per position dimension.
+        stride: Vec<u64>,
+    },
+}
+
+/// Which part of a global batch a process reads: rank `rank` of `world_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shard {
+    /// This process's rank, `< world_size`.
+    pub rank: u32,
+    /// The number of processes sharing each global batch.
+    pub world_size: u32,
+}
+
+impl Shard {
+    /// One process reading everything.
+    pub const SINGLE: Shard = Shard {
+        rank: 0,
+        world_size: 1,
+    };
+
+    /// Rank `rank` of `world_size`.
+    pub fn new(rank: u32, world_size: u32) -> Shard {
+        Shard { rank, world_size }
+    }
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard::SINGLE
+    }
+}
+
+/// Everything a sampler needs: the position dimensions, the sources, the region, the mode, the
+/// seed and the per-rank batch size. Build it with the chaining methods, then
+/// [`Sampler::new`].
+#[derive(Debug, Clone)]
+pub struct SampleSpec {
+    positions: Vec<String>,
+    sources: Vec<Source>,
+    region: Option<(Vec<u64>, Vec<u64>)>,
+    mask: Option<Mask>,
+    mode: Mode,
+    seed: u64,
+    batch_size: usize,
+}
+
+impl SampleSpec {
+    /// A spec over the named position dimensions (e.g. `["time", "y", "x"]`), seed 0, batch
+    /// size 1, uniform mode.
+    pub fn new<S: Into<String>>(positions: impl IntoIterator<Item = S>) -> SampleSpec {
+        SampleSpec {
+            positions: positions.into_iter().map(Into::into).collect(),
+            sources: Vec::new(),
+            region: None,
+            mask: None,
+            mode: Mode::Uniform,
+            seed: 0,
+            batch_size: 1,
+        }
+    }
+
+    /// Adds a source.
+    #[must_use]
+    pub fn source(mut self, source: Source) -> SampleSpec {
+        self.sources.push(source);
+        self
+    }
+
+    /// Restricts positions to the box `start..end` (end exclusive, per position dimension).
+    #[must_use]
+    pub fn region(mut self, start: Vec<u64>, end: Vec<u64>) -> SampleSpec {
+        self.region = Some((start, end));
+        self
+    }
+
+    /// Restricts positions to the cells `mask` allows.
+    #[must_use]
+    pub fn mask(mut self, mask: Mask) -> SampleSpec {
+        self.mask = Some(mask);
+        self
+    }
+
+    /// Sets the sampling mode.
+    #[must_use]
+    pub fn mode(mut self, mode: Mode) -> SampleSpec {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets the seed.
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> SampleSpec {
+        self.seed = seed;
+        self
+    }
+
+    /// Sets the number of samples per batch on each rank.
+    #[must_use]
+    pub fn batch_size(mut self, batch_size: usize) -> SampleSpec {
+        self.batch_size = batch_size;
+        self
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum DimRt {
+    Aligned {
+        pos: usize,
+        offset: i64,
+        num: u64,
+        den: u64,
+        jitter: u64,
+    },
+    Fixed(u64),
+}
+
+/// What a sampler knows about one of its sources.
+#[derive(Debug, Clone)]
+pub struct SourceInfo {
+    /// The source's name.
+    pub name: Arc<str>,
+    /// The array's directory.
+    pub array: Arc<str>,
+    /// The crop shape.
+    pub crop: Vec<u64>,
+    /// The v3 name of the delivered element type (`uint16`, `float32`, `complex64`, ...).
+    pub dtype: String,
+    /// Bytes per delivered element.
+    pub element_size: usize,
+    /// Bytes of one crop.
+    pub crop_bytes: usize,
+    /// Bytes of one batch of this source (`batch_size` crops).
+    pub batch_bytes: usize,
+}
+
+struct SourceRt {
+    info: SourceInfo,
+    array: Array,
+    dims: Vec<DimRt>,
+    fused: Option<Fused>,
+    coords: Vec<Coord>,
+}
+
+struct Inner {
+    positions: Vec<String>,
+    sources: Vec<SourceRt>,
+    space: PositionSpace,
+    mode: Mode,
+    seed: u64,
+    batch_size: usize,
+    /// The permutation of the most recent epoch (epoch mode).
+    perm: Mutex<Option<(u64, Arc<Permutation>)>>,
+}
+
+/// A compiled [`SampleSpec`]: opened sources, the valid position region, the transforms.
+/// Cheap to clone and shareable between threads.
+///
+/// Batch `step` of rank `r` holds global samples `step * B + r * b .. + b` (`b` the per-rank
+/// batch size, `B = b * world_size`), and global sample `g` depends only on `(seed, g)` and
+/// the spec. So a batch is a pure function of `(seed, step, rank, world_size)`, ranks are
+/// disjoint, and a job resumes at step `k` by asking for step `k`.
+#[derive(Clone)]
+pub struct Sampler {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler")
+            .field("positions", &self.inner.positions)
+            .field("sources", &self.sources())
+            .field("mode", &self.inner.mode)
+            .field("seed", &self.inner.seed)
+            .field("batch_size", &self.inner.batch_size)
+            .field("len", &self.inner.space.len())
+            .finish()
+    }
+}
+
+/// The interval of positions `[lo, hi]` for which an aligned dimension keeps its crop inside
+/// `[0, size)` whatever the jitter; `None` if there is none.
+fn aligned_interval(
+    size: u64,
+    crop: u64,
+    offset: i64,
+    num: u64,
+    den: u64,
+    jitter: u64,
+) -> Option<(u64, u64)> {
+    // Need A <= floor(x * num / den) <= B.
+    let a = i128::from(jitter) - i128::from(offset);
+    let b = i128::from(size) - i128::from(crop) - i128::from(jitter) - i128::from(offset);
+    if b < a || b < 0 {
+        return None;
+    }
+    let (num, den) = (i128::from(num), i128::from(den));
+    let lo = if a <= 0 { 0 } else { (a * den + num - 1) / num };
+    let hi = ((b + 1) * den - 1) / num;
+    if hi < lo {
+        return None;
+    }
+    Some((
+        u64::try_from(lo).ok()?,
+        u64::try_from(hi.min(i128::from(u64::MAX - 1))).ok()?,
+    ))
+}
+
+impl Sampler {
+    /// Validates `spec`, opens coordinate arrays, computes the valid position region and
+    /// compiles the transforms.
+    pub fn new(spec: SampleSpec) -> Result<Sampler> {
+        let npos = spec.positions.len();
+        if npos == 0 {
+            return Err(spec_err("at least one position dimension is needed"));
+        }
+        if spec.positions.iter().collect::<HashSet<_>>().len() != npos {
+            return Err(spec_err(format!(
+                "position dimensions {:?} are not distinct",
+                spec.positions
+            )));
+        }
+        if spec.sources.is_empty() {
+            return Err(spec_err("at least one source is needed"));
+        }
+        if spec.batch_size == 0 {
+            return Err(spec_err("the batch size must be at least 1"));
+        }
+        let mut names = HashSet::new();
+        let mut lo = vec![0u64; npos];
+        let mut end = vec![u64::MAX; npos];
+        let mut constrained = vec![false; npos];
+        let mut sources = Vec::with_capacity(spec.sources.len());
+        for src in &spec.sources {
+            if !names.insert(src.name.clone()) {
+                return Err(spec_err(format!("two sources are named {:?}", src.name)));
+            }
+            let mut rt = compile_source(src, &spec.positions)?;
+            rt.info.batch_bytes =
+                rt.info
+                    .crop_bytes
+                    .checked_mul(spec.batch_size)
+                    .ok_or_else(|| {
+                        spec_err(format!("a batch of source {:?} is too large", src.name))
+                    })?;
+            let shape = src.array.shape();
+            for (d, dim) in rt.dims.iter().enumerate() {
+                if let DimRt::Aligned {
+                    pos,
+                    offset,
+                    num,
+                    den,
+                    jitter,
+                } = *dim
+                {
+                    let Some((l, h)) =
+                        aligned_interval(shape[d], src.crop[d], offset, num, den, jitter)
+                    else {
+                        return Err(SamplerError::EmptyRegion {
+                            reason: format!(
+                                "source {:?} dimension {d} (size {}, crop {}, offset {offset}, scale {num}/{den}, jitter {jitter}) admits no position",
+                                src.name, shape[d], src.crop[d]
+                            ),
+                        });
+                    };
+                    lo[pos] = lo[pos].max(l);
+                    end[pos] = end[pos].min(h + 1);
+                    constrained[pos] = true;
+                }
+            }
+            sources.push(rt);
+        }
+        if let Some((start, region_end)) = &spec.region {
+            if start.len() != npos || region_end.len() != npos {
+                return Err(spec_err(format!(
+                    "the region has {} / {} numbers for {npos} position dimensions",
+                    start.len(),
+                    region_end.len()
+                )));
+            }
+            for d in 0..npos {
+                lo[d] = lo[d].max(start[d]);
+                end[d] = end[d].min(region_end[d]);
+                constrained[d] = true;
+            }
+        }
+        if let Some(d) = constrained.iter().position(|c| !c) {
+            return Err(spec_err(format!(
+                "position dimension {:?} is followed by no source and bounded by no region",
+                spec.positions[d]
+            )));
+        }
+        let stride = match &spec.mode {
+            Mode::Uniform => vec![1; npos],
+            Mode::Epoch { stride } => {
+                if stride.len() != npos {
+                    return Err(spec_err(format!(
+                        "the epoch stride has {} numbers for {npos} position dimensions",
+                        stride.len()
+                    )));
+                }
+                stride.clone()
+            }
+        };
+        let space = PositionSpace::new(lo, end, stride, spec.mask.clone())?;
+        Ok(Sampler {
+            inner: Arc::new(Inner {
+                positions: spec.positions,
+                sources,
+                space,
+                mode: spec.mode,
+                seed: spec.seed,
+                batch_size: spec.batch_size,
+                perm: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The sources, in spec order.
+    pub fn sources(&self) -> Vec<SourceInfo> {
+        self.inner.sources.iter().map(|s| s.info.clone()).collect()
+    }
+
+    /// Source `i`.
+    ///
+    /// # Panics
+    /// If `i` is out of range.
+    pub fn source(&self, i: usize) -> &SourceInfo {
+        &self.inner.sources[i].info
+    }
+
+    /// Number of sources.
+    pub fn num_sources(&self) -> usize {
+        self.inner.sources.len()
+    }
+
+    /// The position dimensions' names.
+    pub fn positions(&self) -> &[String] {
+        &self.inner.positions
+    }
+
+    /// The valid position box: start (inclusive) and end (exclusive) per position dimension.
+    pub fn position_box(&self) -> (Vec<u64>, Vec<u64>) {
+        let (s, e) = self.inner.space.bounds();
+        (s.to_vec(), e.to_vec())
+    }
+
+    /// Number of allowed positions: the epoch length in epoch mode.
+    pub fn epoch_len(&self) -> u64 {
+        self.inner.space.len()
+    }
+
+    /// Samples per batch on each rank.
+    pub fn batch_size(&self) -> usize {
+        self.inner.batch_size
+    }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.inner.seed
+    }
+
+    /// The sampling mode.
+    pub fn mode(&self) -> &Mode {
+        &self.inner.mode
+    }
+
+    fn permutation(&self, epoch: u64) -> Arc<Permutation> {
+        let mut cache = self.inner.perm.lock();
+        if let Some((e, p)) = &*cache
+            && *e == epoch
+        {
+            return Arc::clone(p);
+        }
+        let p = Arc::new(Permutation::for_epoch(
+            self.inner.space.len(),
+            self.inner.seed,
+            epoch,
+        ));
+        *cache = Some((epoch, Arc::clone(&p)));
+        p
+    }
+
+    /// The batch of step `step` for `shard`: positions, origins and epochs of its samples. A
+    /// pure function of the spec, the seed, `step` and `shard`.
+    pub fn plan(&self, step: u64, shard: Shard) -> Result<BatchPlan> {
+        if shard.world_size == 0 || shard.rank >= shard.world_size {
+            return Err(spec_err(format!(
+                "rank {} of world size {} is not a valid shard",
+                shard.rank, shard.world_size
+            )));
+        }
+        let inner = &*self.inner;
+        let per_rank = inner.batch_size as u64;
+        let overflow = || spec_err(format!("step {step} overflows the 64-bit sample index"));
+        let first = step
+            .checked_mul(per_rank * u64::from(shard.world_size))
+            .and_then(|x| x.checked_add(per_rank * u64::from(shard.rank)))
+            .and_then(|x| x.checked_add(per_rank))
+            .ok_or_else(overflow)?
+            - per_rank;
+        let npos = inner.positions.len();
+        let len = inner.space.len();
+        let mut positions = vec![0u64; inner.batch_size * npos];
+        let mut origins: Vec<Vec<u64>> = inner
+            .sources
+            .iter()
+            .map(|s| Vec::with_capacity(inner.batch_size * s.dims.len()))
+            .collect();
+        let mut epochs = match inner.mode {
+            Mode::Epoch { .. } => Some(Vec::with_capacity(inner.batch_size)),
+            Mode::Uniform => None,
+        };
+        let mut perm: Option<(u64, Arc<Permutation>)> = None;
+        for (i, pos) in positions.chunks_exact_mut(npos).enumerate() {
+            let global = first + i as u64;
+            let mut rng = SampleRng::new(inner.seed, global);
+            let index = match &mut epochs {
+                None => rng.below(len),
+                Some(epochs) => {
+                    let epoch = global / len;
+                    let p = match &perm {
+                        Some((e, p)) if *e == epoch => Arc::clone(p),
+                        _ => {
+                            let p = self.permutation(epoch);
+                            perm = Some((epoch, Arc::clone(&p)));
+                            p
+                        }
+                    };
+                    epochs.push(epoch);
+                    p.apply(global % len)
+                }
+            };
+            inner.space.nth(index, pos);
+            for (s, out) in inner.sources.iter().zip(&mut origins) {
+                for dim in &s.dims {
+                    out.push(match *dim {
+                        DimRt::Fixed(o) => o,
+                        DimRt::Aligned {
+                            pos: p,
+                            offset,
+                            num,
+                            den,
+                            jitter,
+                        } => {
+                            let scaled = u128::from(pos[p]) * u128::from(num) / u128::from(den);
+                            let j = rng.jitter(jitter);
+                            let o = scaled as i128 + i128::from(offset) + i128::from(j);
+                            // The valid region guarantees 0 <= o <= size - crop.
+                            o as u64
+                        }
+                    });
+                }
+            }
+        }
+        Ok(BatchPlan {
+            sampler: self.clone(),
+            step,
+            shard,
+            first,
+            positions,
+            origins,
+            epochs,
+        })
+    }
+
+    /// Reads source `source` of `plan` into `out` (exactly [`SourceInfo::batch_bytes`]),
+    /// through zarr-front with the source's transform fused into the stitch. `cancel` stops the
+    /// read early when set.
+    pub fn read_into(
+        &self,
+        plan: &BatchPlan,
+        source: usize,
+        out: &mut [u8],
+        cancel: Option<&AtomicBool>,
+    ) -> Result<ReadStats> {
+        let s = &self.inner.sources[source];
+        let options = ReadOptions {
+            transform: s.fused.as_ref().map(|f| f as &dyn StitchTransform),
+            cancel,
+        };
+        s.array
+            .read_batch_into_with(&plan.origins[source], &s.info.crop, out, options)
+            .map_err(|error| SamplerError::Read {
+                step: plan.step,
+                source_index: source,
+                source_name: s.info.name.to_string(),
+                error,
+            })
+    }
+
+    /// Reads every source of `plan` into new (unpinned) buffers, one per source.
+    pub fn read(&self, plan: &BatchPlan) -> Result<Vec<Vec<u8>>> {
+        (0..self.num_sources())
+            .map(|s| {
+                let mut out = vec![0u8; self.inner.sources[s].info.batch_bytes];
+                self.read_into(plan, s, &mut out, None)?;
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// The zarr-front array of source `i`.
+    ///
+    /// # Panics
+    /// If `i` is out of range.
+    pub fn array(&self, i: usize) -> &Array {
+        &self.inner.sources[i].array
+    }
+}
+
+fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
+    let err = |reason: String| spec_err(format!("source {:?}: {reason}", src.name));
+    let a = &src.array;
+    let shape = a.shape();
+    let nd = shape.len();
+    if src.crop.len() != nd {
+        return Err(err(format!(
+            "the crop {:?} has {} dimensions, the array {nd}",
+            src.crop,
+            src.crop.len()
+        )));
+    }
+    if let Some(d) = (0..nd).find(|&d| src.crop[d] == 0 || src.crop[d] > shape[d]) {
+        return Err(err(format!(
+            "crop {:?} does not fit array shape {shape:?} along dimension {d}",
+            src.crop
+        )));
+    }
+    let dims: Vec<Dim> = match &src.dims {
+        Some(d) => d.clone(),
+        None => default_dims(a, positions).ok_or_else(|| {
+            err(format!(
+                "the array has {nd} dimensions and no names matching positions {positions:?}; give Source::dims"
+            ))
+        })?,
+    };
+    if dims.len() != nd {
+        return Err(err(format!("{} dims given for a {nd}-d array", dims.len())));
+    }
+    let mut rt = Vec::with_capacity(nd);
+    for (d, dim) in dims.iter().enumerate() {
+        match &dim.position {
+            None => {
+                if dim.num != 1 || dim.den != 1 || dim.jitter != 0 || dim.offset < 0 {
+                    return Err(err(format!(
+                        "fixed dimension {d} cannot have a scale, jitter or negative origin"
+                    )));
+                }
+                let o = dim.offset as u64;
+                if o + src.crop[d] > shape[d] {
+                    return Err(err(format!(
+                        "fixed origin {o} + crop {} passes the end of dimension {d} (size {})",
+                        src.crop[d], shape[d]
+                    )));
+                }
+                rt.push(DimRt::Fixed(o));
+            }
+            Some(p) => {
+                let pos = positions
+                    .iter()
+                    .position(|q| q == p)
+                    .ok_or_else(|| err(format!("dimension {d} follows unknown position {p:?}")))?;
+                if dim.num == 0 || dim.den == 0 {
+                    return Err(err(format!(
+                        "dimension {d} has a zero scale {}/{}",
+                        dim.num, dim.den
+                    )));
+                }
+                rt.push(DimRt::Aligned {
+                    pos,
+                    offset: dim.offset,
+                    num: dim.num,
+                    den: dim.den,
+                    jitter: dim.jitter,
+                });
+            }
+        }
+    }
+    let fused = Fused::new(&src.transform, &a.data_type(), &src.crop).map_err(|e| match e {
+        SamplerError::Spec { reason } => err(reason),
+        other => other,
+    })?;
+    let (dtype, element_size) = match &fused {
+        Some(f) => (f.output_dtype().to_string(), f.output_element_size()),
+        None => (a.data_type(), a.element_size()),
+    };
+    let crop_bytes = src
+        .crop
+        .iter()
+        .try_fold(element_size as u64, |acc, &c| acc.checked_mul(c))
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| err("the crop is too large".into()))?;
+    let coords = match &src.coordinates {
+        Coordinates::Off => Vec::new(),
+        Coordinates::Discover => coords::discover(a)?,
+        Coordinates::Given(list) => list
+            .iter()
+            .map(|(axis, name, c)| {
+                if *axis >= nd {
+                    return Err(err(format!(
+                        "coordinate {name:?} for axis {axis} of a {nd}-d array"
+                    )));
+                }
+                Coord::load(a, *axis, name, c)
+            })
+            .collect::<Result<_>>()?,
+    };
+    Ok(SourceRt {
+        info: SourceInfo {
+            name: Arc::from(src.name.as_str()),
+            array: Arc::from(a.dir().display().to_string()),
+            crop: src.crop.clone(),
+            dtype,
+            element_size,
+            crop_bytes,
+            batch_bytes: 0,
+        },
+        array: a.clone(),
+        dims: rt,
+        fused,
+        coords,
+    })
+}
+
+fn default_dims(a: &Array, positions: &[String]) -> Option<Vec<Dim>> {
+    if let Some(names) = coords::dimension_names(a) {
+        let dims: Vec<Dim> = names
+            .iter()
+            .map(|n| match n {
+                Some(n) if positions.contains(n) => Dim::along(n.clone()),
+                _ => Dim::fixed(0),
+            })
+            .collect();
+        if dims.iter().any(|d| d.position.is_some()) {
+            return Some(dims);
+        }
+    }
+    (a.ndim() == positions.len()).then(|| positions.iter().map(Dim::along).collect())
+}
+
+/// The metadata of one sample: where every crop came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleMeta {
+    /// The batch's step.
+    pub step: u64,
+    /// The sample's index in this rank's batch.
+    pub index: usize,
+    /// The sample's global index (`step * global_batch + rank * batch + index`).
+    pub global_index: u64,
+    /// The epoch it belongs to (epoch mode only).
+    pub epoch: Option<u64>,
+    /// The shared sample position.
+    pub position: Vec<u64>,
+    /// One entry per source, in spec order.
+    pub sources: Vec<SourceSample>,
+}
+
+/// Where one source's crop of a sample came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceSample {
+    /// The source's name.
+    pub source: Arc<str>,
+    /// The array's directory.
+    pub array: Arc<str>,
+    /// The crop's origin in the array.
+    pub origin: Vec<u64>,
+    /// The crop's shape.
+    pub shape: Vec<u64>,
+    /// Coordinate labels along the dimensions that have coordinate arrays.
+    pub coords: Vec<CoordLabel>,
+}
+
+/// The samples of one batch for one rank: flat arrays of positions and origins (what the read
+/// needs), with the full metadata of each sample on demand.
+#[derive(Clone)]
+pub struct BatchPlan {
+    sampler: Sampler,
+    step: u64,
+    shard: Shard,
+    first: u64,
+    positions: Vec<u64>,
+    origins: Vec<Vec<u64>>,
+    epochs: Option<Vec<u64>>,
+}
+
+impl std::fmt::Debug for BatchPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchPlan")
+            .field("step", &self.step)
+            .field("shard", &self.shard)
+            .field("first", &self.first)
+            .field("positions", &self.positions)
+            .field("origins", &self.origins)
+            .field("epochs", &self.epochs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for BatchPlan {
+    fn eq(&self, o: &Self) -> bool {
+        Arc::ptr_eq(&self.sampler.inner, &o.sampler.inner)
+            && (self.step, self.shard, self.first) == (o.step, o.shard, o.first)
+            && self.positions == o.positions
+            && self.origins == o.origins
+            && self.epochs == o.epochs
+    }
+}
+
+impl BatchPlan {
+    /// The step.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The shard.
+    pub fn shard(&self) -> Shard {
+        self.shard
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.sampler.batch_size()
+    }
+
+    /// Whether the batch is empty (never: batch sizes are at least 1).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The global index of sample `i`.
+    pub fn global_index(&self, i: usize) -> u64 {
+        self.first + i as u64
+    }
+
+    /// The position of sample `i`.
+    pub fn position(&self, i: usize) -> &[u64] {
+        let n = self.sampler.positions().len();
+        &self.positions[i * n..(i + 1) * n]
+    }
+
+    /// All positions, flattened (`len * num_positions`).
+    pub fn positions(&self) -> &[u64] {
+        &self.positions
+    }
+
+    /// The crop origins of `source`, flattened (`len * ndim`), as `read_batch` takes them.
+    pub fn origins(&self, source: usize) -> &[u64] {
+        &self.origins[source]
+    }
+
+    /// The origin of sample `i` in `source`.
+    pub fn origin(&self, source: usize, i: usize) -> &[u64] {
+        let nd = self.sampler.inner.sources[source].dims.len();
+        &self.origins[source][i * nd..(i + 1) * nd]
+    }
+
+    /// The epoch of sample `i` (epoch mode only).
+    pub fn epoch(&self, i: usize) -> Option<u64> {
+        self.epochs.as_ref().map(|e| e[i])
+    }
+
+    /// The full metadata of sample `i`, coordinate labels included.
+    pub fn sample(&self, i: usize) -> SampleMeta {
+        let sources = self
+            .sampler
+            .inner
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(s, src)| {
+                let origin = self.origin(s, i).to_vec();
+                let coords = src
+                    .coords
+                    .iter()
+                    .map(|c| c.label(origin[c.axis()], src.info.crop[c.axis()]))
+                    .collect();
+                SourceSample {
+                    source: Arc::clone(&src.info.name),
+                    array: Arc::clone(&src.info.array),
+                    origin,
+                    shape: src.info.crop.clone(),
+                    coords,
+                }
+            })
+            .collect();
+        SampleMeta {
+            step: self.step,
+            index: i,
+            global_index: self.global_index(i),
+            epoch: self.epoch(i),
+            position: self.position(i).to_vec(),
+            sources,
+        }
+    }
+
+    /// The metadata of every sample.
+    pub fn samples(&self) -> Vec<SampleMeta> {
+        (0..self.len()).map(|i| self.sample(i)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::aligned_interval;
+
+    /// The interval is exactly the set of positions whose crop stays inside the array for every
+    /// jitter, checked by brute force.
+    #[test]
+    fn aligned_interval_matches_brute_force() {
+        for size in [1u64, 5, 17] {
+            for crop in 1..=size.min(6) {
+                for offset in [-7i64, -1, 0, 2, 9] {
+                    for (num, den) in [(1u64, 1u64), (3, 1), (1, 3), (2, 3)] {
+                        for jitter in [0u64, 1, 3] {
+                            let ok = |x: u64| {
+                                let o = i128::from(offset) + i128::from(x * num / den);
+                                o - i128::from(jitter) >= 0
+                                    && o + i128::from(jitter) + i128::from(crop) <= i128::from(size)
+                            };
+                            let want: Vec<u64> = (0..200).filter(|&x| ok(x)).collect();
+                            let got: Vec<u64> =
+                                match aligned_interval(size, crop, offset, num, den, jitter) {
+                                    None => vec![],
+                                    Some((l, h)) => (l..=h.min(199)).collect(),
+                                };
+                            assert_eq!(
+                                got, want,
+                                "size {size} crop {crop} offset {offset} {num}/{den} jitter {jitter}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
