@@ -43,5 +43,5 @@ pub use array::{
 };
 pub use error::{Location, Result, ZarrError};
 pub use node::{Group, Node, NodeKind, open, open_with};
-pub use plan::DimSelection;
+pub use plan::{DimSelection, Plan, PlanError};
 pub use transform::StitchTransform;

@@ -88,9 +88,11 @@ pub(crate) struct Leaf {
     pub(crate) needed: std::ops::Range<usize>,
 }
 
-/// A planned read.
+/// A planned read: the distinct chunks a set of requests needs and what each contributes to
+/// each request. Built by [`Plan::with_output_element`]; [`crate::Array`] plans every read this
+/// way, and it is public so callers can ask what a batch would cost before reading it.
 #[derive(Debug, Clone)]
-pub(crate) struct Plan {
+pub struct Plan {
     pub(crate) ndim: usize,
     /// Bytes per element of the array (the decoded chunks).
     pub(crate) elsize: usize,
@@ -125,14 +127,28 @@ impl<'p> Copy<'p> {
 
 /// Why a selection cannot be planned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum PlanError {
+pub enum PlanError {
     /// Wrong number of dimensions.
-    Dimensionality { expected: usize, got: usize },
+    Dimensionality {
+        /// The array's.
+        expected: usize,
+        /// The selection's.
+        got: usize,
+    },
     /// An index outside the array.
-    OutOfBounds { dim: usize, index: u64, extent: u64 },
+    OutOfBounds {
+        /// The dimension.
+        dim: usize,
+        /// The index.
+        index: u64,
+        /// The dimension's extent.
+        extent: u64,
+    },
     /// The output would not fit in memory's address space.
     TooLarge,
 }
+
+impl std::error::Error for PlanError {}
 
 impl std::fmt::Display for PlanError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -244,8 +260,10 @@ impl Plan {
         Self::with_output_element(shape, leaf_shape, elsize, elsize, requests)
     }
 
-    /// [`Plan::new`] with output elements of `out_elsize` bytes (a converting transform).
-    pub(crate) fn with_output_element(
+    /// Plans `requests` (each a selection per dimension) over an array of `shape` tiled by
+    /// chunks of `leaf_shape` with elements of `elsize` bytes, into output elements of
+    /// `out_elsize` bytes: blocks one after the other in request order, each in C order.
+    pub fn with_output_element(
         shape: &[u64],
         leaf_shape: &[u64],
         elsize: usize,
@@ -382,9 +400,14 @@ impl Plan {
             })
     }
 
-    /// Number of leaf chunks.
-    pub(crate) fn num_leaves(&self) -> usize {
+    /// Number of distinct chunks the requests touch (each read and decoded once).
+    pub fn num_leaves(&self) -> usize {
         self.leaves.len()
+    }
+
+    /// Bytes of output the requests produce.
+    pub fn output_len(&self) -> usize {
+        self.out_len
     }
 }
 
