@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, TryRecvError};
 
 use crate::error::EngineError;
 use crate::op::{Ctx, Local, Resolution, Work, resolve};
@@ -26,10 +26,22 @@ pub(crate) fn spawn(
                 .name(format!("zcrop-pread-{i}"))
                 .spawn(move || {
                     let mut local = Local::default();
-                    for work in &queue {
+                    loop {
+                        let work = match queue.try_recv() {
+                            Ok(w) => w,
+                            // Deliver everything before waiting for more work: another worker
+                            // may have taken the last item, and consumers wait for these.
+                            Err(TryRecvError::Empty) => {
+                                local.flush(&ctx);
+                                match queue.recv() {
+                                    Ok(w) => w,
+                                    Err(_) => break,
+                                }
+                            }
+                            Err(TryRecvError::Disconnected) => break,
+                        };
                         run(work, &ctx, &mut local);
-                        // Deliver before waiting for more work (and at least every FLUSH_AT).
-                        if queue.is_empty() || local.pending() >= FLUSH_AT {
+                        if local.pending() >= FLUSH_AT {
                             local.flush(&ctx);
                         }
                     }
