@@ -15,15 +15,16 @@
 //! * **Four-step (Bailey)** through temporary Zarr arrays, one line at a time. With
 //!   `N = N1 * N2`, `n = n1 + N1 * n2` and `k = k2 + N2 * k1`:
 //!   `X[k2 + N2 k1] = sum_n1 W_N1^(n1 k1) * W_N^(n1 k2) * sum_n2 x[n1 + N1 n2] W_N2^(n2 k2)`.
-//!   0. Rechunk: read the input in contiguous slabs along the axis (whole input chunks where
-//!      the split allows, so each is read once) into `X0[line, n2, n1]`, chunked in column
-//!      blocks.
-//!   1. Columns: for a block of `n1`, read `X0[line, :, n1 block]`, FFT over `n2`, multiply by
-//!      the twiddles `W_N^(n1 k2)`, write `Y[line, k2, n1]`.
-//!   2. Rows: for a block of `k2`, read `Y[line, k2 block, :]`, FFT over `n1` (giving `k1`), and
-//!      write either straight to the output (output chunks as long as the block along the
-//!      axis) or, when those would be small, to `Z[line, k1, k2]` that
-//!   3. is copied into output chunks of whole `N2` runs.
+//!
+//!   - Pass 0, rechunk: read the input in contiguous slabs along the axis (whole input chunks
+//!     where the split allows, so each is read once) into `X0[line, n2, n1]`, chunked in
+//!     column blocks.
+//!   - Pass 1, columns: for a block of `n1`, read `X0[line, :, n1 block]`, FFT over `n2`,
+//!     multiply by the twiddles `W_N^(n1 k2)`, write `Y[line, k2, n1]`.
+//!   - Pass 2, rows: for a block of `k2`, read `Y[line, k2 block, :]`, FFT over `n1` (giving
+//!     `k1`), and write either straight to the output (output chunks as long as the block
+//!     along the axis) or, when those would be small, to `Z[line, k1, k2]`;
+//!   - Pass 3 (only then): copy `Z` into output chunks of whole `N2` runs.
 //!
 //! Every buffer is sized from the budget: the working blocks, the FFT plans and line buffers
 //! take at most half of it; chunks written or read back are capped so that the per-thread
