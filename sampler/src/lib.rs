@@ -55,6 +55,7 @@
 //! Only [`pinned`] (mmap, mlock, dlopen of the CUDA runtime) holds `unsafe`, each block with a
 //! `// SAFETY:` comment.
 
+pub mod bench;
 pub mod chunked_fft;
 mod coords;
 pub mod error;
