@@ -55,6 +55,8 @@
 //! Only [`pinned`] (mmap, mlock, dlopen of the CUDA runtime) holds `unsafe`, each block with a
 //! `// SAFETY:` comment.
 
+pub mod bench;
+pub mod chunked_fft;
 mod coords;
 pub mod error;
 mod loader;
@@ -66,6 +68,9 @@ mod space;
 pub mod spectral;
 pub mod transform;
 
+pub use chunked_fft::{
+    ChunkedFftOptions, ComplexType, FftError, FftReport, FftStrategy, fft_along_axis,
+};
 pub use coords::{CoordLabel, CoordValue};
 pub use error::{Result, SamplerError};
 pub use loader::{Batch, Loader, LoaderConfig, LoaderStatus};

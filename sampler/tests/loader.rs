@@ -212,3 +212,15 @@ fn pin_state_is_reported() {
     assert!(b.read_time() > Duration::ZERO);
     assert!(b.stats().chunks > 0);
 }
+
+/// The Python bindings move loaders and batches between threads.
+#[test]
+fn public_types_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Loader>();
+    check::<zcrop_sampler::Batch>();
+    check::<Sampler>();
+    check::<zcrop_sampler::BatchPlan>();
+    check::<zcrop_sampler::PinnedBuffer>();
+    check::<SamplerError>();
+}

@@ -22,7 +22,7 @@ fn mlock_beyond_the_limit_falls_back_and_reports_why() {
         eprintln!("SKIPPED: prlimit (util-linux) is not installed, cannot lower RLIMIT_MEMLOCK");
         return;
     }
-    // SAFETY-free check of the user: root bypasses RLIMIT_MEMLOCK through CAP_IPC_LOCK.
+    // Check the user: root bypasses RLIMIT_MEMLOCK through CAP_IPC_LOCK.
     let root = Command::new("id")
         .arg("-u")
         .output()

@@ -331,7 +331,7 @@ fn a_million_origins_take_well_under_a_second() {
         assert_eq!(plan.len(), 1_000_000);
         eprintln!("{mode:?}: 1,000,000 samples (3 sources) planned in {secs:.3} s");
         // Unoptimised test builds are several times slower than release builds.
-        let limit = if cfg!(debug_assertions) { 3.0 } else { 0.5 };
+        let limit = if cfg!(debug_assertions) { 6.0 } else { 0.5 };
         assert!(secs < limit, "{mode:?}: {secs} s");
     }
 }
