@@ -61,8 +61,13 @@ def prewarm(path: str) -> None:
             pass
 
 
-def run_fio(fio: str, path: str, engine: str, bs: int, qd: int, jobs: int, direct: bool, runtime: float) -> dict:
-    cmd = [
+def pinned(one_core: bool) -> list[str]:
+    """`taskset -c 0` for runs that must use one core (the process and all its threads)."""
+    return ["taskset", "-c", "0"] if one_core else []
+
+
+def run_fio(fio: str, path: str, engine: str, bs: int, qd: int, jobs: int, direct: bool, runtime: float, one_core: bool) -> dict:
+    cmd = pinned(one_core) + [
         fio, "--name=zcrop-cmp", f"--filename={path}", "--rw=randread", f"--bs={bs}",
         f"--ioengine={engine}", f"--numjobs={jobs}", "--group_reporting", "--time_based",
         f"--runtime={runtime}", "--output-format=json", f"--direct={int(direct)}",
@@ -77,8 +82,8 @@ def run_fio(fio: str, path: str, engine: str, bs: int, qd: int, jobs: int, direc
     return {"reads_per_s": iops, "cpu_cores": cpu}
 
 
-def run_zcrop(zcrop: str, path: str, backend: str, bs: int, qd: int, reads: int, direct: bool, threads: int) -> dict:
-    cmd = [zcrop, "bench", "io", path, "--json", "--no-progress", "--no-prewarm", "--backend", backend,
+def run_zcrop(zcrop: str, path: str, backend: str, bs: int, qd: int, reads: int, direct: bool, threads: int, one_core: bool) -> dict:
+    cmd = pinned(one_core) + [zcrop, "bench", "io", path, "--json", "--no-progress", "--no-prewarm", "--backend", backend,
            "--block-size", str(bs), "--queue-depth", str(qd), "--reads", str(reads)]
     if direct:
         cmd.append("--direct")
@@ -132,14 +137,17 @@ def main() -> None:
                         prewarm(path)
                     else:
                         drop_caches()
+                    one = mode == "warm"  # the one-core comparison: everything on CPU 0
                     if name == "fio_io_uring":
-                        r = run_fio(fio, path, "io_uring", bs, args.queue_depth, jobs, direct, args.seconds)
+                        r = run_fio(fio, path, "io_uring", bs, args.queue_depth, jobs, direct, args.seconds, one)
                     elif name == "fio_psync":
-                        r = run_fio(fio, path, "psync", bs, 1, jobs if mode == "warm2" else (args.queue_depth if mode != "warm" else 1), direct, args.seconds)
+                        pjobs = jobs if mode.startswith("warm") else args.queue_depth
+                        r = run_fio(fio, path, "psync", bs, 1, pjobs, direct, args.seconds, one)
                     elif name == "zcrop_uring":
-                        r = run_zcrop(zcrop, path, "uring", bs, args.queue_depth, reads, direct, jobs if mode.startswith("warm") else 1)
+                        r = run_zcrop(zcrop, path, "uring", bs, args.queue_depth, reads, direct, 0 if one else jobs if mode == "warm2" else 1, one)
                     else:
-                        r = run_zcrop(zcrop, path, "portable", bs, args.queue_depth, reads, direct, jobs if mode == "warm2" else (args.queue_depth if mode != "warm" else 1))
+                        pthreads = jobs if mode.startswith("warm") else args.queue_depth
+                        r = run_zcrop(zcrop, path, "portable", bs, args.queue_depth, reads, direct, pthreads, one)
                     runs[name].append(r)
             med = {k: statistics.median(x["reads_per_s"] for x in v) for k, v in runs.items()}
             cpu = {k: statistics.median(x["cpu_cores"] for x in v) for k, v in runs.items()}
@@ -155,9 +163,11 @@ def main() -> None:
               f"{m['zcrop_uring']:,.0f} | {m['zcrop_portable']:,.0f} | {m['zcrop_uring'] / m['fio_io_uring']:.2f} | "
               f"{m['zcrop_uring'] / best:.2f} | {c['zcrop_uring']:.2f} |")
     print()
-    print("Modes: warm = file in the page cache, one job / ring (fio psync: 1 job); warm2 = both cores "
+    print("Modes: warm = file in the page cache, every process pinned to one core (taskset -c 0; fio: "
+          "1 job; zcrop: 1 ring or 1 pread thread, plus the consumer, on that core); warm2 = both cores "
           "(fio: 2 jobs, zcrop: 2 rings / 2 pread threads); cold = page cache dropped before each run, "
-          "buffered reads (fio psync: queue-depth jobs); direct = O_DIRECT. Medians of "
+          "buffered reads (fio psync: queue-depth jobs; zcrop: 1 ring, or queue-depth pread threads); "
+          "direct = O_DIRECT, same jobs as cold. Medians of "
           f"{args.repeat} interleaved runs; reads/s.")
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -54,15 +54,15 @@ pub struct Member {
     pub offset_in_read: u64,
 }
 
-/// A physical read and the requested ranges it serves.
+/// A physical read; its members are in [`Coalesced::members`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MergedRead {
     /// First byte of the read.
     pub offset: u64,
     /// Length of the read.
     pub len: u64,
-    /// The requested ranges it serves, in ascending offset order.
-    pub members: Vec<Member>,
+    /// Its members' positions in [`Coalesced`]'s member list.
+    members: std::ops::Range<usize>,
 }
 
 impl MergedRead {
@@ -72,12 +72,33 @@ impl MergedRead {
     }
 }
 
+/// The physical reads planned for a set of ranges, with the requested ranges each one serves
+/// (kept in one list, so planning allocates twice however many reads there are).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coalesced {
+    /// The reads, in ascending offset order.
+    pub reads: Vec<MergedRead>,
+    members: Vec<Member>,
+}
+
+impl Coalesced {
+    /// The requested ranges `read` serves, in ascending offset order.
+    pub fn members(&self, read: &MergedRead) -> &[Member] {
+        &self.members[read.members.clone()]
+    }
+
+    /// Each read with its members.
+    pub fn iter(&self) -> impl Iterator<Item = (&MergedRead, &[Member])> {
+        self.reads.iter().map(|r| (r, self.members(r)))
+    }
+}
+
 /// Plans the reads for `ranges` (`(offset, len)` pairs of one file). Every input index appears
 /// in exactly one [`MergedRead`]; reads come out in ascending offset order.
 ///
 /// Ranges whose end overflows `u64` are clamped to `u64::MAX` for planning; such a read fails
 /// past the end of any file, which is the right answer.
-pub fn coalesce(ranges: &[(u64, u64)], limits: CoalesceLimits) -> Vec<MergedRead> {
+pub fn coalesce(ranges: &[(u64, u64)], limits: CoalesceLimits) -> Coalesced {
     let mut order: Vec<usize> = (0..ranges.len()).collect();
     // By offset, then longest first so a range is merged into the read that already covers it.
     order.sort_unstable_by(|&a, &b| {
@@ -86,24 +107,23 @@ pub fn coalesce(ranges: &[(u64, u64)], limits: CoalesceLimits) -> Vec<MergedRead
         oa.cmp(&ob).then(lb.cmp(&la))
     });
 
-    let mut out: Vec<MergedRead> = Vec::new();
-    let mut members: Vec<(usize, u64)> = Vec::new(); // (index, absolute offset) of the open read
+    let mut out = Coalesced {
+        reads: Vec::new(),
+        members: Vec::with_capacity(ranges.len()),
+    };
+    let mut first_member = 0usize; // where the open read's members start
     let mut cur: Option<(u64, u64)> = None; // (start, end) of the open read
 
-    let flush =
-        |out: &mut Vec<MergedRead>, members: &mut Vec<(usize, u64)>, start: u64, end: u64| {
-            out.push(MergedRead {
-                offset: start,
-                len: end - start,
-                members: members
-                    .drain(..)
-                    .map(|(index, off)| Member {
-                        index,
-                        offset_in_read: off - start,
-                    })
-                    .collect(),
-            });
-        };
+    let close = |out: &mut Coalesced, first: usize, start: u64, end: u64| {
+        for m in &mut out.members[first..] {
+            m.offset_in_read -= start;
+        }
+        out.reads.push(MergedRead {
+            offset: start,
+            len: end - start,
+            members: first..out.members.len(),
+        });
+    };
 
     for idx in order {
         let (off, len) = ranges[idx];
@@ -117,16 +137,21 @@ pub fn coalesce(ranges: &[(u64, u64)], limits: CoalesceLimits) -> Vec<MergedRead
                 if gap_ok && size_ok {
                     cur = Some((start, new_end));
                 } else {
-                    flush(&mut out, &mut members, start, cur_end);
+                    close(&mut out, first_member, start, cur_end);
+                    first_member = out.members.len();
                     cur = Some((off, end));
                 }
             }
             None => cur = Some((off, end)),
         }
-        members.push((idx, off));
+        // Absolute offset for now; made relative when the read closes.
+        out.members.push(Member {
+            index: idx,
+            offset_in_read: off,
+        });
     }
     if let Some((start, end)) = cur {
-        flush(&mut out, &mut members, start, end);
+        close(&mut out, first_member, start, end);
     }
     out
 }
@@ -142,6 +167,9 @@ mod tests {
             max_merged_len,
         }
     }
+
+    /// A planned read as `(offset, len, [(input index, offset in read)])`.
+    type Flat = Vec<(u64, u64, Vec<(usize, u64)>)>;
 
     /// Each case: requested ranges, limits, expected physical reads as
     /// `(offset, len, [(input index, offset in read)])`.
@@ -211,20 +239,19 @@ mod tests {
     #[test]
     fn table() {
         for (ranges, (gap, cap), expected) in TABLE {
-            let got = coalesce(ranges, lim(*gap, *cap));
-            let want: Vec<MergedRead> = expected
+            let got: Flat = coalesce(ranges, lim(*gap, *cap))
                 .iter()
-                .map(|(offset, len, members)| MergedRead {
-                    offset: *offset,
-                    len: *len,
-                    members: members
-                        .iter()
-                        .map(|&(index, offset_in_read)| Member {
-                            index,
-                            offset_in_read,
-                        })
-                        .collect(),
+                .map(|(r, m)| {
+                    (
+                        r.offset,
+                        r.len,
+                        m.iter().map(|m| (m.index, m.offset_in_read)).collect(),
+                    )
                 })
+                .collect();
+            let want: Flat = expected
+                .iter()
+                .map(|(o, l, m)| (*o, *l, m.to_vec()))
                 .collect();
             assert_eq!(got, want, "ranges {ranges:?} gap {gap} cap {cap}");
         }
@@ -252,17 +279,17 @@ mod tests {
             max_merged_len in 1u64..3000,
         ) {
             let limits = lim(max_gap, max_merged_len);
-            let reads = coalesce(&ranges, limits);
+            let planned = coalesce(&ranges, limits);
             let mut served = vec![0usize; ranges.len()];
             let mut prev_offset = 0u64;
-            for r in &reads {
-                prop_assert!(!r.members.is_empty());
+            for (r, members) in planned.iter() {
+                prop_assert!(!members.is_empty());
                 prop_assert!(r.offset >= prev_offset, "reads out of order");
                 prev_offset = r.offset;
                 let buf = read(r.offset, r.len);
                 // The holes between the members' coverage never exceed max_gap.
                 let mut covered_to = r.offset;
-                for m in &r.members {
+                for m in members {
                     let (off, len) = ranges[m.index];
                     prop_assert_eq!(off - r.offset, m.offset_in_read);
                     prop_assert!(off <= covered_to + max_gap);
@@ -273,7 +300,7 @@ mod tests {
                 }
                 prop_assert_eq!(covered_to, r.end());
                 // Within the cap, unless one member alone is longer than the cap.
-                let longest = r.members.iter().map(|m| ranges[m.index].1).max().unwrap_or(0);
+                let longest = members.iter().map(|m| ranges[m.index].1).max().unwrap_or(0);
                 prop_assert!(r.len <= max_merged_len.max(longest));
             }
             prop_assert!(served.iter().all(|&n| n == 1));

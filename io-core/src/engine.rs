@@ -109,6 +109,12 @@ pub struct IoConfig {
     pub budget: Option<Arc<Budget>>,
 }
 
+/// Requests planned (coalesced) together by [`IoEngine::submit`].
+pub const PLAN_GROUP: usize = 4096;
+
+/// Requests a batch keeps handed to the workers but not yet taken by its consumer.
+const FEED_AHEAD: usize = 3 * PLAN_GROUP;
+
 /// Default reads in flight per engine.
 pub const DEFAULT_QUEUE_DEPTH: usize = 64;
 /// Default number of open files cached.
@@ -360,34 +366,31 @@ impl IoEngine {
     /// each result as it completes, tagged with its request's id.
     ///
     /// Nearby ranges of one file are merged into one read and identical ones read once (see
-    /// [`CoalesceLimits`]); each request still gets its own [`Completion`].
+    /// [`CoalesceLimits`]); each request still gets its own [`Completion`]. Requests are planned
+    /// in groups of [`PLAN_GROUP`] (in the order given), so merging applies within a group, and
+    /// groups are handed to the workers as results are taken, a few groups ahead: memory stays
+    /// bounded however large the batch.
     pub fn submit(&self, requests: impl IntoIterator<Item = ReadRequest>) -> Batch {
         let (tx, rx) = crossbeam_channel::unbounded();
         let sink = Arc::new(Sink { tx });
-        let ops = plan(requests, self.inner.coalesce, &sink);
-        let total: usize = ops.iter().map(|o| o.parts.as_slice().len()).sum();
+        let unsent: Vec<ReadRequest> = requests.into_iter().collect();
+        let total = unsent.len();
         let mut local = Local::default();
         local.counters.requests = total as u64;
-        if let Some(queue) = &self.inner.queue {
-            for op in ops {
-                if let Err(crossbeam_channel::SendError(Work::Fresh(op))) =
-                    queue.send(Work::Fresh(op))
-                {
-                    op.fail_shutdown(&mut local);
-                }
-            }
-        }
-        self.inner.wake();
-        Batch {
+        let mut batch = Batch {
             rx,
             sink,
             ready: VecDeque::new(),
             remaining: total,
+            unsent: unsent.into_iter(),
+            sent: 0,
             local,
             helping: self.inner.consumers_help,
             misses_in_a_row: 0,
             engine: self.clone(),
-        }
+        };
+        batch.feed();
+        batch
     }
 
     /// Reads a batch and returns every result in the order of `requests` (ids are ignored).
@@ -439,7 +442,7 @@ fn fail_work(work: Work, local: &mut Local) {
     match work {
         Work::Fresh(op) => op.fail_shutdown(local),
         Work::Resolved(r) => r.fail_shutdown(local),
-        Work::Missed(a) => a.fail_shutdown(local),
+        Work::Missed(a) => (*a).fail_shutdown(local),
     }
 }
 
@@ -475,10 +478,14 @@ fn plan(
     let mut files: Vec<(Arc<Path>, FileReqs)> = Vec::new();
     let mut index: HashMap<Arc<Path>, usize> = HashMap::new();
     for r in requests {
-        let i = *index.entry(Arc::clone(&r.path)).or_insert_with(|| {
-            files.push((Arc::clone(&r.path), FileReqs::default()));
-            files.len() - 1
-        });
+        // Runs of requests usually share one path (often the same `Arc`): skip the hashing.
+        let i = match files.last() {
+            Some((p, _)) if Arc::ptr_eq(p, &r.path) => files.len() - 1,
+            _ => *index.entry(Arc::clone(&r.path)).or_insert_with(|| {
+                files.push((Arc::clone(&r.path), FileReqs::default()));
+                files.len() - 1
+            }),
+        };
         let f = &mut files[i].1;
         match r.range {
             ReadRange::Bounded { offset, len } => {
@@ -491,21 +498,21 @@ fn plan(
     }
     let mut ops = Vec::new();
     for (path, f) in files {
-        for m in coalesce(&f.bounded, limits) {
-            let parts = m
-                .members
-                .iter()
-                .map(|mem| {
-                    let (offset, len) = f.bounded[mem.index];
-                    Part {
-                        id: f.bounded_ids[mem.index],
-                        range: ReadRange::Bounded { offset, len },
-                        offset_in_read: mem.offset_in_read,
-                        len: Some(len),
-                    }
-                })
-                .collect::<Vec<Part>>();
-            let parts = Parts::from_vec(parts);
+        let planned = coalesce(&f.bounded, limits);
+        for (m, members) in planned.iter() {
+            let part = |mem: &crate::coalesce::Member| {
+                let (offset, len) = f.bounded[mem.index];
+                Part {
+                    id: f.bounded_ids[mem.index],
+                    range: ReadRange::Bounded { offset, len },
+                    offset_in_read: mem.offset_in_read,
+                    len: Some(len),
+                }
+            };
+            let parts = match members {
+                [one] => Parts::One(part(one)),
+                many => Parts::Many(many.iter().map(part).collect()),
+            };
             ops.push(PhysOp {
                 path: Arc::clone(&path),
                 range: ReadRange::Bounded {
@@ -564,6 +571,10 @@ pub struct Batch {
     sink: Arc<Sink>,
     ready: VecDeque<Completion>,
     remaining: usize,
+    /// Requests not yet planned and handed to the workers.
+    unsent: std::vec::IntoIter<ReadRequest>,
+    /// Requests handed to the workers so far.
+    sent: usize,
     /// Results this thread produced for other batches, and its counters.
     local: Local,
     helping: bool,
@@ -587,6 +598,31 @@ impl Batch {
         self.next_inner(false)
     }
 
+    /// Plans and hands out more requests while fewer than [`FEED_AHEAD`] are outstanding.
+    fn feed(&mut self) {
+        let total = self.sent + self.unsent.len();
+        let returned = total - self.remaining;
+        while self.sent - returned < FEED_AHEAD && self.unsent.len() > 0 {
+            let group: Vec<ReadRequest> = self.unsent.by_ref().take(PLAN_GROUP).collect();
+            self.sent += group.len();
+            let inner = &self.engine.inner;
+            let ops = plan(group, inner.coalesce, &self.sink);
+            match &inner.queue {
+                Some(queue) => {
+                    for op in ops {
+                        if let Err(crossbeam_channel::SendError(w)) = queue.send(Work::Fresh(op)) {
+                            fail_work(w, &mut self.local);
+                        }
+                    }
+                }
+                None => ops
+                    .into_iter()
+                    .for_each(|op| op.fail_shutdown(&mut self.local)),
+            }
+            inner.wake();
+        }
+    }
+
     fn take(&mut self, d: Delivery) {
         self.ready.extend(d.completions);
         // The permits are released here, as the consumer takes the results.
@@ -595,6 +631,9 @@ impl Batch {
 
     fn next_inner(&mut self, block: bool) -> Option<Completion> {
         loop {
+            if self.unsent.len() > 0 {
+                self.feed();
+            }
             if let Some(c) = self.ready.pop_front() {
                 self.remaining -= 1;
                 return Some(c);
@@ -666,11 +705,17 @@ impl Batch {
                 if self.misses_in_a_row >= HELP_MISSES {
                     self.helping = false;
                 }
-                inner.requeue(Work::Missed(active.release_budget()), &mut self.local);
+                inner.requeue(
+                    Work::Missed(Box::new(active.release_budget())),
+                    &mut self.local,
+                );
             }
             Attempt::Unsupported(active) => {
                 self.helping = false;
-                inner.requeue(Work::Missed(active.release_budget()), &mut self.local);
+                inner.requeue(
+                    Work::Missed(Box::new(active.release_budget())),
+                    &mut self.local,
+                );
             }
         }
         if self.local.pending() >= HELP_FLUSH_AT {

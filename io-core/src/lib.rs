@@ -38,6 +38,7 @@ pub mod error;
 mod fdcache;
 mod metrics;
 mod op;
+mod pool;
 mod portable;
 pub mod request;
 mod sys;
@@ -45,10 +46,10 @@ mod sys;
 mod uring;
 
 pub use budget::{Budget, Permit};
-pub use coalesce::{CoalesceLimits, MergedRead, coalesce};
+pub use coalesce::{CoalesceLimits, Coalesced, Member, MergedRead, coalesce};
 pub use engine::{
     BackendChoice, BackendKind, Batch, DEFAULT_FD_CACHE, DEFAULT_QUEUE_DEPTH, FastPath, IoConfig,
-    IoEngine,
+    IoEngine, PLAN_GROUP,
 };
 pub use error::{EngineError, IoError};
 pub use metrics::MetricsSnapshot;

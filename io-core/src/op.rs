@@ -103,7 +103,7 @@ pub(crate) enum Work {
     /// A read whose data was not in the page cache (found by a non-blocking attempt): it needs
     /// the device, so only a backend worker may take it. It holds its buffer but no budget (a
     /// queued item must not hold budget that the workers wait for); the worker charges it again.
-    Missed(Active),
+    Missed(Box<Active>),
 }
 
 /// Per-thread state of a worker (or a helping consumer): results not yet delivered, counters
@@ -145,14 +145,15 @@ impl Local {
         self.pending_count
     }
 
-    /// Sends every buffered delivery and publishes the counters.
+    /// Publishes the counters and sends every buffered delivery. Counters go first: whoever
+    /// receives a delivery then also sees the counts of the reads that made it.
     pub(crate) fn flush(&mut self, ctx: &Ctx) {
+        ctx.metrics.publish(&mut self.counters);
         for (sink, d) in self.pending.drain(..) {
             // A dropped batch no longer listens; its permits are released right here.
             let _ = sink.tx.send(d);
         }
         self.pending_count = 0;
-        ctx.metrics.publish(&mut self.counters);
     }
 
     /// Takes the buffered deliveries for `sink` (a consumer helping itself skips the channel).
@@ -417,14 +418,9 @@ impl Active {
         }
     }
 
-    /// Records that the kernel wrote `n` bytes at the pointer of the last [`Self::next_read`].
-    ///
-    /// # Safety
-    /// Those `n` bytes must really have been written.
-    #[allow(unsafe_code)]
-    pub(crate) unsafe fn advance(&mut self, n: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.buf.advance(n) };
+    /// The buffer, for the io_uring backend to record what the kernel wrote into it.
+    pub(crate) fn buf_mut(&mut self) -> &mut ReadBuf {
+        &mut self.buf
     }
 
     /// One `pread` (or `preadv2(RWF_NOWAIT)`) for the missing bytes.

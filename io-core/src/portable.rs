@@ -62,6 +62,7 @@ fn run(work: Work, ctx: &Ctx, local: &mut Local) {
         },
         Work::Resolved(r) => r,
         Work::Missed(active) => {
+            let active = *active;
             return match charge(active.charge(), ctx, local) {
                 Some(p) => active.with_budget(p).run_blocking(ctx, local),
                 None => active.fail_shutdown(local),

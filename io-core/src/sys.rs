@@ -18,12 +18,14 @@ use bytes::Bytes;
 #[derive(Debug)]
 pub(crate) struct ReadBuf {
     storage: Storage,
+    /// Bytes the read may fill (a pooled `Vec` may have more capacity).
+    cap: usize,
     filled: usize,
 }
 
 #[derive(Debug)]
 enum Storage {
-    /// A `Vec` whose length is `filled` and capacity the read size.
+    /// A pooled `Vec` whose length is `filled` and capacity at least the read size.
     Plain(Vec<u8>),
     /// An aligned allocation for `O_DIRECT`.
     Aligned(AlignedAlloc),
@@ -34,9 +36,13 @@ impl ReadBuf {
     pub(crate) fn new(cap: usize, align: Option<usize>) -> Self {
         let storage = match align {
             Some(a) if cap > 0 => Storage::Aligned(AlignedAlloc::new(cap, a)),
-            _ => Storage::Plain(Vec::with_capacity(cap)),
+            _ => Storage::Plain(crate::pool::take(cap)),
         };
-        ReadBuf { storage, filled: 0 }
+        ReadBuf {
+            storage,
+            cap,
+            filled: 0,
+        }
     }
 
     /// Bytes written so far.
@@ -46,10 +52,7 @@ impl ReadBuf {
 
     /// Total capacity.
     pub(crate) fn capacity(&self) -> usize {
-        match &self.storage {
-            Storage::Plain(v) => v.capacity(),
-            Storage::Aligned(a) => a.cap,
-        }
+        self.cap
     }
 
     /// Pointer to the first unwritten byte and how many bytes remain. The pointer stays valid
@@ -73,7 +76,8 @@ impl ReadBuf {
         self.filled += n;
         if let Storage::Plain(v) = &mut self.storage {
             // SAFETY: the caller guarantees the first `filled` bytes are initialised, and
-            // `filled <= capacity` was just checked.
+            // `filled <= self.cap <= v.capacity()` (checked above; the pool hands out vectors
+            // with at least `cap` capacity).
             unsafe { v.set_len(self.filled) };
         }
     }
@@ -81,7 +85,7 @@ impl ReadBuf {
     /// The filled bytes as [`Bytes`], without copying.
     pub(crate) fn into_bytes(self) -> Bytes {
         match self.storage {
-            Storage::Plain(v) => Bytes::from(v),
+            Storage::Plain(v) => Bytes::from_owner(crate::pool::Pooled(v)),
             Storage::Aligned(a) => {
                 let filled = self.filled;
                 Bytes::from_owner(FilledAligned { alloc: a, filled })
@@ -94,7 +98,6 @@ impl ReadBuf {
 #[derive(Debug)]
 struct AlignedAlloc {
     ptr: NonNull<u8>,
-    cap: usize,
     layout: Layout,
 }
 
@@ -112,7 +115,7 @@ impl AlignedAlloc {
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        AlignedAlloc { ptr, cap, layout }
+        AlignedAlloc { ptr, layout }
     }
 }
 
@@ -221,7 +224,9 @@ pub(crate) fn dio_alignment(file: &File) -> (usize, u64) {
     FALLBACK
 }
 
-/// Opens `path` read-only, with `O_DIRECT` when `direct`.
+/// Opens `path` read-only, with `O_DIRECT` when `direct`, and tells the kernel that access is
+/// random (`POSIX_FADV_RANDOM`): every read asks for exactly the bytes it needs, so readahead
+/// would only read bytes nobody asked for (a random 64 KiB read would pull 128 KiB).
 pub(crate) fn open(path: &std::path::Path, direct: bool) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut opts = std::fs::OpenOptions::new();
@@ -232,7 +237,15 @@ pub(crate) fn open(path: &std::path::Path, direct: bool) -> io::Result<File> {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = direct;
-    opts.open(path)
+    let file = opts.open(path)?;
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: an advisory call on a descriptor we own; it reads and writes no memory.
+        // Failure only means the kernel keeps its default readahead.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    }
+    Ok(file)
 }
 
 /// A Linux eventfd used to wake an io_uring worker.

@@ -26,6 +26,9 @@ use crate::error::EngineError;
 use crate::op::{Active, Attempt, Ctx, Local, Resolution, Resolved, Work, is_retryable, resolve};
 use crate::sys::EventFd;
 
+/// Results a worker buffers before sending them.
+const FLUSH_AT: usize = 64;
+
 /// `user_data` of the eventfd read.
 const EVENTFD_TOKEN: u64 = u64::MAX;
 
@@ -284,7 +287,7 @@ impl Worker {
                         active.fail_shutdown(&mut self.local);
                         continue;
                     }
-                    Ok(Work::Missed(active)) => Charge::Missed(active),
+                    Ok(Work::Missed(active)) => Charge::Missed(*active),
                     Err(_) => break,
                 },
             };
@@ -322,7 +325,14 @@ impl Worker {
                 continue;
             }
             match active.try_cached(&ctx, &mut self.local) {
-                Attempt::Done => self.fast.record(true),
+                Attempt::Done => {
+                    self.fast.record(true);
+                    // Served from the page cache without the ring: deliver as we go, not only
+                    // when the queue runs dry (consumers wait for these; they hold buffers).
+                    if self.local.pending() >= FLUSH_AT {
+                        self.local.flush(&ctx);
+                    }
+                }
                 Attempt::Missed(rest) => {
                     self.fast.record(false);
                     self.push(rest);
@@ -417,8 +427,9 @@ impl Worker {
             } else {
                 let n = res as usize;
                 // SAFETY: the kernel reports having written `n` bytes at the pointer of the
-                // read we issued for this slot, which was `active.next_read()`'s.
-                unsafe { active.advance(n) };
+                // read we issued for this slot, which was `active.next_read()`'s: the start of
+                // the buffer's spare capacity.
+                unsafe { active.buf_mut().advance(n) };
                 if let Some(rest) = active.after_read(n, &ctx, &mut self.local) {
                     self.push(rest);
                 }
