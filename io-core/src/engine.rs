@@ -107,6 +107,11 @@ pub struct IoConfig {
     pub fd_cache_capacity: usize,
     /// The in-flight budget; `None` uses the process-wide [`Budget::global`].
     pub budget: Option<Arc<Budget>>,
+    /// Take read buffers from the process's buffer pool, and return them to it when the last
+    /// view of a result drops (the default). Recycling saves an allocation and page faults
+    /// per read, but the pool keeps up to 16 MiB per size class (4 KiB to 4 MiB) alive; turn
+    /// it off where memory is budgeted tightly.
+    pub recycle_buffers: bool,
 }
 
 /// Requests planned (coalesced) together by [`IoEngine::submit`].
@@ -131,6 +136,7 @@ impl Default for IoConfig {
             fast_path: FastPath::Auto,
             fd_cache_capacity: DEFAULT_FD_CACHE,
             budget: None,
+            recycle_buffers: true,
         }
     }
 }
@@ -208,6 +214,7 @@ impl IoEngine {
                 .clone()
                 .unwrap_or_else(|| Arc::clone(Budget::global())),
             direct: config.direct,
+            recycle: config.recycle_buffers,
             shutdown: AtomicBool::new(false),
         });
         let (tx, rx) = crossbeam_channel::unbounded::<Work>();

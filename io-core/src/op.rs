@@ -25,6 +25,8 @@ pub(crate) struct Ctx {
     pub(crate) metrics: Metrics,
     pub(crate) budget: Arc<Budget>,
     pub(crate) direct: bool,
+    /// Read buffers come from (and return to) the process's buffer pool.
+    pub(crate) recycle: bool,
     pub(crate) shutdown: AtomicBool,
 }
 
@@ -238,6 +240,8 @@ pub(crate) struct Resolved {
     read_start: u64,
     /// Bytes to read from `read_start` (rounded up under `O_DIRECT`).
     read_len: u64,
+    /// The buffer comes from the process's buffer pool.
+    recycle: bool,
 }
 
 impl Resolved {
@@ -254,7 +258,7 @@ impl Resolved {
     /// Allocates the buffer under `permit`.
     pub(crate) fn activate(self, permit: Permit) -> Active {
         let align = self.file.direct_align.map(|(mem, _)| mem);
-        let buf = ReadBuf::new(self.read_len as usize, align);
+        let buf = ReadBuf::new(self.read_len as usize, align, self.recycle);
         Active {
             res: self,
             buf,
@@ -334,6 +338,7 @@ pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
         len,
         read_start,
         read_len,
+        recycle: ctx.recycle,
     })
 }
 

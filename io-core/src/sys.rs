@@ -27,16 +27,20 @@ pub(crate) struct ReadBuf {
 enum Storage {
     /// A pooled `Vec` whose length is `filled` and capacity at least the read size.
     Plain(Vec<u8>),
+    /// Like `Plain`, but freed (not pooled) when the last view drops.
+    Unpooled(Vec<u8>),
     /// An aligned allocation for `O_DIRECT`.
     Aligned(AlignedAlloc),
 }
 
 impl ReadBuf {
-    /// A buffer for `cap` bytes; aligned to `align` when given (a power of two).
-    pub(crate) fn new(cap: usize, align: Option<usize>) -> Self {
+    /// A buffer for `cap` bytes; aligned to `align` when given (a power of two); from the
+    /// buffer pool when `recycle` is set.
+    pub(crate) fn new(cap: usize, align: Option<usize>, recycle: bool) -> Self {
         let storage = match align {
             Some(a) if cap > 0 => Storage::Aligned(AlignedAlloc::new(cap, a)),
-            _ => Storage::Plain(crate::pool::take(cap)),
+            _ if recycle => Storage::Plain(crate::pool::take(cap)),
+            _ => Storage::Unpooled(Vec::with_capacity(cap)),
         };
         ReadBuf {
             storage,
@@ -59,7 +63,7 @@ impl ReadBuf {
     /// (the allocation never moves) until the buffer is dropped or turned into [`Bytes`].
     pub(crate) fn spare(&mut self) -> (*mut u8, usize) {
         let base = match &mut self.storage {
-            Storage::Plain(v) => v.as_mut_ptr(),
+            Storage::Plain(v) | Storage::Unpooled(v) => v.as_mut_ptr(),
             Storage::Aligned(a) => a.ptr.as_ptr(),
         };
         let cap = self.capacity();
@@ -74,7 +78,7 @@ impl ReadBuf {
     pub(crate) unsafe fn advance(&mut self, n: usize) {
         assert!(n <= self.capacity() - self.filled, "advance past capacity");
         self.filled += n;
-        if let Storage::Plain(v) = &mut self.storage {
+        if let Storage::Plain(v) | Storage::Unpooled(v) = &mut self.storage {
             // SAFETY: the caller guarantees the first `filled` bytes are initialised, and
             // `filled <= self.cap <= v.capacity()` (checked above; the pool hands out vectors
             // with at least `cap` capacity).
@@ -86,6 +90,7 @@ impl ReadBuf {
     pub(crate) fn into_bytes(self) -> Bytes {
         match self.storage {
             Storage::Plain(v) => Bytes::from_owner(crate::pool::Pooled(v)),
+            Storage::Unpooled(v) => Bytes::from(v),
             Storage::Aligned(a) => {
                 let filled = self.filled;
                 Bytes::from_owner(FilledAligned { alloc: a, filled })
@@ -290,8 +295,8 @@ mod tests {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         f.write_all(&data).unwrap();
         let file = f.reopen().unwrap();
-        for align in [None, Some(4096)] {
-            let mut buf = ReadBuf::new(9900, align);
+        for (align, recycle) in [(None, true), (None, false), (Some(4096), true)] {
+            let mut buf = ReadBuf::new(9900, align, recycle);
             let n = pread(&file, &mut buf, 100, 5000, false).unwrap();
             assert_eq!(n, 5000);
             let n2 = pread(&file, &mut buf, 5100, usize::MAX, false).unwrap();

@@ -60,6 +60,14 @@ fn configs() -> Vec<(&'static str, IoConfig)> {
             },
         ),
         (
+            "uring-unpooled-buffers",
+            IoConfig {
+                backend: BackendChoice::Uring,
+                recycle_buffers: false,
+                ..base.clone()
+            },
+        ),
+        (
             "portable-direct",
             IoConfig {
                 backend: BackendChoice::Portable,

@@ -1136,6 +1136,8 @@ pub fn fft_along_axis(
         budget: Some(Budget::new(256, io_bytes)),
         threads: 2,
         queue_depth: 32,
+        // Pooled buffers outlive their reads; the budget counts only what is in use.
+        recycle_buffers: false,
         ..IoConfig::default()
     })?;
     let open = OpenOptions {
