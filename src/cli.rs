@@ -57,6 +57,55 @@ enum BenchMode {
     /// Random reads of one block size over a file, through io-core (the file is generated if
     /// none is given).
     Io(IoBenchArgs),
+    /// The sampler's prefetching loader against calling read_batch directly in a loop, on a
+    /// (T, C, Y, X) array (the generated dataset if no PATH is given).
+    Loader(Box<LoaderBenchArgs>),
+}
+
+#[derive(Debug, Args)]
+struct LoaderBenchArgs {
+    /// A 4-d (T, C, Y, X) array; crop origins are random along T, Y and X, and channels
+    /// are read from 0 (the crop's C).
+    path: Option<PathBuf>,
+    /// Crop shape.
+    #[arg(long, default_value = "4,12,128,128", value_parser = parse_shape)]
+    crop: Shape,
+    /// Crops per batch.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Timed batches per round.
+    #[arg(long, default_value_t = 20)]
+    batches: u64,
+    /// Untimed batches first.
+    #[arg(long, default_value_t = 2)]
+    warmup: u64,
+    /// Rounds (the fastest of each loop counts).
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Batches the loader reads ahead.
+    #[arg(long, default_value_t = 4)]
+    prefetch: usize,
+    /// Batches the loader reads at once.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Milliseconds the consumer spends on each batch (a training step's stand-in).
+    #[arg(long, default_value_t = 0)]
+    consume_ms: u64,
+    /// Convert to float32 in the stitch.
+    #[arg(long)]
+    to_f32: bool,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Size of the generated dataset.
+    #[arg(long, value_parser = parse_size, default_value = "2G")]
+    dataset_size: u64,
+    /// Where generated datasets live.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -260,6 +309,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Info { path, json }) => emit(&info::run(&path, json)?),
         Some(Command::Bench(b)) => match b.mode {
             Some(BenchMode::Io(args)) => bench_io(&args),
+            Some(BenchMode::Loader(args)) => bench_loader(&args),
             None => bench_array(&b.array),
         },
     }
@@ -293,38 +343,16 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
     let progress = !args.io.no_progress && !args.io.json;
     let path = match &args.path {
         Some(p) => p.clone(),
-        None => {
-            synth::check_size(args.dataset_size)?;
-            let spec = synth::Spec::with_size(args.dataset_size, args.codec, args.layout);
-            let dir = args
-                .data_dir
-                .clone()
-                .unwrap_or_else(synth::default_data_dir);
-            let target = dir.join(spec.dir_name());
-            let fresh = !target.join(".zcrop-complete").exists();
-            if fresh && !args.io.json {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "zcrop: writing a {} synthetic dataset {:?} to {} (once; later runs reuse it)",
-                    info::human_bytes(spec.bytes()),
-                    spec.shape,
-                    target.display()
-                );
-            }
-            let bar = bench::progress_bar(progress && fresh, None, None, "");
-            let report = |done: u64, total: u64| {
-                if let Some(b) = &bar {
-                    b.set_length(total);
-                    b.set_position(done);
-                }
-            };
-            let p =
-                synth::ensure(&spec, &dir, &report).context("generating the benchmark dataset")?;
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
-            p
-        }
+        None => generated_dataset(
+            &synth::Spec::with_size(
+                synth::checked_size(args.dataset_size)?,
+                args.codec,
+                args.layout,
+            ),
+            args.data_dir.as_deref(),
+            progress,
+            !args.io.json,
+        )?,
     };
     if args.prepare_only {
         return emit(&format!("{}\n", path.display()));
@@ -440,6 +468,118 @@ fn cache_state(cold: bool, note: Option<&str>) -> String {
         (None, true) => "cold (dropped before the run)".into(),
         (None, false) => "warm".into(),
     }
+}
+
+/// The generated benchmark dataset for `spec` under `data_dir` (or the default place), written
+/// first if it is not there yet, with a note and a progress bar when asked.
+fn generated_dataset(
+    spec: &synth::Spec,
+    data_dir: Option<&std::path::Path>,
+    progress: bool,
+    note: bool,
+) -> Result<PathBuf> {
+    let dir = data_dir.map_or_else(synth::default_data_dir, std::path::Path::to_path_buf);
+    let target = dir.join(spec.dir_name());
+    let fresh = !target.join(".zcrop-complete").exists();
+    if fresh && note {
+        let _ = writeln!(
+            std::io::stderr(),
+            "zcrop: writing a {} synthetic dataset {:?} to {} (once; later runs reuse it)",
+            info::human_bytes(spec.bytes()),
+            spec.shape,
+            target.display()
+        );
+    }
+    let bar = bench::progress_bar(progress && fresh, None, None, "");
+    let report = |done: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    };
+    let p = synth::ensure(spec, &dir, &report).context("generating the benchmark dataset")?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(p)
+}
+
+fn bench_loader(args: &LoaderBenchArgs) -> Result<()> {
+    let Ok(crop) = <[u64; 4]>::try_from(args.crop.0.clone()) else {
+        bail!("--crop must have 4 numbers (T, C, Y, X)");
+    };
+    let path = match &args.path {
+        Some(p) => p.clone(),
+        None => generated_dataset(
+            &synth::Spec::with_size(
+                synth::checked_size(args.dataset_size)?,
+                synth::Codec::Zstd,
+                synth::Layout::Sharded,
+            ),
+            args.data_dir.as_deref(),
+            !args.json,
+            !args.json,
+        )?,
+    };
+    let opts = bench::LoaderBenchOptions {
+        crop,
+        batch_size: args.batch_size,
+        batches: args.batches,
+        warmup: args.warmup,
+        rounds: args.rounds,
+        prefetch: args.prefetch,
+        workers: args.workers,
+        consume: Duration::from_millis(args.consume_ms),
+        to_f32: args.to_f32,
+        seed: args.seed,
+    };
+    let r = bench::run_loader(&path, &opts)?;
+    if args.json {
+        return emit(&(serde_json::to_string_pretty(&r)? + "\n"));
+    }
+    let mut t = String::new();
+    let mut row = |k: &str, v: String| {
+        let _ = std::fmt::Write::write_fmt(&mut t, format_args!("{k:<22} {v}\n"));
+    };
+    row("array", r.path.clone());
+    row(
+        "crop x batch",
+        format!("{:?} x {}", r.crop_shape, r.batch_size),
+    );
+    row(
+        "direct read_batch",
+        format!(
+            "{:.2} batches/s, {:.3} GB/s",
+            r.direct_batches_per_s, r.direct_gbps
+        ),
+    );
+    row(
+        "loader",
+        format!(
+            "{:.2} batches/s, {:.3} GB/s",
+            r.loader_batches_per_s, r.loader_gbps
+        ),
+    );
+    row(
+        "loader / direct time",
+        format!(
+            "{:.3} (consumer waited {:.3} s)",
+            r.time_ratio, r.loader_wait_s
+        ),
+    );
+    row(
+        "buffers",
+        format!(
+            "page-locked: {}, CUDA-registered: {}{}",
+            r.page_locked,
+            r.cuda_registered,
+            r.pin_note
+                .as_ref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
+    );
+    emit(&t)
 }
 
 fn bench_io(args: &IoBenchArgs) -> Result<()> {

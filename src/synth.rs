@@ -246,12 +246,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok((n * mult as f64) as u64)
 }
 
-/// Guards against a dataset that cannot fit: `bytes` must be at least one shard.
-pub fn check_size(bytes: u64) -> Result<()> {
+/// `bytes`, if a dataset of that size can be made (at least one shard), or an error.
+pub fn checked_size(bytes: u64) -> Result<u64> {
     if bytes < (1 << 20) {
         bail!("--dataset-size must be at least 1M");
     }
-    Ok(())
+    Ok(bytes)
 }
 
 #[cfg(test)]

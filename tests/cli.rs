@@ -152,6 +152,62 @@ fn bench_rejects_a_crop_that_does_not_fit() {
 }
 
 #[test]
+fn bench_loader_reports_both_loops() {
+    let v = json_of(
+        &zcrop()
+            .args([
+                "bench",
+                "loader",
+                "--json",
+                "--crop",
+                "2,3,16,16",
+                "--batch-size",
+                "3",
+                "--batches",
+                "4",
+                "--rounds",
+                "1",
+                "--to-f32",
+            ])
+            .arg(fixture("v3_workload_4d_u2.zarr"))
+            .output()
+            .unwrap(),
+    );
+    for key in [
+        "direct_batches_per_s",
+        "loader_batches_per_s",
+        "direct_gbps",
+        "loader_gbps",
+        "time_ratio",
+        "page_locked",
+        "cuda_registered",
+    ] {
+        assert!(v.get(key).is_some(), "no {key} in {v}");
+    }
+    assert_eq!(v["batches"], 4);
+    assert_eq!(v["batch_size"], 3);
+    assert!(v["loader_batches_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["direct_batches_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_loader_rejects_bad_crops() {
+    for (crop, want) in [("2,9,16,16", "does not fit"), ("2,3,16", "4 numbers")] {
+        let out = zcrop()
+            .args(["bench", "loader", "--crop", crop])
+            .arg(fixture("v3_workload_4d_u2.zarr"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{crop}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(want) && err.trim().lines().count() == 1,
+            "{crop}: {err}"
+        );
+    }
+}
+
+#[test]
 fn bench_io_reports_stable_json_fields() {
     let dir = tempfile::tempdir().unwrap();
     for backend in ["uring", "portable"] {
