@@ -83,10 +83,22 @@ impl NativeArray {
         self.inner.path()
     }
 
-    /// The array's directory.
+    /// The array's directory (for an object store: its key prefix in the bucket).
     #[getter]
     fn dir(&self) -> std::path::PathBuf {
         self.inner.dir().to_path_buf()
+    }
+
+    /// Where the array is: its directory, or its URL.
+    #[getter]
+    fn uri(&self) -> String {
+        self.inner.uri()
+    }
+
+    /// The storage options the array was opened with (`(key, value)` pairs).
+    #[getter]
+    fn storage_options(&self) -> Vec<(String, String)> {
+        self.inner.storage_options().to_vec()
     }
 
     /// The attributes, as a JSON text.

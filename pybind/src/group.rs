@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
-use zcrop::zarr::{Group, Node, NodeKind};
+use zcrop::zarr::{Group, Node, NodeKind, OpenOptions};
 
 use crate::array::NativeArray;
 use crate::background::{self, Pending};
@@ -54,6 +54,12 @@ impl NativeGroup {
     #[getter]
     fn attributes_json(&self) -> String {
         serde_json::Value::Object(self.inner.attributes().clone()).to_string()
+    }
+
+    /// Where the group is: its directory, or its URL.
+    #[getter]
+    fn uri(&self) -> String {
+        self.inner.uri()
     }
 
     /// Whether the group's metadata is consolidated.
@@ -108,20 +114,43 @@ impl NativeGroup {
     }
 }
 
-/// Opens the array or group at `path`: a `NativeArray` or a `NativeGroup`.
+/// Open options with `storage_options` (`(key, value)` pairs, for a URL).
+pub(crate) fn open_options(storage_options: Option<Vec<(String, String)>>) -> OpenOptions {
+    OpenOptions {
+        storage_options: storage_options.unwrap_or_default(),
+        ..OpenOptions::default()
+    }
+}
+
+/// Opens the array or group at `path` (a local path or a URL, with `storage_options` for a
+/// URL): a `NativeArray` or a `NativeGroup`.
 #[pyfunction]
+#[pyo3(signature = (path, storage_options=None))]
 #[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments by value
-pub(crate) fn open_node(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
-    let node = blocking::run(py, 0, |_| zcrop::zarr::open(&path).map_err(Failure::from))?;
+pub(crate) fn open_node(
+    py: Python<'_>,
+    path: PathBuf,
+    storage_options: Option<Vec<(String, String)>>,
+) -> PyResult<Bound<'_, PyAny>> {
+    let options = open_options(storage_options);
+    let node = blocking::run(py, 0, |_| {
+        zcrop::zarr::open_with(&path, &options).map_err(Failure::from)
+    })?;
     node_into_py(py, node)
 }
 
 /// [`open_node`] in the background; `notify(error, node)` when done.
 #[pyfunction]
-pub(crate) fn submit_open(path: PathBuf, notify: Py<PyAny>) -> PyResult<Pending> {
+#[pyo3(signature = (path, notify, storage_options=None))]
+pub(crate) fn submit_open(
+    path: PathBuf,
+    notify: Py<PyAny>,
+    storage_options: Option<Vec<(String, String)>>,
+) -> PyResult<Pending> {
+    let options = open_options(storage_options);
     background::submit(
         notify,
-        move |_| zcrop::zarr::open(&path).map_err(Failure::from),
+        move |_| zcrop::zarr::open_with(&path, &options).map_err(Failure::from),
         node_into_py,
     )
 }

@@ -119,7 +119,10 @@ fn parse_source(s: &Bound<'_, PyDict>) -> PyResult<Source> {
         Source::new(name, native.get().inner.clone(), crop)
     } else {
         let path: PathBuf = array.extract()?;
-        Source::open(name, path, crop).map_err(|e| blocking::sampler_err(array.py(), &e))?
+        let storage_options: Option<Vec<(String, String)>> = item(s, "storage_options")?;
+        let options = crate::group::open_options(storage_options);
+        Source::open_with(name, path, crop, &options)
+            .map_err(|e| blocking::sampler_err(array.py(), &e))?
     };
     let dims: Option<Vec<Bound<'_, PyAny>>> = item(s, "dims")?;
     let mut source = match dims {

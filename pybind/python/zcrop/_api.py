@@ -1,12 +1,17 @@
 """Opening stores: ``zcrop.open``, ``open_array``, ``open_group`` and ``open_async``.
 
 They take the arguments of zarr-python's functions of the same names that make sense for
-reading a local store, so ``zarr.open(path)`` becomes ``zcrop.open(path)``.
+reading, so ``zarr.open(path)`` becomes ``zcrop.open(path)``. A store is a local path or the
+URL of one in an object store (``s3://bucket/data.zarr``, ``gs://``, ``az://``, ``https://``),
+configured like fsspec or obstore stores with ``storage_options``
+(``{"endpoint_url": ..., "region": ..., "anon": True, "key": ..., "secret": ...}``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from zcrop import _fork, _zcrop
@@ -20,63 +25,112 @@ __all__ = ["open", "open_array", "open_async", "open_group"]
 _READ_MODES = ("r", "r+", "a")
 
 
-def _store_path(store: Any, mode: str | None, kwargs: dict[str, Any]) -> str:
-    """The directory to open, from zarr-python style arguments."""
+#: A storage options mapping as the native side takes it: ``(key, value)`` text pairs.
+Options = list[tuple[str, str]]
+
+
+def is_url(root: str) -> bool:
+    """Whether ``root`` is an object-store URL (``s3://``, ``https://``, ...), not a path."""
+    scheme, sep, _ = root.partition("://")
+    return bool(sep) and scheme.lower() != "file" and scheme.replace("+", "").replace(
+        "-", ""
+    ).replace(".", "").isalnum()
+
+
+def storage_option_pairs(storage_options: Any) -> Options | None:
+    """``storage_options`` (a mapping) as ``(key, value)`` text pairs; booleans as
+    ``"true"``/``"false"``. ``None`` for none."""
+    if storage_options is None:
+        return None
+    if not isinstance(storage_options, Mapping):
+        raise TypeError(f"storage_options must be a mapping, got {type(storage_options)!r}")
+    pairs: Options = []
+    for key, value in storage_options.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (str, int, float)):
+            text = str(value)
+        else:
+            raise TypeError(
+                f"storage option {key!r}: zcrop takes text, numbers and booleans, "
+                f"got {type(value)!r}"
+            )
+        pairs.append((str(key), text))
+    return pairs
+
+
+def _store_path(
+    store: Any, mode: str | None, kwargs: dict[str, Any]
+) -> tuple[str, Options | None]:
+    """The directory or URL to open and its storage options, from zarr-python style
+    arguments."""
     if mode is not None and mode not in _READ_MODES:
         raise ValueError(
             f"zcrop opens stores for reading; mode {mode!r} would create or overwrite data "
             f"(use one of {', '.join(map(repr, _READ_MODES))})"
         )
-    storage_options = kwargs.pop("storage_options", None)
-    if storage_options:
-        raise ValueError("zcrop reads local stores; storage_options are not supported")
+    options = storage_option_pairs(kwargs.pop("storage_options", None))
     kwargs.pop("use_consolidated", None)  # consolidated metadata is used when present
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(kwargs))}")
     if store is None:
-        raise TypeError("a store (a local path) is required")
+        raise TypeError("a store (a local path or a URL) is required")
     if isinstance(store, (str, os.PathLike)):
         root = os.fspath(store)
     elif hasattr(store, "root"):  # zarr.storage.LocalStore
         root = os.fspath(store.root)
     else:
-        raise TypeError(f"zcrop reads local stores given as a path; got {type(store)!r}")
+        raise TypeError(f"zcrop reads stores given as a path or a URL; got {type(store)!r}")
     if isinstance(root, bytes):
         root = os.fsdecode(root)
     if root.startswith("file://"):
         root = root[len("file://") :]
-    return root
+    if options and not is_url(root):
+        raise ValueError(
+            f"storage_options apply to object-store URLs (s3://, gs://, az://, https://); "
+            f"{root!r} is a local path"
+        )
+    return root, options or None
 
 
-def _open_native(root: str, path: str | None) -> NativeArray | NativeGroup:
+def _join(root: str, sub: str) -> str:
+    return f"{root.rstrip('/')}/{sub}" if is_url(root) else os.path.join(root, sub)
+
+
+def _open_native(
+    root: str, path: str | None, options: Options | None = None
+) -> NativeArray | NativeGroup:
     """Opens ``path`` inside the store at ``root``: through the root group when there is one
     (so names are store paths, ``/group/array``), else the sub-directory itself."""
     _fork.started()
     sub = (path or "").strip("/")
     if not sub:
-        return _zcrop.open_node(root)
+        return _zcrop.open_node(root, options)
     try:
-        top = _zcrop.open_node(root)
+        top = _zcrop.open_node(root, options)
     except NodeNotFoundError:
         top = None
     if isinstance(top, NativeGroup):
         return top.get(sub)
-    return _zcrop.open_node(os.path.join(root, sub))
+    return _zcrop.open_node(_join(root, sub), options)
 
 
-async def _open_native_async(root: str, path: str | None) -> NativeArray | NativeGroup:
+async def _open_native_async(
+    root: str, path: str | None, options: Options | None = None
+) -> NativeArray | NativeGroup:
     """:func:`_open_native` on zcrop's threads."""
     _fork.started()
+    submit_open = functools.partial(_zcrop.submit_open, storage_options=options)
     sub = (path or "").strip("/")
     if not sub:
-        return await await_native(_zcrop.submit_open, root)  # type: ignore[no-any-return]
+        return await await_native(submit_open, root)  # type: ignore[no-any-return]
     try:
-        top = await await_native(_zcrop.submit_open, root)
+        top = await await_native(submit_open, root)
     except NodeNotFoundError:
         top = None
     if isinstance(top, NativeGroup):
         return await await_native(top.submit_get, sub)  # type: ignore[no-any-return]
-    return await await_native(_zcrop.submit_open, os.path.join(root, sub))  # type: ignore[no-any-return]
+    return await await_native(submit_open, _join(root, sub))  # type: ignore[no-any-return]
 
 
 def _check_format(node: Any, zarr_format: int | None, where: str) -> None:
@@ -93,13 +147,14 @@ def open(
     zarr_version: int | None = None,
     **kwargs: Any,
 ) -> Array | Group:
-    """Opens the array or group at ``store`` (a local path; ``path`` joins a sub-path).
+    """Opens the array or group at ``store`` (a local path or a URL such as
+    ``s3://bucket/data.zarr``, with ``storage_options=`` for it; ``path`` joins a sub-path).
 
     Raises :class:`FileNotFoundError` (:class:`zcrop.NodeNotFoundError`) when there is none.
     ``mode`` may be ``"r"``, ``"r+"`` or ``"a"``: zcrop only reads.
     """
-    where = _store_path(store, mode, kwargs)
-    node = _open_native(where, path)
+    where, options = _store_path(store, mode, kwargs)
+    node = _open_native(where, path, options)
     _check_format(node, zarr_format or zarr_version, where)
     return wrap(node)
 
@@ -114,8 +169,8 @@ def open_array(
     **kwargs: Any,
 ) -> Array:
     """Opens the array at ``store``; a group there raises :class:`zcrop.NodeTypeError`."""
-    where = _store_path(store, mode, kwargs)
-    node = wrap(_open_native(where, path))
+    where, options = _store_path(store, mode, kwargs)
+    node = wrap(_open_native(where, path, options))
     if not isinstance(node, Array):
         raise NodeTypeError(f"{where} is a Zarr group, not an array")
     _check_format(node, zarr_format or zarr_version, where)
@@ -132,8 +187,8 @@ def open_group(
     **kwargs: Any,
 ) -> Group:
     """Opens the group at ``store``; an array there raises :class:`zcrop.NodeTypeError`."""
-    where = _store_path(store, mode, kwargs)
-    node = wrap(_open_native(where, path))
+    where, options = _store_path(store, mode, kwargs)
+    node = wrap(_open_native(where, path, options))
     if not isinstance(node, Group):
         raise NodeTypeError(f"{where} is a Zarr array, not a group")
     _check_format(node, zarr_format or zarr_version, where)
@@ -151,7 +206,7 @@ async def open_async(
 ) -> AsyncArray | AsyncGroup:
     """:func:`open` for asyncio: ``await zcrop.open_async(path)`` gives an
     :class:`AsyncArray` or :class:`AsyncGroup`. Opening runs on zcrop's threads."""
-    where = _store_path(store, mode, kwargs)
-    node = wrap_async(await _open_native_async(where, path))
+    where, options = _store_path(store, mode, kwargs)
+    node = wrap_async(await _open_native_async(where, path, options))
     _check_format(node, zarr_format or zarr_version, where)
     return node

@@ -23,6 +23,7 @@ from typing import Any, Union, cast
 import numpy as np
 
 from zcrop import _fork
+from zcrop._api import is_url, storage_option_pairs
 from zcrop._array import Array
 from zcrop._zcrop import NativeArray, NativeBatch, NativeLoader
 
@@ -104,7 +105,8 @@ class Source:
     Parameters
     ----------
     array:
-        A path to a Zarr array, or a :class:`zcrop.Array`.
+        A path or URL (``s3://bucket/data.zarr/t2m``) of a Zarr array, or a
+        :class:`zcrop.Array`.
     crop:
         The crop shape (one entry per array dimension).
     name:
@@ -125,6 +127,9 @@ class Source:
     coords:
         Label samples with the values of 1-d coordinate arrays named like the dimensions
         (sibling arrays), when there are any.
+    storage_options:
+        For a URL: the object store's options (``endpoint_url``, ``region``, ``anon``, ``key``,
+        ``secret``, ...), as for :func:`zcrop.open`.
     """
 
     __slots__ = ("_spec", "name")
@@ -140,14 +145,23 @@ class Source:
         normalize: tuple[int, Sequence[float], Sequence[float]] | None = None,
         fft: Mapping[str, Any] | None = None,
         coords: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        options = storage_option_pairs(storage_options)
         if isinstance(array, Array):
-            # By directory, so a Source pickles (for DataLoader workers started by spawn).
-            native: NativeArray | str = os.fspath(array.native.dir)
+            # By directory or URL, so a Source pickles (for DataLoader workers started by
+            # spawn); an array in an object store keeps the options it was opened with.
+            native: NativeArray | str = array.native.uri
+            if options is None and array.native.storage_options:
+                options = list(array.native.storage_options)
             default_name = array.basename or "data"
         elif isinstance(array, (str, os.PathLike)):
             native = os.fspath(array)
-            default_name = os.path.basename(os.path.normpath(native)) or "data"
+            if options and not is_url(native):
+                raise ValueError(
+                    f"storage_options apply to object-store URLs; {native!r} is a local path"
+                )
+            default_name = os.path.basename(os.path.normpath(native.rstrip("/"))) or "data"
         else:
             raise TypeError(f"a source's array is a path or a zcrop.Array, got {type(array)!r}")
         key = None if dtype is None else np.dtype(dtype).name
@@ -174,6 +188,7 @@ class Source:
             "normalize": norm_spec,
             "fft": fft_spec,
             "coords": bool(coords),
+            "storage_options": options,
         }
 
     def __repr__(self) -> str:
@@ -206,7 +221,11 @@ def _sources(sources: Any) -> list[Source]:
 
 def _positions(first: Source) -> list[str]:
     arr = first._spec["array"]
-    native = arr if isinstance(arr, NativeArray) else Array(_open_native(arr)).native
+    native = (
+        arr
+        if isinstance(arr, NativeArray)
+        else Array(_open_native(arr, first._spec["storage_options"])).native
+    )
     names = native.dimension_names
     ndim = len(native.shape)
     if names and all(names):
@@ -214,10 +233,10 @@ def _positions(first: Source) -> list[str]:
     return [f"dim_{i}" for i in range(ndim)]
 
 
-def _open_native(path: str) -> NativeArray:
+def _open_native(path: str, options: list[tuple[str, str]] | None = None) -> NativeArray:
     from zcrop import _zcrop
 
-    node = _zcrop.open_node(path)
+    node = _zcrop.open_node(path, options)
     if not isinstance(node, NativeArray):
         raise TypeError(f"{path} is a group, not an array")
     return node

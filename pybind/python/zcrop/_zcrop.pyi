@@ -40,10 +40,17 @@ _Notify: TypeAlias = Callable[[BaseException | None, Any], object]
 def cli_main(argv: Sequence[str]) -> int:
     """Runs the ``zcrop`` command line with ``argv`` (program name first); its exit code."""
 
-def open_node(path: str | PathLike[str]) -> NativeArray | NativeGroup:
-    """Opens the array or group at ``path``."""
+def open_node(
+    path: str | PathLike[str], storage_options: Sequence[tuple[str, str]] | None = None
+) -> NativeArray | NativeGroup:
+    """Opens the array or group at ``path`` (a local path or a URL, with ``storage_options``
+    as ``(key, value)`` pairs for a URL)."""
 
-def submit_open(path: str | PathLike[str], notify: _Notify) -> Pending:
+def submit_open(
+    path: str | PathLike[str],
+    notify: _Notify,
+    storage_options: Sequence[tuple[str, str]] | None = None,
+) -> Pending:
     """:func:`open_node` on a background thread; ``notify(error, node)`` when done."""
 
 @final
@@ -89,7 +96,13 @@ class NativeArray:
         """The path relative to the store root."""
     @property
     def dir(self) -> str:
-        """The array's directory."""
+        """The array's directory (for an object store: its key prefix in the bucket)."""
+    @property
+    def uri(self) -> str:
+        """Where the array is: its directory, or its URL."""
+    @property
+    def storage_options(self) -> list[tuple[str, str]]:
+        """The storage options the array was opened with."""
     @property
     def attributes_json(self) -> str:
         """The attributes as JSON."""
@@ -154,6 +167,9 @@ class NativeGroup:
     @property
     def attributes_json(self) -> str:
         """The attributes as JSON."""
+    @property
+    def uri(self) -> str:
+        """Where the group is: its directory, or its URL."""
     @property
     def is_consolidated(self) -> bool:
         """Whether the metadata is consolidated."""
