@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use zcrop_io::{
-    BackendChoice, CoalesceLimits, FastPath, IoConfig, IoEngine, ReadRange, ReadRequest,
+    BackendChoice, CoalesceLimits, FastPath, IoConfig, IoEngine, ObjectConfig, ObjectEngine,
+    ReadRange, ReadRequest, is_object_url,
 };
 use zcrop_zarr::{Array, Node, OpenOptions, ReadStats};
 
@@ -91,6 +92,31 @@ pub struct ArrayBenchOptions {
     pub chunk_cache_bytes: usize,
     /// Show a progress bar on stderr.
     pub progress: bool,
+    /// For a URL: the object store's options (endpoint, region, credentials, ...).
+    pub storage_options: Vec<(String, String)>,
+}
+
+/// What the object store was asked during the timed batches of a benchmark of a URL.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ObjectReport {
+    /// The bucket (or container, or host) the engine reads.
+    pub store: String,
+    /// Largest hole merged into one GET, bytes.
+    pub coalesce_max_gap: u64,
+    /// Longest merged GET, bytes.
+    pub coalesce_max_len: u64,
+    /// GETs in flight at most.
+    pub max_concurrency: usize,
+    /// GETs the engine issued (after coalescing).
+    pub gets: u64,
+    /// GET requests sent over HTTP (retries included).
+    pub http_gets: u64,
+    /// HTTP requests that failed and were retried (or gave up).
+    pub http_failures: u64,
+    /// Bytes the GETs received (coalescing holes included).
+    pub bytes_received: u64,
+    /// GETs per batch.
+    pub gets_per_batch: f64,
 }
 
 /// What an array benchmark measured. Field names are stable: scripts read them from `--json`.
@@ -150,6 +176,8 @@ pub struct ArrayBenchReport {
     pub decode_efficiency: Option<f64>,
     /// Totals over the timed batches.
     pub totals: TotalsReport,
+    /// For a URL: the GETs the timed batches cost.
+    pub object: Option<ObjectReport>,
 }
 
 /// Single-threaded decode rate (chunks/s) of `sample` random stored chunks of `a`, timed for at
@@ -246,8 +274,12 @@ pub fn run_array(
     array: Option<&str>,
     opts: &ArrayBenchOptions,
 ) -> Result<ArrayBenchReport> {
+    let url = path.to_str().filter(|p| is_object_url(p));
     let mut cold_note = None;
-    let cold = if opts.cold {
+    let cold = if opts.cold && url.is_some() {
+        cold_note = Some("the store is remote: there is no local cache to drop".to_string());
+        false
+    } else if opts.cold {
         match drop_page_cache() {
             Ok(()) => true,
             Err(e) => {
@@ -258,9 +290,27 @@ pub fn run_array(
     } else {
         false
     };
-    let engine = IoEngine::new(opts.io.clone()).context("starting the IO engine")?;
+    // A URL is read through an object engine of its own (its counters are this run's);
+    // local files through an IO engine of the configuration asked for.
+    let (engine, object) = match url {
+        Some(u) => {
+            let config = ObjectConfig::from_env().context("object-store configuration")?;
+            let (e, _) = ObjectEngine::open_container(u, &opts.storage_options, config)
+                .with_context(|| format!("opening {u}"))?;
+            (None, Some(e))
+        }
+        None => {
+            if !opts.storage_options.is_empty() {
+                bail!("--storage-option applies to URLs (s3://, gs://, az://, https://)");
+            }
+            let e = IoEngine::new(opts.io.clone()).context("starting the IO engine")?;
+            (Some(e), None)
+        }
+    };
     let options = OpenOptions {
-        engine: Some(engine.clone()),
+        engine: engine.clone(),
+        object_engine: object.clone(),
+        storage_options: opts.storage_options.clone(),
         chunk_cache_bytes: opts.chunk_cache_bytes,
         ..OpenOptions::default()
     };
@@ -310,6 +360,7 @@ pub fn run_array(
     );
     let mut latencies = Vec::new();
     let mut totals = ReadStats::default();
+    let object0 = object.as_ref().map(ObjectEngine::metrics);
     let cpu0 = cpu_time();
     let start = Instant::now();
     loop {
@@ -336,6 +387,21 @@ pub fn run_array(
     let cpu = cpu0
         .zip(cpu_time())
         .map(|(a, b)| b.saturating_sub(a).as_secs_f64() / wall);
+    let object_report = object.as_ref().zip(object0).map(|(e, m0)| {
+        let m = e.metrics() - m0;
+        let limits = e.coalesce_limits();
+        ObjectReport {
+            store: e.url().to_string(),
+            coalesce_max_gap: limits.max_gap,
+            coalesce_max_len: limits.max_merged_len,
+            max_concurrency: e.max_concurrency(),
+            gets: m.gets,
+            http_gets: m.http_gets,
+            http_failures: m.http_failures,
+            bytes_received: m.bytes_read,
+            gets_per_batch: m.gets as f64 / latencies.len().max(1) as f64,
+        }
+    });
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -345,8 +411,14 @@ pub fn run_array(
     let threads = rayon::current_num_threads();
     let chunks_per_s = totals.chunks_decoded as f64 / wall;
     Ok(ArrayBenchReport {
-        backend: engine.backend().name().to_string(),
-        backend_fallback: engine.fallback_reason().map(str::to_string),
+        backend: engine
+            .as_ref()
+            .map_or("object_store", |e| e.backend().name())
+            .to_string(),
+        backend_fallback: engine
+            .as_ref()
+            .and_then(IoEngine::fallback_reason)
+            .map(str::to_string),
         path: array
             .map_or_else(|| path.to_path_buf(), |name| path.join(name))
             .display()
@@ -383,6 +455,7 @@ pub fn run_array(
             index_reads: totals.index_reads,
             output_bytes: totals.output_bytes,
         },
+        object: object_report,
     })
 }
 

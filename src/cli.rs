@@ -172,8 +172,9 @@ fn parse_backend(s: &str) -> Result<BackendChoice, String> {
 
 #[derive(Debug, Args)]
 struct ArrayBenchArgs {
-    /// A Zarr array, or a group with --array. Without it, a synthetic sharded dataset is
-    /// generated (or reused) under --data-dir.
+    /// A Zarr array, or a group with --array: a local path or a URL (s3://bucket/data.zarr,
+    /// see --storage-option). Without it, a synthetic sharded dataset is generated (or reused)
+    /// under --data-dir.
     path: Option<PathBuf>,
     /// The array inside the group PATH.
     #[arg(long)]
@@ -217,8 +218,20 @@ struct ArrayBenchArgs {
     /// Generate (or find) the dataset, print its path, and stop.
     #[arg(long)]
     prepare_only: bool,
+    /// For a URL (s3://, gs://, az://, https://): an object-store option KEY=VALUE (endpoint,
+    /// region, anon, access_key_id, secret_access_key, ...; repeat for more). Credentials not
+    /// given come from the usual environment variables (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...).
+    #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = parse_option)]
+    storage_options: Vec<(String, String)>,
     #[command(flatten)]
     io: IoArgs,
+}
+
+fn parse_option(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("not KEY=VALUE: {s:?}")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -375,6 +388,7 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
         io,
         chunk_cache_bytes: usize::try_from(args.chunk_cache).unwrap_or(usize::MAX),
         progress,
+        storage_options: args.storage_options.clone(),
     };
     let r = bench::run_array(&path, args.array.as_deref(), &opts)?;
     if args.io.json {
@@ -453,12 +467,55 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
         "IO backend",
         format!("{backend}{}", if r.direct { ", O_DIRECT" } else { "" }),
     );
-    row(
-        &mut t,
-        "page cache",
-        cache_state(r.cold, r.cold_note.as_deref()),
-    );
+    match &r.object {
+        Some(o) => {
+            row(
+                &mut t,
+                "object store",
+                format!(
+                    "{}, {} GETs in flight at most, merging holes up to {} into GETs up to {}",
+                    o.store,
+                    o.max_concurrency,
+                    human_bytes(o.coalesce_max_gap),
+                    human_bytes(o.coalesce_max_len)
+                ),
+            );
+            row(
+                &mut t,
+                "GETs",
+                format!(
+                    "{} ({:.1} per batch), {} sent over HTTP, {} failed and retried; {} received",
+                    o.gets,
+                    o.gets_per_batch,
+                    o.http_gets,
+                    o.http_failures,
+                    human_bytes(o.bytes_received)
+                ),
+            );
+        }
+        None => row(
+            &mut t,
+            "page cache",
+            cache_state(r.cold, r.cold_note.as_deref()),
+        ),
+    }
     emit(&t)
+}
+
+/// `n` bytes in binary units (`1 MiB`).
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 /// How the page cache stood for a run, in words.

@@ -250,3 +250,65 @@ fn bench_io_reports_stable_json_fields() {
         assert_eq!(v["backend"], name);
     }
 }
+
+/// `zcrop bench s3://...` against a moto server on loopback: the same crops as the local run
+/// (same seed) need the same chunks and bytes, and no more GETs reach the wire than the engine
+/// planned.
+#[test]
+fn bench_reads_an_s3_url_like_the_local_path() {
+    let Some(moto) = zcrop_fixtures::s3::Moto::shared() else {
+        return;
+    };
+    moto.create_bucket("zcrop-cli");
+    moto.upload_dir("zcrop-cli", "w.zarr", &fixture("v3_workload_4d_u2.zarr"));
+    let args = [
+        "bench",
+        "--json",
+        "--crop",
+        "2,3,20,20",
+        "--batch-size",
+        "4",
+        "--batches",
+        "3",
+        "--seed",
+        "5",
+    ];
+    let local = json_of(
+        &zcrop()
+            .args(args)
+            .arg(fixture("v3_workload_4d_u2.zarr"))
+            .output()
+            .unwrap(),
+    );
+    let mut remote = zcrop();
+    remote.args(args).arg("s3://zcrop-cli/w.zarr");
+    for (k, v) in moto.storage_options() {
+        remote.arg("--storage-option").arg(format!("{k}={v}"));
+    }
+    let remote = json_of(&remote.output().unwrap());
+    assert_eq!(remote["backend"], "object_store");
+    assert_eq!(remote["path"], "s3://zcrop-cli/w.zarr");
+    assert_eq!(
+        remote["totals"], local["totals"],
+        "the same chunks and bytes"
+    );
+    let o = &remote["object"];
+    assert_eq!(o["store"], "s3://zcrop-cli");
+    let gets = o["gets"].as_u64().unwrap();
+    assert!(gets > 0, "{o}");
+    assert_eq!(o["http_gets"].as_u64(), Some(gets), "{o}");
+    assert_eq!(o["http_failures"].as_u64(), Some(0), "{o}");
+    assert!(local["object"].is_null());
+}
+
+#[test]
+fn bench_refuses_storage_options_for_a_local_path() {
+    let out = zcrop()
+        .args(["bench", "--batches", "1", "--storage-option", "anon=true"])
+        .arg(fixture("v3_workload_4d_u2.zarr"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--storage-option applies to URLs"), "{err}");
+}
