@@ -32,11 +32,14 @@ struct Cli {
 enum Command {
     /// Describe an array (shape, dtype, chunks, shards, codecs, what is stored) or a group tree.
     Info {
-        /// A Zarr array or group.
+        /// A Zarr array or group: a local path or a URL (s3://bucket/data.zarr).
         path: PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// For a URL: an object-store option KEY=VALUE (repeat for more).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = parse_option)]
+        storage_options: Vec<(String, String)>,
     },
     /// Measure random-crop throughput of a Zarr array (a generated one if no PATH is given), or
     /// of io-core alone (`zcrop bench io`).
@@ -319,7 +322,11 @@ fn run(cli: Cli) -> Result<()> {
         None => emit(
             "zcrop: fast random crops from Zarr arrays. Try `zcrop --help`, `zcrop bench` or `zcrop info PATH`.\n",
         ),
-        Some(Command::Info { path, json }) => emit(&info::run(&path, json)?),
+        Some(Command::Info {
+            path,
+            json,
+            storage_options,
+        }) => emit(&info::run_with(&path, &storage_options, json)?),
         Some(Command::Bench(b)) => match b.mode {
             Some(BenchMode::Io(args)) => bench_io(&args),
             Some(BenchMode::Loader(args)) => bench_loader(&args),

@@ -211,7 +211,16 @@ pub fn format_group(g: &GroupInfo, indent: &str) -> String {
 
 /// Runs `zcrop info` on `path`; returns the text or JSON to print.
 pub fn run(path: &Path, json: bool) -> Result<String> {
-    let node = zcrop_zarr::open(path)?;
+    run_with(path, &[], json)
+}
+
+/// [`run`] with storage options, for a URL (`s3://bucket/data.zarr`).
+pub fn run_with(path: &Path, storage_options: &[(String, String)], json: bool) -> Result<String> {
+    let options = zcrop_zarr::OpenOptions {
+        storage_options: storage_options.to_vec(),
+        ..zcrop_zarr::OpenOptions::default()
+    };
+    let node = zcrop_zarr::open_with(path, &options)?;
     Ok(match (node, json) {
         (Node::Array(a), false) => format_array(&array_info(&a)?, ""),
         (Node::Array(a), true) => serde_json::to_string_pretty(&array_info(&a)?)? + "\n",

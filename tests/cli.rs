@@ -299,6 +299,28 @@ fn bench_reads_an_s3_url_like_the_local_path() {
     assert_eq!(o["http_gets"].as_u64(), Some(gets), "{o}");
     assert_eq!(o["http_failures"].as_u64(), Some(0), "{o}");
     assert!(local["object"].is_null());
+
+    let mut info = zcrop();
+    info.args(["info", "--json", "s3://zcrop-cli/w.zarr"]);
+    for (k, v) in moto.storage_options() {
+        info.arg("--storage-option").arg(format!("{k}={v}"));
+    }
+    let remote = json_of(&info.output().unwrap());
+    let local = json_of(
+        &zcrop()
+            .args(["info", "--json"])
+            .arg(fixture("v3_workload_4d_u2.zarr"))
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(remote["shape"], local["shape"]);
+    for key in [
+        "storage_chunks_present",
+        "inner_chunks_present",
+        "stored_bytes",
+    ] {
+        assert_eq!(remote[key], local[key], "{key}: {remote}");
+    }
 }
 
 #[test]
