@@ -16,6 +16,15 @@ TensorStore gets a 64 MiB cache pool (shard indexes cached), batched reads and b
 zarr-python reads crop by crop with its default async concurrency.
 Each reader runs in its own process; crops/s count whole batches, after one untimed batch for
 warm runs. Cold runs drop the page cache before each reader (needs root; said otherwise).
+
+With `--store s3` the same datasets are uploaded to an S3-compatible server started on loopback
+(moto's) and read from there: zcrop (`s3://` URL with storage_options), zarr-python over obstore
+and over fsspec (s3fs), and TensorStore's s3 kvstore driver. A counting proxy between the
+readers and the server counts the GET requests each reader sends. Everything stays on 127.0.0.1;
+moto is a single Python process, so absolute numbers say more about it than about a cloud store,
+and the ratios and GET counts are what to read.
+
+    python3 benches/compare.py --store s3 --datasets zstd,v2 --dataset-size 256M --batches 4
 """
 
 from __future__ import annotations
@@ -34,13 +43,19 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.dirname(os.path.abspath(__file__))
-READERS = ["zcrop", "tensorstore", "zarrs", "zarr"]
+READERS = ["zcrop", "tensorstore", "zarrs", "zarr", "zarr-obstore", "zarr-fsspec"]
+S3_READERS = ["zcrop", "tensorstore", "zarr-obstore", "zarr-fsspec"]
 LABEL = {
     "zcrop": "zcrop",
     "tensorstore": "TensorStore",
     "zarrs": "zarr-python + zarrs",
     "zarr": "zarr-python",
+    "zarr-obstore": "zarr-python + obstore",
+    "zarr-fsspec": "zarr-python + fsspec (s3fs)",
 }
+S3_BUCKET = "zcrop-bench"
+S3_REGION = "us-east-1"
+S3_KEY = S3_SECRET = "testing"
 DATASETS = {
     "zstd": ["--codec", "zstd", "--layout", "sharded"],
     "blosc": ["--codec", "blosc-lz4", "--layout", "sharded"],
@@ -49,10 +64,78 @@ DATASETS = {
 
 
 # --------------------------------------------------------------------------- workers
-def open_reader(name: str, path: str):
+def crop_by_crop(arr):
+    """A batch reader calling ``arr[...]`` once per crop (zarr-python's way)."""
+    import numpy as np
+
+    def read(origins, shape):
+        out = np.empty((len(origins), *shape), dtype=arr.dtype)
+        for i, o in enumerate(origins):
+            out[i] = arr[tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape))]
+        return out
+
+    return read
+
+
+def open_s3_reader(name: str, url: str, zarr_format: int):
+    """:func:`open_reader` for an ``s3://`` URL on the endpoint in $ZCROP_BENCH_S3_ENDPOINT."""
+    import numpy as np
+
+    endpoint = os.environ["ZCROP_BENCH_S3_ENDPOINT"]
+    bucket, _, key = url[len("s3://"):].partition("/")
+    if name == "zcrop":
+        import zcrop
+
+        arr = zcrop.open_array(url, storage_options={
+            "endpoint_url": endpoint, "region": S3_REGION, "key": S3_KEY, "secret": S3_SECRET})
+        return lambda origins, shape: arr.read_crops(origins, shape)
+    if name == "zarr-obstore":
+        import zarr
+        from obstore.store import S3Store
+
+        store = S3Store(bucket, prefix=key, endpoint=endpoint, region=S3_REGION,
+                        access_key_id=S3_KEY, secret_access_key=S3_SECRET,
+                        client_options={"allow_http": True})
+        return crop_by_crop(zarr.open_array(zarr.storage.ObjectStore(store, read_only=True), mode="r"))
+    if name == "zarr-fsspec":
+        import zarr
+
+        return crop_by_crop(zarr.open_array(url, mode="r", storage_options={
+            "endpoint_url": endpoint, "key": S3_KEY, "secret": S3_SECRET,
+            "client_kwargs": {"region_name": S3_REGION}}))
+    if name == "tensorstore":
+        import tensorstore as ts
+
+        os.environ.update(AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET)
+        cores = os.cpu_count() or 1
+        arr = ts.open({
+            "driver": "zarr3" if zarr_format == 3 else "zarr",
+            "kvstore": {"driver": "s3", "bucket": bucket, "path": key.rstrip("/") + "/",
+                        "endpoint": endpoint, "aws_region": S3_REGION,
+                        "aws_credentials": {"type": "environment"}},
+            "context": {
+                "cache_pool": {"total_bytes_limit": 64 << 20},
+                "data_copy_concurrency": {"limit": cores},
+                "s3_request_concurrency": {"limit": 64},
+            },
+            "recheck_cached_data": False,
+        }, read=True).result()
+
+        def read(origins, shape):
+            with ts.Batch() as batch:
+                futures = [arr[tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape))].read(batch=batch) for o in origins]
+            return np.stack([f.result() for f in futures])
+
+        return read
+    raise SystemExit(f"reader {name} does not read from S3 here")
+
+
+def open_reader(name: str, path: str, zarr_format: int = 3):
     """A function that reads a batch of crops: f(origins (N, 4) int array, shape) -> (N, *shape)."""
     import numpy as np
 
+    if path.startswith("s3://"):
+        return open_s3_reader(name, path, zarr_format)
     if name == "zcrop":
         import zcrop
 
@@ -110,7 +193,7 @@ def worker(args) -> None:
 
     origins = np.load(args.origins)  # (batches, batch_size, ndim)
     shape = tuple(int(s) for s in args.shape.split(","))
-    read = open_reader(args.worker, args.path)
+    read = open_reader(args.worker, args.path, args.zarr_format)
     hashes = []
     if args.warmup:
         read(origins[0], shape)
@@ -185,6 +268,9 @@ def main() -> None:
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--origins", help=argparse.SUPPRESS)
     ap.add_argument("--warmup", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--zarr-format", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument("--store", choices=["local", "s3"], default="local",
+                    help="read the datasets from local files, or from a loopback S3 server (moto)")
     ap.add_argument("--shape", default="4,12,128,128", help="crop shape")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--batches", type=int, default=8)
@@ -201,8 +287,10 @@ def main() -> None:
     py = venv_python()
     zcrop = zcrop_cli()
     shape = [int(s) for s in args.shape.split(",")]
-    readers = args.readers.split(",")
+    s3 = args.store == "s3"
+    readers = args.readers.split(",") if args.readers != ",".join(READERS) else (S3_READERS if s3 else READERS[:4])
     can_drop = drop_caches()
+    server = S3Server(py) if s3 else None
     results = []
     tmp = tempfile.mkdtemp(prefix="zcrop-compare-")
     for ds in args.datasets.split(","):
@@ -221,24 +309,35 @@ def main() -> None:
         )
         origins = json.loads(subprocess.run([py, "-c", code], check=True, text=True, capture_output=True).stdout)
         needed = sum(chunks_needed(b, shape, chunk) for b in origins)
-        for mode in args.modes.split(","):
+        where = path
+        if server is not None:
+            where = server.upload(path, ds)
+        for mode in (["s3"] if s3 else args.modes.split(",")):
             if mode == "cold" and not can_drop:
                 print(f"skipping cold runs: cannot drop the page cache (not root)", file=sys.stderr)
                 continue
-            row = {"dataset": ds, "path": path, "mode": mode, "chunks_needed": needed, "readers": {}}
+            row = {"dataset": ds, "path": where, "mode": mode, "chunks_needed": needed, "readers": {}}
             for r in readers:
                 if mode == "cold":
                     drop_caches()
-                cmd = [py, os.path.abspath(__file__), "--worker", r, "--path", path, "--origins", origins_file, "--shape", args.shape]
-                if mode == "warm":
+                cmd = [py, os.path.abspath(__file__), "--worker", r, "--path", where, "--origins", origins_file,
+                       "--shape", args.shape, "--zarr-format", str(info.get("zarr_format", 3))]
+                if mode in ("warm", "s3"):
                     cmd.append("--warmup")
-                out = subprocess.run(cmd, text=True, capture_output=True)
+                env = dict(os.environ)
+                if server is not None:
+                    env["ZCROP_BENCH_S3_ENDPOINT"] = server.proxy_endpoint
+                    gets0 = server.gets()
+                out = subprocess.run(cmd, text=True, capture_output=True, env=env)
                 if out.returncode != 0:
                     row["readers"][r] = {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
                     print(f"{ds} {mode} {r}: FAILED: {row['readers'][r]['error']}", file=sys.stderr)
                     continue
                 res = json.loads(out.stdout.strip().splitlines()[-1])
                 res["chunks_per_s"] = needed / res["seconds"]
+                if server is not None:
+                    # Every GET of the run, opening and the untimed batch included.
+                    res["gets"] = server.gets() - gets0
                 row["readers"][r] = res
                 print(f"{ds} {mode} {r}: {res['crops_per_s']:.1f} crops/s", file=sys.stderr)
             ref = row["readers"].get("zcrop", {}).get("hashes")
@@ -247,7 +346,108 @@ def main() -> None:
                     res["identical_to_zcrop"] = ref is not None and res["hashes"] == ref
                     del res["hashes"]
             results.append(row)
+    if server is not None:
+        server.stop()
     write_report(results, args, can_drop)
+
+
+class S3Server:
+    """moto's S3 server on a free loopback port, behind a proxy that counts GET requests."""
+
+    def __init__(self, py: str) -> None:
+        import socket
+        import threading
+        import urllib.request
+
+        def free_port() -> int:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+
+        self.py = py
+        port = free_port()
+        exe = os.path.join(os.path.dirname(py), "moto_server")
+        self.proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.endpoint = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.endpoint + "/", timeout=2).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("moto_server did not start")
+                time.sleep(0.1)
+        self._gets = 0
+        self._lock = threading.Lock()
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(256)
+        self.proxy_endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(port,), daemon=True).start()
+
+    def _accept(self, upstream: int) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", upstream))
+
+            def pump(src, dst, count: bool) -> None:
+                try:
+                    while data := src.recv(1 << 16):
+                        if count:
+                            # Requests have no body here: each request line starts one.
+                            with self._lock:
+                                self._gets += data.count(b"GET /")
+                        dst.sendall(data)
+                except OSError:
+                    pass
+                finally:
+                    for s in (src, dst):
+                        try:
+                            s.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+
+            threading.Thread(target=pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=pump, args=(server, client, False), daemon=True).start()
+
+    def gets(self) -> int:
+        with self._lock:
+            return self._gets
+
+    def upload(self, path: str, name: str) -> str:
+        """Uploads the store at ``path`` as ``s3://BUCKET/<name>.zarr``; returns that URL."""
+        code = f"""
+import boto3, os
+c = boto3.client("s3", endpoint_url={self.endpoint!r}, region_name={S3_REGION!r},
+                 aws_access_key_id={S3_KEY!r}, aws_secret_access_key={S3_SECRET!r})
+try:
+    c.create_bucket(Bucket={S3_BUCKET!r})
+except c.exceptions.BucketAlreadyOwnedByYou:
+    pass
+root = {path!r}
+for d, _, files in os.walk(root):
+    for f in files:
+        p = os.path.join(d, f)
+        key = {name!r} + ".zarr/" + os.path.relpath(p, root).replace(os.sep, "/")
+        with open(p, "rb") as fh:
+            c.put_object(Bucket={S3_BUCKET!r}, Key=key, Body=fh.read())
+"""
+        subprocess.run([self.py, "-c", code], check=True)
+        return f"s3://{S3_BUCKET}/{name}.zarr"
+
+    def stop(self) -> None:
+        self.listener.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
 
 
 def write_report(results, args, can_drop) -> None:
@@ -267,8 +467,8 @@ def write_report(results, args, can_drop) -> None:
         f"Random crops of shape ({args.shape}), batches of {args.batch_size}, {args.batches} timed batches per reader; "
         f"{when}; {machine}; `{cmd.strip()}`.",
         "",
-        "| dataset | cache | reader | crops/s | output GB/s | chunks/s | vs best peer | same bytes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dataset | cache | reader | crops/s | output GB/s | chunks/s | vs best peer | same bytes | GETs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results:
         peers = [v["crops_per_s"] for k, v in row["readers"].items() if k != "zcrop" and "crops_per_s" in v]
@@ -278,16 +478,20 @@ def write_report(results, args, can_drop) -> None:
             if v is None:
                 continue
             if "error" in v:
-                lines.append(f"| {row['dataset']} | {row['mode']} | {LABEL[r]} | failed: {v['error']} | | | | |")
+                lines.append(f"| {row['dataset']} | {row['mode']} | {LABEL[r]} | failed: {v['error']} | | | | | |")
                 continue
             ratio = f"{v['crops_per_s'] / best:.2f}x" if best else "-"
             same = "yes" if v.get("identical_to_zcrop") else ("reference" if r == "zcrop" else "NO")
             lines.append(
                 f"| {row['dataset']} | {row['mode']} | {LABEL[r]} | {v['crops_per_s']:.1f} | "
-                f"{v['output_bytes'] / v['seconds'] / 1e9:.3f} | {v['chunks_per_s']:.0f} | {ratio} | {same} |"
+                f"{v['output_bytes'] / v['seconds'] / 1e9:.3f} | {v['chunks_per_s']:.0f} | {ratio} | {same} | "
+                f"{v.get('gets', '-')} |"
             )
-    if not can_drop:
+    if not can_drop and args.store == "local":
         lines.append("\nCold runs were skipped: the page cache could not be dropped (not root).")
+    if args.store == "s3":
+        lines.append("\nRead from moto's S3 server on loopback (cache column: s3). GETs: GET requests "
+                     "each reader sent (opening and the untimed batch included), counted by a proxy.")
     md = "\n".join(lines) + "\n"
     open(os.path.join(args.out, "compare.md"), "w").write(md)
     json.dump(results, open(os.path.join(args.out, "compare.json"), "w"), indent=1)
