@@ -14,8 +14,8 @@ unsharded (1, 1, 256, 256) chunks, zstd level 1). The peers and zcrop are instal
 cached virtualenv ($ZCROP_CACHE/venv-bench, pinned in benches/requirements-compare.txt).
 TensorStore gets a 64 MiB cache pool (shard indexes cached), batched reads and both cores;
 zarr-python reads crop by crop with its default async concurrency.
-Each reader runs in its own process; crops/s count whole batches, after one untimed batch for
-warm runs. Cold runs drop the page cache before each reader (needs root; said otherwise).
+Each reader runs in its own process, --repeats times (order rotated), and the median run counts;
+crops/s count whole batches, after one untimed batch for warm runs. Cold runs drop the page cache before each reader (needs root; said otherwise).
 """
 
 from __future__ import annotations
@@ -114,20 +114,22 @@ def worker(args) -> None:
     hashes = []
     if args.warmup:
         read(origins[0], shape)
-    cpu0 = time.process_time()
-    t0 = time.perf_counter()
-    lat = []
+    # Only the reads are timed; hashing the output (for the identical-bytes check) is not.
+    lat, cpu = [], 0.0
     for b in origins:
+        c = time.process_time()
         t = time.perf_counter()
         out = read(b, shape)
+        dtype = out.dtype
         lat.append(time.perf_counter() - t)
+        cpu += time.process_time() - c
         hashes.append(hashlib.sha256(np.ascontiguousarray(out).tobytes()).hexdigest())
-    wall = time.perf_counter() - t0
-    cpu = time.process_time() - cpu0
+        del out  # freed before the next read, like a training loop's batch
+    wall = sum(lat)
     n = origins.shape[0] * origins.shape[1]
     print(json.dumps({
         "reader": args.worker, "seconds": wall, "crops": int(n), "crops_per_s": n / wall,
-        "output_bytes": int(n * np.prod(shape) * out.dtype.itemsize), "cpu_cores": cpu / wall,
+        "output_bytes": int(n * np.prod(shape) * dtype.itemsize), "cpu_cores": cpu / wall,
         "p50_ms": 1e3 * float(np.median(lat)), "hashes": hashes,
     }))
 
@@ -193,6 +195,7 @@ def main() -> None:
     ap.add_argument("--readers", default=",".join(READERS))
     ap.add_argument("--dataset-size", default="2G")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per reader (order rotated); the median counts")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where compare.md / .json / .png go")
     args = ap.parse_args()
     if args.worker:
@@ -226,25 +229,38 @@ def main() -> None:
                 print(f"skipping cold runs: cannot drop the page cache (not root)", file=sys.stderr)
                 continue
             row = {"dataset": ds, "path": path, "mode": mode, "chunks_needed": needed, "readers": {}}
-            for r in readers:
-                if mode == "cold":
-                    drop_caches()
-                cmd = [py, os.path.abspath(__file__), "--worker", r, "--path", path, "--origins", origins_file, "--shape", args.shape]
-                if mode == "warm":
-                    cmd.append("--warmup")
-                out = subprocess.run(cmd, text=True, capture_output=True)
-                if out.returncode != 0:
-                    row["readers"][r] = {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
-                    print(f"{ds} {mode} {r}: FAILED: {row['readers'][r]['error']}", file=sys.stderr)
+            runs = {r: [] for r in readers}
+            for rep in range(max(1, args.repeats)):
+                # Rotate the order so no reader always runs first (or right after another).
+                for r in readers[rep % len(readers):] + readers[:rep % len(readers)]:
+                    if "error" in row["readers"].get(r, {}):
+                        continue
+                    if mode == "cold":
+                        drop_caches()
+                    cmd = [py, os.path.abspath(__file__), "--worker", r, "--path", path, "--origins", origins_file, "--shape", args.shape]
+                    if mode == "warm":
+                        cmd.append("--warmup")
+                    out = subprocess.run(cmd, text=True, capture_output=True)
+                    if out.returncode != 0:
+                        row["readers"][r] = {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+                        print(f"{ds} {mode} {r}: FAILED: {row['readers'][r]['error']}", file=sys.stderr)
+                        continue
+                    res = json.loads(out.stdout.strip().splitlines()[-1])
+                    res["chunks_per_s"] = needed / res["seconds"]
+                    runs[r].append(res)
+                    print(f"{ds} {mode} {r} run {rep + 1}: {res['crops_per_s']:.1f} crops/s", file=sys.stderr)
+            for r, rs in runs.items():
+                if not rs or "error" in row["readers"].get(r, {}):
                     continue
-                res = json.loads(out.stdout.strip().splitlines()[-1])
-                res["chunks_per_s"] = needed / res["seconds"]
-                row["readers"][r] = res
-                print(f"{ds} {mode} {r}: {res['crops_per_s']:.1f} crops/s", file=sys.stderr)
+                rs.sort(key=lambda x: x["crops_per_s"])
+                med = dict(rs[len(rs) // 2])
+                med["runs_crops_per_s"] = [x["crops_per_s"] for x in rs]
+                med["hashes_stable"] = all(x["hashes"] == rs[0]["hashes"] for x in rs)
+                row["readers"][r] = med
             ref = row["readers"].get("zcrop", {}).get("hashes")
             for r, res in row["readers"].items():
                 if "hashes" in res:
-                    res["identical_to_zcrop"] = ref is not None and res["hashes"] == ref
+                    res["identical_to_zcrop"] = ref is not None and res["hashes"] == ref and res["hashes_stable"]
                     del res["hashes"]
             results.append(row)
     write_report(results, args, can_drop)
@@ -264,7 +280,8 @@ def write_report(results, args, can_drop) -> None:
     machine = f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}"
     cmd = "python3 benches/compare.py " + " ".join(a for a in sys.argv[1:])
     lines = [
-        f"Random crops of shape ({args.shape}), batches of {args.batch_size}, {args.batches} timed batches per reader; "
+        f"Random crops of shape ({args.shape}), batches of {args.batch_size}, {args.batches} timed batches per reader run; "
+        f"median of {max(1, args.repeats)} runs per reader (order rotated between runs; the range is in compare.json); "
         f"{when}; {machine}; `{cmd.strip()}`.",
         "",
         "| dataset | cache | reader | crops/s | output GB/s | chunks/s | vs best peer | same bytes |",

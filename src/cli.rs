@@ -38,8 +38,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Measure random-crop throughput of a Zarr array (a generated one if no PATH is given), or
-    /// of io-core alone (`zcrop bench io`).
+    /// Measure random-crop throughput of a Zarr array (a generated one if no PATH is given), of
+    /// io-core alone (`zcrop bench io`), or of the sampler's loader (`zcrop bench loader`).
     #[command(args_conflicts_with_subcommands = true)]
     Bench(Box<BenchCommand>),
 }
