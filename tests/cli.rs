@@ -45,8 +45,14 @@ fn closed_stdout_is_not_a_panic() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// A fixture store of this checkout (the run-time `CARGO_MANIFEST_DIR`, not the one baked in
+/// when a shared target directory last built this binary).
 fn fixture(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(
+            || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+            std::path::PathBuf::from,
+        )
         .join("fixtures/data")
         .join(name)
 }
