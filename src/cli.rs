@@ -427,6 +427,17 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
             ),
         );
     }
+    if let Some(par) = r.parallel_decode_chunks_per_s.filter(|_| r.threads > 1) {
+        row(
+            &mut t,
+            "decode, all threads",
+            format!(
+                "{par:.0} chunks/s ({:.2}x one core); reached {:.0}%",
+                r.single_core_chunks_per_s.map_or(f64::NAN, |s| par / s),
+                r.chunks_per_s / par * 100.0
+            ),
+        );
+    }
     row(
         &mut t,
         "decoded/output bytes",

@@ -144,6 +144,8 @@ fn bench_reports_stable_json_fields() {
     assert_eq!(v["batches"], 3);
     assert_eq!(v["crop_shape"], serde_json::json!([2, 3, 20, 20]));
     assert!(v["crops_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["single_core_chunks_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["parallel_decode_chunks_per_s"].as_f64().unwrap() > 0.0);
 }
 
 #[test]
