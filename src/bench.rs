@@ -142,6 +142,8 @@ pub struct ArrayBenchReport {
     pub cold_note: Option<String>,
     /// `O_DIRECT` reads.
     pub direct: bool,
+    /// Reads served from mapped files.
+    pub mmap: bool,
     /// Chunks per second one thread decodes (decode only, no IO or stitching), measured on a
     /// random sample of the array's chunks in the same run.
     pub single_core_chunks_per_s: Option<f64>,
@@ -405,6 +407,7 @@ pub fn run_array(
         cold,
         cold_note,
         direct: opts.io.direct,
+        mmap: opts.io.mmap && !opts.io.direct,
         single_core_chunks_per_s: single,
         decode_efficiency: single.map(|s| chunks_per_s / (s * threads as f64)),
         parallel_decode_chunks_per_s: parallel,
@@ -663,6 +666,7 @@ pub fn io_config(
     io_threads: usize,
     queue_depth: usize,
     no_fast_path: bool,
+    mmap: bool,
 ) -> IoConfig {
     IoConfig {
         backend,
@@ -670,6 +674,7 @@ pub fn io_config(
         threads: io_threads,
         queue_depth,
         fast_path: fast_path_for(no_fast_path),
+        mmap,
         ..IoConfig::default()
     }
 }

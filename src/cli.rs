@@ -155,6 +155,10 @@ struct IoArgs {
     /// Never try the page-cache fast path (`preadv2(RWF_NOWAIT)`) of the io_uring backend.
     #[arg(long)]
     no_fast_path: bool,
+    /// Serve reads from read-only mappings of the files (no copy out of the page cache; for
+    /// cached data; see io-core's `IoConfig::mmap`).
+    #[arg(long)]
+    mmap: bool,
     /// Drop the page cache before the run (needs root; the report says if it could not).
     #[arg(long)]
     cold: bool,
@@ -363,6 +367,7 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
         args.io.io_threads,
         args.io.queue_depth,
         args.io.no_fast_path,
+        args.io.mmap,
     );
     let opts = ArrayBenchOptions {
         crop: args.crop.0.clone(),
@@ -462,7 +467,11 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
     row(
         &mut t,
         "IO backend",
-        format!("{backend}{}", if r.direct { ", O_DIRECT" } else { "" }),
+        format!(
+            "{backend}{}{}",
+            if r.direct { ", O_DIRECT" } else { "" },
+            if r.mmap { ", files mapped (mmap)" } else { "" }
+        ),
     );
     row(
         &mut t,
@@ -613,6 +622,7 @@ fn bench_io(args: &IoBenchArgs) -> Result<()> {
         args.io.io_threads,
         args.io.queue_depth,
         args.io.no_fast_path,
+        args.io.mmap,
     );
     let opts = IoBenchOptions {
         block_size: args.block_size,

@@ -149,6 +149,28 @@ fn bench_reports_stable_json_fields() {
 }
 
 #[test]
+fn bench_with_mapped_files_reports_it() {
+    let v = json_of(
+        &zcrop()
+            .args([
+                "bench",
+                "--json",
+                "--mmap",
+                "--crop",
+                "2,3,20,20",
+                "--batches",
+                "2",
+            ])
+            .arg(fixture("v3_workload_4d_u2.zarr"))
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(v["mmap"], true);
+    assert!(v["totals"]["chunks_decoded"].as_u64().unwrap() > 0);
+    assert!(v["read_gbps"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
 fn bench_rejects_a_crop_that_does_not_fit() {
     let out = zcrop()
         .args(["bench", "--crop", "2,3,200,20", "--batches", "1"])
