@@ -2,8 +2,9 @@
 # zcrop's test command (`make test`): everything CI runs, on a machine that has only the Rust
 # toolchain, Python 3.10+ with pip, and apt. It installs what it needs itself.
 #
-#   cargo fmt --check, cargo clippy -D warnings, cargo test --workspace,
-#   then builds the Python package into a cached virtualenv and runs pytest.
+#   cargo fmt --check, cargo clippy -D warnings, the Python test virtualenv (it holds moto, the
+#   S3-compatible server the object-store tests start on loopback), cargo test --workspace,
+#   then builds the Python package into the virtualenv and runs pytest.
 #
 # Caches (outside the clone, safe to delete): $ZCROP_CACHE (default ~/.cache/zcrop) holds the
 # cargo target dir and the virtualenv, which is rebuilt when pybind/requirements-test.txt changes.
@@ -40,10 +41,7 @@ step "cargo clippy --workspace --all-targets -- -D warnings"
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-step "cargo test --workspace"
-cargo test --workspace 2>&1 | tee "$LOGS/cargo.log"
-
-# --- Python ------------------------------------------------------------------------------------
+# --- Python test environment (also moto, the S3 server the object-store tests run) -------------
 PY="$(command -v python3.11 || command -v python3)"
 REQ=pybind/requirements-test.txt
 STAMP="$VENV/.requirements.sha256"
@@ -60,6 +58,14 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; 
     echo "$want" > "$STAMP"
 fi
 
+# The object-store tests of every crate start moto's server from this virtualenv; here they
+# must run, not skip.
+export ZCROP_TEST_VENV="$VENV" ZCROP_REQUIRE_S3=1
+
+step "cargo test --workspace"
+cargo test --workspace 2>&1 | tee "$LOGS/cargo.log"
+
+# --- Python ------------------------------------------------------------------------------------
 step "maturin develop (the zcrop Python package)"
 VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" \
     "$VENV/bin/maturin" develop --quiet --manifest-path pybind/Cargo.toml

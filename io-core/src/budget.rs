@@ -163,6 +163,24 @@ impl Permit {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Re-charges the permit for `bytes` bytes, without waiting: for a read whose size was
+    /// only an estimate when it was admitted (a whole object of unknown length), once the real
+    /// size is known. The bytes are held already, so the budget counts them even past its
+    /// limit (as it admits an oversized read); later requests wait until they are released.
+    pub fn resize(&mut self, bytes: u64) {
+        if bytes > self.bytes {
+            self.budget
+                .bytes
+                .fetch_add(bytes - self.bytes, Ordering::AcqRel);
+        } else if bytes < self.bytes {
+            self.budget
+                .bytes
+                .fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            self.budget.notify_waiters();
+        }
+        self.bytes = bytes;
+    }
 }
 
 impl Drop for Permit {
@@ -232,6 +250,27 @@ mod tests {
             Ok((true, Some(50))),
             "the waiter must wait, then get the bytes"
         );
+    }
+
+    #[test]
+    fn resize_recharges_without_waiting() {
+        let b = Budget::new(10, 100);
+        let mut p = b.try_acquire(10).unwrap();
+        p.resize(150);
+        assert_eq!(
+            b.in_flight(),
+            (1, 150),
+            "the real size counts, past the limit"
+        );
+        assert!(
+            b.try_acquire(1).is_none(),
+            "nothing else fits while it is held"
+        );
+        p.resize(40);
+        assert_eq!(b.in_flight(), (1, 40));
+        assert!(b.try_acquire(60).is_some());
+        drop(p);
+        assert_eq!(b.in_flight(), (0, 0));
     }
 
     #[test]

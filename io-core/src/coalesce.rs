@@ -15,6 +15,16 @@ pub const LOCAL_MAX_GAP: u64 = 4 * 1024;
 /// into a few large reads, small enough to keep many reads in flight.
 pub const LOCAL_MAX_MERGED_LEN: u64 = 4 * 1024 * 1024;
 
+/// Largest hole (in bytes) a merged read may span on object stores by default. A GET costs a
+/// round trip of tens of milliseconds and a request charge; at the bandwidth one connection
+/// gets from a cloud store, fetching 1 MiB of unwanted bytes costs less than a second request.
+pub const OBJECT_MAX_GAP: u64 = 1024 * 1024;
+
+/// Largest merged read on object stores by default: long enough that most planned runs merge,
+/// short enough that one slow GET does not hold back a whole batch and that many GETs stay in
+/// flight.
+pub const OBJECT_MAX_MERGED_LEN: u64 = 16 * 1024 * 1024;
+
 /// When to merge two ranges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CoalesceLimits {
@@ -29,6 +39,12 @@ impl CoalesceLimits {
     pub const LOCAL: CoalesceLimits = CoalesceLimits {
         max_gap: LOCAL_MAX_GAP,
         max_merged_len: LOCAL_MAX_MERGED_LEN,
+    };
+
+    /// Defaults for object stores ([`OBJECT_MAX_GAP`], [`OBJECT_MAX_MERGED_LEN`]).
+    pub const OBJECT: CoalesceLimits = CoalesceLimits {
+        max_gap: OBJECT_MAX_GAP,
+        max_merged_len: OBJECT_MAX_MERGED_LEN,
     };
 
     /// Merge only ranges that touch or overlap (gap 0) and serve duplicates once; never merge

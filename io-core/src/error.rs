@@ -163,4 +163,13 @@ pub enum EngineError {
     /// A configuration value is out of range.
     #[error("invalid IO configuration: {0}")]
     Config(String),
+    /// An object store that cannot be opened: a URL that is not valid or of an unsupported
+    /// kind, an unknown or invalid storage option.
+    #[error("cannot open {url}: {reason}")]
+    Store {
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
 }

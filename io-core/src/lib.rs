@@ -28,6 +28,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! ## Object stores
+//!
+//! [`ObjectEngine`] serves the same batch API from S3 and S3-compatible stores, Google Cloud
+//! Storage, Azure Blob Storage and plain HTTP(S): requests name object keys under the URL the
+//! engine was opened on, ranges are coalesced with larger gaps ([`CoalesceLimits::OBJECT`]),
+//! GETs run concurrently under the same [`Budget`], transient failures are retried with
+//! backoff. See the [`object`] module.
+//!
 //! ## Unsafe code
 //!
 //! Only two modules contain `unsafe`: `sys` (syscalls and the buffers the kernel fills) and
@@ -39,6 +47,7 @@ mod engine;
 pub mod error;
 mod fdcache;
 mod metrics;
+pub mod object;
 mod op;
 mod pool;
 mod portable;
@@ -55,4 +64,7 @@ pub use engine::{
 };
 pub use error::{EngineError, IoError};
 pub use metrics::MetricsSnapshot;
+pub use object::{
+    ObjectBatch, ObjectConfig, ObjectEngine, ObjectMetrics, RetryPolicy, is_object_url,
+};
 pub use request::{Completion, ReadRange, ReadRequest, RequestId};

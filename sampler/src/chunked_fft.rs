@@ -1145,6 +1145,7 @@ pub fn fft_along_axis(
         index_cache_bytes: budget / 32,
         chunk_cache_bytes: 0,
         verify_checksums: true,
+        ..OpenOptions::default()
     };
     let input_path = input.as_ref();
     log::debug!("fft: engine started");

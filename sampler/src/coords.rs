@@ -6,7 +6,6 @@
 //! like a dimension, with that dimension's length, is its coordinate. Its values are read once,
 //! when the sampler is built.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use zcrop_zarr::{Array, Node};
@@ -194,10 +193,8 @@ pub(crate) fn discover(array: &Array) -> Result<Vec<Coord>> {
     let Some(names) = dimension_names(array) else {
         return Ok(Vec::new());
     };
-    let Some(parent) = array.dir().parent() else {
-        return Ok(Vec::new());
-    };
-    let Some(group) = open_group(parent) else {
+    // The parent group, opened like the array (the same store: a directory or a bucket).
+    let Ok(Some(group)) = array.parent() else {
         return Ok(Vec::new());
     };
     let mut coords = Vec::new();
@@ -212,11 +209,4 @@ pub(crate) fn discover(array: &Array) -> Result<Vec<Coord>> {
         coords.push(Coord::load(array, axis, name, &c)?);
     }
     Ok(coords)
-}
-
-fn open_group(dir: &Path) -> Option<zcrop_zarr::Group> {
-    match zcrop_zarr::open(dir) {
-        Ok(Node::Group(g)) => Some(g),
-        _ => None,
-    }
 }

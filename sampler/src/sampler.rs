@@ -128,14 +128,25 @@ impl Source {
         }
     }
 
-    /// Opens the array at `path` (see [`Source::new`]).
+    /// Opens the array at `path` (see [`Source::new`]): a local directory or a URL
+    /// (`s3://bucket/data.zarr/temperature`).
     pub fn open(
         name: impl Into<String>,
         path: impl AsRef<Path>,
         crop: impl Into<Vec<u64>>,
     ) -> Result<Source> {
+        Self::open_with(name, path, crop, &zcrop_zarr::OpenOptions::default())
+    }
+
+    /// [`Source::open`] with options (for a URL: its storage options).
+    pub fn open_with(
+        name: impl Into<String>,
+        path: impl AsRef<Path>,
+        crop: impl Into<Vec<u64>>,
+        options: &zcrop_zarr::OpenOptions,
+    ) -> Result<Source> {
         let name = name.into();
-        let array = Array::open(path).map_err(|error| SamplerError::Open {
+        let array = Array::open_with(path, options).map_err(|error| SamplerError::Open {
             source_name: name.clone(),
             error,
         })?;
@@ -797,7 +808,7 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
     Ok(SourceRt {
         info: SourceInfo {
             name: Arc::from(src.name.as_str()),
-            array: Arc::from(a.dir().display().to_string()),
+            array: Arc::from(a.uri()),
             crop: src.crop.clone(),
             dtype,
             element_size,

@@ -13,14 +13,16 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use zcrop_io::{IoEngine, IoError, ReadRange, ReadRequest};
+use zcrop_io::{IoEngine, IoError, ObjectEngine, ReadRange, ReadRequest};
 
 use crate::cache::LruCache;
 use crate::decode::LeafDecoder;
 use crate::error::{Location, Result, ZarrError};
 use crate::layout::{IndexEntry, Layout, ShardLevel};
+use crate::node::Group;
 use crate::plan::{DimSelection, Plan, PlanError};
 use crate::stitch::{DisjointOut, contiguous_target};
+use crate::store::{Reader, Store};
 use crate::transform::StitchTransform;
 
 /// Default byte budget of the shard-index cache of one array (64 MiB).
@@ -29,8 +31,15 @@ pub const DEFAULT_INDEX_CACHE_BYTES: usize = 64 << 20;
 /// How to open an array.
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
-    /// The IO engine; `None` uses the process-wide [`IoEngine::shared`].
+    /// The IO engine for local files; `None` uses the process-wide [`IoEngine::shared`].
     pub engine: Option<IoEngine>,
+    /// Options of the object store a URL names (`endpoint`, `region`, `anon`,
+    /// `access_key_id`, `secret_access_key`, ...; see [`ObjectEngine::open`]). Only for URLs:
+    /// a local path with storage options is an error.
+    pub storage_options: Vec<(String, String)>,
+    /// The object engine to read URLs through; the URL opened must lie under its root. `None`
+    /// opens an engine for the URL's bucket (or container, or host) with `storage_options`.
+    pub object_engine: Option<ObjectEngine>,
     /// Byte budget of the shard-index cache.
     pub index_cache_bytes: usize,
     /// Byte budget of the decoded-chunk cache; `0` (the default) turns it off. Worth enabling
@@ -45,6 +54,8 @@ impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             engine: None,
+            storage_options: Vec::new(),
+            object_engine: None,
             index_cache_bytes: DEFAULT_INDEX_CACHE_BYTES,
             chunk_cache_bytes: 0,
             verify_checksums: true,
@@ -204,12 +215,14 @@ struct Core {
     name: String,
     /// Key prefix of this array relative to the store root (`""` or `a/b/`).
     key_prefix: String,
-    /// The array's directory.
+    /// The array's directory, or its key prefix in the object store.
     dir: PathBuf,
     meta: zarrs::array::Array<()>,
     layout: Layout,
     decoder: LeafDecoder,
-    engine: IoEngine,
+    reader: Reader,
+    /// How it was opened (its parent group opens the same way).
+    options: OpenOptions,
     verify_checksums: bool,
     index_cache: LruCache<(Arc<Path>, usize, u64), Arc<[u64]>>,
     chunk_cache: Option<LruCache<u64, Arc<[u8]>>>,
@@ -250,19 +263,18 @@ thread_local! {
 
 impl Array {
     /// Builds an array from parsed metadata. `name` is its `/`-rooted path in the store,
-    /// `key_prefix` its key prefix relative to the store root, `dir` its directory.
+    /// `key_prefix` its key prefix relative to the store root, `dir` its directory (or key
+    /// prefix in `store`).
     pub(crate) fn from_metadata(
         name: String,
         key_prefix: String,
         dir: PathBuf,
+        store: &Store,
         meta: zarrs::array::Array<()>,
         options: &OpenOptions,
     ) -> Result<Array> {
         let (layout, decoder) = Layout::new(&name, &meta, options.verify_checksums)?;
-        let engine = match &options.engine {
-            Some(e) => e.clone(),
-            None => IoEngine::shared()?,
-        };
+        let reader = store.reader(options.engine.as_ref())?;
         Ok(Array {
             core: Arc::new(Core {
                 name,
@@ -271,7 +283,8 @@ impl Array {
                 meta,
                 layout,
                 decoder,
-                engine,
+                reader,
+                options: options.clone(),
                 verify_checksums: options.verify_checksums,
                 index_cache: LruCache::new(options.index_cache_bytes),
                 chunk_cache: (options.chunk_cache_bytes > 0)
@@ -280,7 +293,8 @@ impl Array {
         })
     }
 
-    /// Opens the array at `path` (a directory holding `zarr.json` or `.zarray`).
+    /// Opens the array at `path` (a directory holding `zarr.json` or `.zarray`, or the URL of
+    /// one in an object store: `s3://bucket/data.zarr/temperature`).
     pub fn open(path: impl AsRef<Path>) -> Result<Array> {
         Self::open_with(path, &OpenOptions::default())
     }
@@ -362,9 +376,42 @@ impl Array {
         self.core.key_prefix.trim_end_matches('/')
     }
 
-    /// The array's directory on disk.
+    /// The array's directory on disk, or for an object store its key prefix under the bucket
+    /// (or container, or host).
     pub fn dir(&self) -> &Path {
         &self.core.dir
+    }
+
+    /// Where the array is: its directory, or its URL.
+    pub fn uri(&self) -> String {
+        self.store().uri(&self.core.dir)
+    }
+
+    /// The storage options the array was opened with (empty for a local array).
+    pub fn storage_options(&self) -> &[(String, String)] {
+        &self.core.options.storage_options
+    }
+
+    fn store(&self) -> Store {
+        self.core.reader.store()
+    }
+
+    /// The group that holds the array's directory, opened the same way as the array (same
+    /// store, same options); `None` where there is no group there (or no parent directory).
+    pub fn parent(&self) -> Result<Option<Group>> {
+        let Some(parent) = self.core.dir.parent() else {
+            return Ok(None);
+        };
+        let store = self.store();
+        if matches!(store, Store::Object(_)) && self.core.dir.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        match crate::node::open_in(&store, parent, &self.core.options) {
+            Ok(crate::node::Node::Group(g)) => Ok(Some(g)),
+            Ok(crate::node::Node::Array(_)) => Ok(None),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Shape.
@@ -456,9 +503,20 @@ impl Array {
         self.core.decoder.describe()
     }
 
-    /// The IO engine this array reads through.
-    pub fn engine(&self) -> &IoEngine {
-        &self.core.engine
+    /// The IO engine this array reads through, for an array of local files.
+    pub fn engine(&self) -> Option<&IoEngine> {
+        match &self.core.reader {
+            Reader::Local(e) => Some(e),
+            Reader::Object(_) => None,
+        }
+    }
+
+    /// The object engine this array reads through, for an array in an object store.
+    pub fn object_engine(&self) -> Option<&ObjectEngine> {
+        match &self.core.reader {
+            Reader::Object(e) => Some(e),
+            Reader::Local(_) => None,
+        }
     }
 
     /// The store key of storage chunk `coords`, relative to the store root.
@@ -518,7 +576,7 @@ impl Array {
             _ => None,
         });
         let mut by_leaf: Vec<Option<Bytes>> = vec![None; plan.num_leaves()];
-        for done in self.core.engine.submit(requests) {
+        for done in self.core.reader.submit(requests) {
             let i = done.id as usize;
             let Source::Read { storage, .. } = &sources[i] else {
                 continue;
@@ -559,6 +617,8 @@ impl Array {
         };
         let mut present: Vec<(String, Arc<Path>, u64)> = Vec::new();
         let mut coords = vec![0u64; grid.len()];
+        // An object store lists the array's objects once; local files are asked one by one.
+        let listed = self.store().object_sizes(&self.core.dir)?;
         for i in 0..total {
             let mut rem = i;
             for d in (0..grid.len()).rev() {
@@ -567,17 +627,21 @@ impl Array {
             }
             let rel = self.core.meta.chunk_key(&coords).to_string();
             let path = self.core.dir.join(&rel);
-            match std::fs::metadata(&path) {
-                Ok(m) if m.is_file() => {
-                    summary.storage_chunks_present += 1;
-                    summary.stored_bytes += m.len();
-                    present.push((
-                        format!("{}{rel}", self.core.key_prefix),
-                        Arc::from(path.as_path()),
-                        m.len(),
-                    ));
-                }
-                _ => {}
+            let size = match &listed {
+                Some(sizes) => sizes.get(&rel).copied(),
+                None => std::fs::metadata(&path)
+                    .ok()
+                    .filter(std::fs::Metadata::is_file)
+                    .map(|m| m.len()),
+            };
+            if let Some(len) = size {
+                summary.storage_chunks_present += 1;
+                summary.stored_bytes += len;
+                present.push((
+                    format!("{}{rel}", self.core.key_prefix),
+                    Arc::from(path.as_path()),
+                    len,
+                ));
             }
         }
         if let Some(level) = self.core.layout.levels.first() {
@@ -593,7 +657,7 @@ impl Array {
                 .enumerate()
                 .map(|(i, (_, path, _))| ReadRequest::new(i as u64, Arc::clone(path), range));
             let mut inner_present = 0u64;
-            for done in self.core.engine.submit(requests) {
+            for done in self.core.reader.submit(requests) {
                 let (key, _, len) = &present[done.id as usize];
                 let bytes = done.result.map_err(|e| ZarrError::Io {
                     at: self.location(key, Some(range)),
@@ -912,7 +976,7 @@ impl Array {
             if requests.is_empty() {
                 return;
             }
-            for done in core.engine.submit(requests) {
+            for done in core.reader.submit(requests) {
                 if ctx.failed.load(Ordering::Acquire) {
                     break;
                 }
@@ -1116,7 +1180,7 @@ impl Array {
                     .map(|(i, ((storage, _), range))| {
                         ReadRequest::new(i as u64, Arc::clone(&storages[*storage].path), *range)
                     });
-                for done in core.engine.submit(requests) {
+                for done in core.reader.submit(requests) {
                     let ((storage, base), range) = to_read[done.id as usize];
                     let key = &storages[storage].key;
                     match done.result {

@@ -5,6 +5,10 @@
 //! fetch their bytes in one submission to `zcrop-io`, decode each chunk as its bytes arrive and
 //! copy it into every crop that needs it while it is still in CPU cache.
 //!
+//! Stores are local directories or object stores named by URL (`s3://bucket/data.zarr`,
+//! `gs://`, `az://`, `https://`), read through `zcrop-io`'s object engine with the same
+//! planning, batching and decoding ([`OpenOptions::storage_options`] configures them).
+//!
 //! **Must not know about:** io_uring or any other IO mechanism (that is `zcrop-io`'s business),
 //! samplers, batches as training data, Python.
 //!
@@ -36,6 +40,7 @@ mod layout;
 mod node;
 pub mod plan;
 mod stitch;
+mod store;
 pub mod transform;
 
 pub use array::{

@@ -1,9 +1,12 @@
-//! Opening arrays and groups from a local store: v3 `zarr.json`; v2 `.zarray`, `.zgroup`,
-//! `.zattrs` and consolidated `.zmetadata`.
+//! Opening arrays and groups from a local directory or an object store (a URL): v3
+//! `zarr.json`; v2 `.zarray`, `.zgroup`, `.zattrs` and consolidated `.zmetadata`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use bytes::Bytes;
+use zcrop_io::{ObjectConfig, ObjectEngine, is_object_url};
 
 use serde_json::{Map, Value};
 use zarrs::array::ArrayCreateError;
@@ -14,6 +17,7 @@ use zarrs::plugin::PluginCreateError;
 
 use crate::array::{Array, OpenOptions};
 use crate::error::{Result, ZarrError};
+use crate::store::{Store, V2_META, V3_META, fetch_documents};
 
 /// An array or a group.
 #[derive(Debug, Clone)]
@@ -79,6 +83,7 @@ struct GroupCore {
     name: String,
     key_prefix: String,
     dir: PathBuf,
+    store: Store,
     zarr_format: u8,
     attributes: Map<String, Value>,
     consolidated: Option<Arc<Consolidated>>,
@@ -111,32 +116,96 @@ fn attributes_of(path: &Path, v: Option<Value>) -> Result<Map<String, Value>> {
     }
 }
 
+/// A node's metadata, with the consolidated metadata it holds.
+type NodeDocs = Option<(NodeMeta, Option<Consolidated>)>;
+
 /// Reads the metadata of the node in `dir` from its own files.
-fn read_node(dir: &Path) -> Result<Option<(NodeMeta, Option<Consolidated>)>> {
-    let zarr_json = dir.join("zarr.json");
-    if let Some(v) = read_json(&zarr_json)? {
+fn read_node(store: &Store, dir: &Path) -> Result<NodeDocs> {
+    Ok(read_nodes(store, &[dir])?.pop().flatten())
+}
+
+/// Reads the metadata of the nodes in `dirs`. A local store reads each file when it needs it;
+/// an object store fetches every node's `zarr.json` in one batch, then the v2 documents of
+/// those that have none in another.
+fn read_nodes(store: &Store, dirs: &[&Path]) -> Result<Vec<NodeDocs>> {
+    let engine = match store {
+        Store::Local => {
+            return dirs
+                .iter()
+                .map(|d| parse_node(&|n| d.join(n), &mut |n| read_json(&d.join(n))))
+                .collect();
+        }
+        Store::Object(e) => e,
+    };
+    let v3 = fetch_documents(engine, dirs, &[V3_META])?;
+    let need_v2: Vec<&Path> = dirs
+        .iter()
+        .zip(&v3)
+        .filter(|(_, docs)| docs[0].is_none())
+        .map(|(d, _)| *d)
+        .collect();
+    let mut v2 = if need_v2.is_empty() {
+        Vec::new()
+    } else {
+        fetch_documents(engine, &need_v2, &V2_META)?
+    }
+    .into_iter();
+    dirs.iter()
+        .zip(v3)
+        .map(|(d, mut v3docs)| {
+            let mut docs: HashMap<&str, Bytes> = HashMap::new();
+            match v3docs.pop().flatten() {
+                Some(b) => {
+                    docs.insert(V3_META, b);
+                }
+                None => {
+                    for (name, doc) in V2_META.iter().zip(v2.next().unwrap_or_default()) {
+                        if let Some(b) = doc {
+                            docs.insert(name, b);
+                        }
+                    }
+                }
+            }
+            let show = |n: &str| store.show(&d.join(n));
+            parse_node(&show, &mut |n| match docs.get(n) {
+                Some(b) => serde_json::from_slice(b)
+                    .map(Some)
+                    .map_err(|e| invalid(&show(n), e)),
+                None => Ok(None),
+            })
+        })
+        .collect()
+}
+
+/// Parses a node's metadata; `get(name)` gives the document `name` (`zarr.json`, `.zarray`,
+/// ...) of the node, `show(name)` its path for messages.
+fn parse_node(
+    show: &dyn Fn(&str) -> PathBuf,
+    get: &mut dyn FnMut(&str) -> Result<Option<Value>>,
+) -> Result<NodeDocs> {
+    let zarr_json = show("zarr.json");
+    if let Some(v) = get("zarr.json")? {
         return parse_v3(&zarr_json, v).map(Some);
     }
-    let zarray = dir.join(".zarray");
-    if let Some(v) = read_json(&zarray)? {
+    let zarray = show(".zarray");
+    if let Some(v) = get(".zarray")? {
         let mut md: ArrayMetadataV2 = serde_json::from_value(v).map_err(|e| invalid(&zarray, e))?;
-        let zattrs = dir.join(".zattrs");
-        md.attributes = attributes_of(&zattrs, read_json(&zattrs)?)?;
+        let zattrs = show(".zattrs");
+        md.attributes = attributes_of(&zattrs, get(".zattrs")?)?;
         return Ok(Some((
             NodeMeta::Array(Box::new(ArrayMetadata::V2(md))),
             None,
         )));
     }
-    let zgroup = dir.join(".zgroup");
-    let zmetadata = dir.join(".zmetadata");
-    let group = read_json(&zgroup)?;
-    let consolidated = match read_json(&zmetadata)? {
+    let zmetadata = show(".zmetadata");
+    let group = get(".zgroup")?;
+    let consolidated = match get(".zmetadata")? {
         Some(v) => Some(parse_zmetadata(&zmetadata, &v)?),
         None => None,
     };
     if group.is_some() || consolidated.is_some() {
-        let zattrs = dir.join(".zattrs");
-        let attributes = attributes_of(&zattrs, read_json(&zattrs)?)?;
+        let zattrs = show(".zattrs");
+        let attributes = attributes_of(&zattrs, get(".zattrs")?)?;
         return Ok(Some((
             NodeMeta::Group {
                 zarr_format: 2,
@@ -256,14 +325,15 @@ fn make_array(
     name: String,
     key_prefix: String,
     dir: PathBuf,
+    store: &Store,
     md: ArrayMetadata,
     options: &OpenOptions,
 ) -> Result<Array> {
-    let meta_path = dir.join(if matches!(md, ArrayMetadata::V2(_)) {
+    let meta_path = store.show(&dir.join(if matches!(md, ArrayMetadata::V2(_)) {
         ".zarray"
     } else {
         "zarr.json"
-    });
+    }));
     if let ArrayMetadata::V3(m) = &md {
         if let Some((field, _)) = m
             .additional_fields
@@ -325,28 +395,85 @@ fn make_array(
         }
         Err(e) => return Err(invalid(&meta_path, e)),
     };
-    Array::from_metadata(name, key_prefix, dir, meta, options)
+    Array::from_metadata(name, key_prefix, dir, store, meta, options)
 }
 
-/// Opens the array or group at `path`.
+/// Opens the array or group at `path`: a local directory, or a URL of an object store
+/// (`s3://bucket/data.zarr`, `gs://...`, `az://...`, `https://...`; see
+/// [`OpenOptions::storage_options`]).
 pub fn open(path: impl AsRef<Path>) -> Result<Node> {
     open_with(path, &OpenOptions::default())
 }
 
 /// [`open`] with options (which apply to every array opened through the result).
 pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Node> {
-    let dir = path.as_ref().to_path_buf();
-    let Some((meta, consolidated)) = read_node(&dir)? else {
-        return Err(ZarrError::NodeNotFound { path: dir });
+    let (store, dir) = locate(path.as_ref(), options)?;
+    open_in(&store, &dir, options)
+}
+
+/// Opens the node at `dir` of `store` as the root of what is opened.
+pub(crate) fn open_in(store: &Store, dir: &Path, options: &OpenOptions) -> Result<Node> {
+    let Some((meta, consolidated)) = read_node(store, dir)? else {
+        return Err(ZarrError::NodeNotFound {
+            path: store.show(dir),
+        });
     };
     node_from(
         meta,
         consolidated.map(Arc::new),
         "/".into(),
         String::new(),
-        dir,
+        dir.to_path_buf(),
+        store,
         options,
     )
+}
+
+/// Where what [`open`] was given lives: a local path (also as a `file://` URL), or an object
+/// store URL, read through [`OpenOptions::object_engine`] or an engine opened for the URL's
+/// bucket with [`OpenOptions::storage_options`]. Returns the store and the node's path in it.
+pub(crate) fn locate(path: &Path, options: &OpenOptions) -> Result<(Store, PathBuf)> {
+    let url = path.to_str().filter(|s| is_object_url(s));
+    let Some(url) = url else {
+        if !options.storage_options.is_empty() {
+            return Err(ZarrError::InvalidArgument(format!(
+                "storage options apply to object-store URLs (s3://, gs://, az://, https://); \
+                 {} is a local path",
+                path.display()
+            )));
+        }
+        let local = path
+            .to_str()
+            .and_then(|s| s.strip_prefix("file://"))
+            .map_or_else(|| path.to_path_buf(), PathBuf::from);
+        return Ok((Store::Local, local));
+    };
+    let url = url.trim_end_matches('/');
+    match &options.object_engine {
+        Some(engine) => {
+            let root = engine.url();
+            let rest = url
+                .strip_prefix(root)
+                .filter(|r| r.is_empty() || r.starts_with('/'))
+                .ok_or_else(|| {
+                    ZarrError::InvalidArgument(format!(
+                        "{url} is not under {root}, the root of the object engine given"
+                    ))
+                })?;
+            Ok((
+                Store::Object(engine.clone()),
+                PathBuf::from(rest.trim_start_matches('/')),
+            ))
+        }
+        None => {
+            let (engine, key) = ObjectEngine::open_container(
+                url,
+                &options.storage_options,
+                ObjectConfig::from_env()?,
+            )?;
+            Ok((Store::Object(engine), PathBuf::from(key)))
+        }
+    }
 }
 
 fn node_from(
@@ -355,11 +482,12 @@ fn node_from(
     name: String,
     key_prefix: String,
     dir: PathBuf,
+    store: &Store,
     options: &OpenOptions,
 ) -> Result<Node> {
     match meta {
         NodeMeta::Array(md) => Ok(Node::Array(make_array(
-            name, key_prefix, dir, *md, options,
+            name, key_prefix, dir, store, *md, options,
         )?)),
         NodeMeta::Group {
             zarr_format,
@@ -369,6 +497,7 @@ fn node_from(
                 name,
                 key_prefix,
                 dir,
+                store: store.clone(),
                 zarr_format,
                 attributes,
                 consolidated,
@@ -407,7 +536,14 @@ pub(crate) fn array_from_json(
             }
         }
     };
-    make_array("/".into(), String::new(), dir.to_path_buf(), md, options)
+    make_array(
+        "/".into(),
+        String::new(),
+        dir.to_path_buf(),
+        &Store::Local,
+        md,
+        options,
+    )
 }
 
 /// Opens the array at `path`; a group there is an error.
@@ -450,9 +586,15 @@ impl Group {
         self.core.key_prefix.trim_end_matches('/')
     }
 
-    /// The group's directory.
+    /// The group's directory, or for an object store its key prefix under the bucket (or
+    /// container, or host).
     pub fn dir(&self) -> &Path {
         &self.core.dir
+    }
+
+    /// Where the group is: its directory, or its URL.
+    pub fn uri(&self) -> String {
+        self.core.store.uri(&self.core.dir)
     }
 
     /// Zarr format: 2 or 3.
@@ -499,7 +641,7 @@ impl Group {
         let (name, key_prefix, dir) = self.child_names(rel);
         // A node's own metadata files are authoritative; consolidated metadata stands in where
         // they are absent.
-        if let Some((meta, consolidated)) = read_node(&dir)? {
+        if let Some((meta, consolidated)) = read_node(&self.core.store, &dir)? {
             let consolidated = consolidated
                 .map(Arc::new)
                 .or_else(|| self.core.consolidated.clone());
@@ -509,6 +651,7 @@ impl Group {
                 name,
                 key_prefix,
                 dir,
+                &self.core.store,
                 &self.core.options,
             );
         }
@@ -522,11 +665,14 @@ impl Group {
                     name,
                     key_prefix,
                     dir,
+                    &self.core.store,
                     &self.core.options,
                 );
             }
         }
-        Err(ZarrError::NodeNotFound { path: dir })
+        Err(ZarrError::NodeNotFound {
+            path: self.core.store.show(&dir),
+        })
     }
 
     /// Whether there is a member at `path`.
@@ -549,17 +695,19 @@ impl Group {
                 }
             }
         }
-        let entries = match std::fs::read_dir(&self.core.dir) {
-            Ok(e) => e,
-            Err(e) => return Err(invalid(&self.core.dir, e)),
-        };
-        for entry in entries.flatten() {
-            let Ok(ft) = entry.file_type() else { continue };
-            if !ft.is_dir() {
-                continue;
+        let store = &self.core.store;
+        let names = match store.child_dirs(&self.core.dir) {
+            Ok(names) => names,
+            // Some object stores cannot list (plain HTTP); consolidated metadata says enough.
+            Err(_) if self.core.consolidated.is_some() && matches!(store, Store::Object(_)) => {
+                Vec::new()
             }
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some((meta, _)) = read_node(&entry.path())? {
+            Err(e) => return Err(e),
+        };
+        let dirs: Vec<PathBuf> = names.iter().map(|n| self.core.dir.join(n)).collect();
+        let dir_refs: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
+        for (name, node) in names.into_iter().zip(read_nodes(store, &dir_refs)?) {
+            if let Some((meta, _)) = node {
                 out.insert(name, meta.kind());
             }
         }

@@ -1,0 +1,354 @@
+//! Every fixture read from a real S3-compatible server (moto on loopback) equals what
+//! zarr-python wrote and what the local read gives; groups, consolidated metadata and storage
+//! summaries work the same; the GETs a read costs equal the physical reads the local engine
+//! plans with the same coalescing limits.
+//!
+//! Skipped (saying so) where moto is not installed, unless `ZCROP_REQUIRE_S3=1`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+
+use common::{assert_same, expected, region};
+use zcrop_fixtures::s3::Moto;
+use zcrop_io::{BackendChoice, CoalesceLimits, IoConfig, IoEngine, ObjectConfig, ObjectEngine};
+use zcrop_zarr::{Array, Node, OpenOptions, ZarrError};
+
+const BUCKET: &str = "zcrop-fixtures";
+
+/// The shared server with every fixture store uploaded to [`BUCKET`] under its path relative
+/// to `fixtures/` (`data/v3_....zarr`).
+fn server() -> Option<&'static Moto> {
+    static UPLOADED: OnceLock<()> = OnceLock::new();
+    let moto = Moto::shared()?;
+    UPLOADED.get_or_init(|| {
+        moto.create_bucket(BUCKET);
+        let stores: BTreeSet<String> = zcrop_fixtures::manifest()
+            .into_iter()
+            .map(|f| f.store)
+            .collect();
+        for store in stores {
+            moto.upload_dir(BUCKET, &store, &zcrop_fixtures::root().join(&store));
+        }
+    });
+    Some(moto)
+}
+
+fn url(f: &zcrop_fixtures::Fixture) -> String {
+    format!("s3://{BUCKET}/{}", f.store)
+}
+
+fn s3_options(moto: &Moto) -> OpenOptions {
+    OpenOptions {
+        storage_options: moto.storage_options(),
+        ..OpenOptions::default()
+    }
+}
+
+/// The fixture's array, from the node opened at its store root.
+fn array_of(f: &zcrop_fixtures::Fixture, node: Node) -> Array {
+    match node {
+        Node::Array(a) if f.array_path.is_empty() => a,
+        Node::Group(g) => match g
+            .get(&f.array_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", f.name))
+        {
+            Node::Array(a) => a,
+            Node::Group(_) => panic!("{}: a group", f.name),
+        },
+        Node::Array(_) => panic!("{}: expected a group at the store root", f.name),
+    }
+}
+
+fn open(f: &zcrop_fixtures::Fixture, path: &str, options: &OpenOptions) -> Array {
+    let node = zcrop_zarr::open_with(path, options).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+    array_of(f, node)
+}
+
+#[test]
+fn every_fixture_reads_through_s3_like_zarr_python_and_the_local_read() {
+    let Some(moto) = server() else { return };
+    let options = s3_options(moto);
+    for f in zcrop_fixtures::manifest() {
+        let a = open(&f, &url(&f), &options);
+        let local = open(
+            &f,
+            f.store_path().to_str().unwrap(),
+            &OpenOptions::default(),
+        );
+        let (want, shape, es) = expected(&f);
+        assert_eq!(a.shape(), &shape[..], "{}", f.name);
+        assert_eq!(a.numpy_dtype(), f.dtype, "{}", f.name);
+        assert!(a.object_engine().is_some() && a.engine().is_none());
+        assert!(a.uri().starts_with(&url(&f)), "{}: {}", f.name, a.uri());
+        let origin = vec![0; shape.len()];
+        let got = a
+            .read_region(&origin, &shape)
+            .unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        assert_same(&got, &want, es, &f.name);
+        if shape.contains(&0) || shape.is_empty() {
+            continue;
+        }
+        // A batch of crops: half the array's extent, at three origins.
+        let crop: Vec<u64> = shape.iter().map(|&s| s.div_ceil(2)).collect();
+        let origins: Vec<u64> = [0u64, 1, 2]
+            .iter()
+            .flat_map(|&k| shape.iter().zip(&crop).map(move |(s, c)| (s - c) * k / 2))
+            .collect();
+        let got = a.read_batch(&origins, &crop).unwrap();
+        assert_eq!(
+            got,
+            local.read_batch(&origins, &crop).unwrap(),
+            "{}",
+            f.name
+        );
+        let first = region(&want, &shape, es, &origins[..shape.len()], &crop);
+        assert_same(&got[..first.len()], &first, es, &f.name);
+    }
+}
+
+/// Fixtures with every chunk stored (a missing file costs the local engine no read but the
+/// object engine a GET that answers 404).
+fn complete(f: &zcrop_fixtures::Fixture) -> bool {
+    f.n_missing_chunks == 0 && f.n_missing_inner_chunks == 0 && !f.shape.contains(&0)
+}
+
+#[test]
+fn gets_equal_the_reads_the_local_engine_plans() {
+    let Some(moto) = server() else { return };
+    let mut checked = 0;
+    for limits in [CoalesceLimits::OBJECT, CoalesceLimits::ADJACENT_ONLY] {
+        for f in zcrop_fixtures::manifest().into_iter().filter(complete) {
+            let object = ObjectEngine::open(
+                &format!("s3://{BUCKET}"),
+                &moto.storage_options(),
+                ObjectConfig {
+                    coalesce: limits,
+                    ..ObjectConfig::default()
+                },
+            )
+            .unwrap();
+            let local = IoEngine::new(IoConfig {
+                backend: BackendChoice::Portable,
+                coalesce: limits,
+                ..IoConfig::default()
+            })
+            .unwrap();
+            let a = open(
+                &f,
+                &url(&f),
+                &OpenOptions {
+                    object_engine: Some(object.clone()),
+                    ..OpenOptions::default()
+                },
+            );
+            let l = open(
+                &f,
+                f.store_path().to_str().unwrap(),
+                &OpenOptions {
+                    engine: Some(local.clone()),
+                    ..OpenOptions::default()
+                },
+            );
+            let shape = a.shape().to_vec();
+            let crop: Vec<u64> = shape.iter().map(|&s| s.div_ceil(3)).collect();
+            let origins: Vec<u64> = [0u64, 1, 2]
+                .iter()
+                .flat_map(|&k| shape.iter().zip(&crop).map(move |(s, c)| (s - c) * k / 2))
+                .collect();
+            let (o0, l0) = (object.metrics(), local.metrics());
+            let got = a.read_batch(&origins, &crop).unwrap();
+            let want = l.read_batch(&origins, &crop).unwrap();
+            assert_eq!(got, want, "{}", f.name);
+            let (m, lm) = (object.metrics() - o0, local.metrics() - l0);
+            assert_eq!(
+                m.gets, lm.physical_reads,
+                "{} ({limits:?}): GETs vs local reads: {m:?} {lm:?}",
+                f.name
+            );
+            assert_eq!(m.http_gets, m.gets, "{}: GETs on the wire: {m:?}", f.name);
+            assert_eq!(m.http_other, 0, "{}: {m:?}", f.name);
+            checked += 1;
+        }
+    }
+    assert!(checked > 10, "only {checked} fixtures checked");
+}
+
+#[test]
+fn groups_list_members_and_use_consolidated_metadata() {
+    let Some(moto) = server() else { return };
+    let options = s3_options(moto);
+    for store in [
+        "data/v2_hierarchy_consolidated.zarr",
+        "data/v3_hierarchy.zarr",
+    ] {
+        let remote = match zcrop_zarr::open_with(format!("s3://{BUCKET}/{store}"), &options) {
+            Ok(Node::Group(g)) => g,
+            other => panic!("{store}: {other:?}"),
+        };
+        let local = match zcrop_zarr::open(zcrop_fixtures::root().join(store)) {
+            Ok(Node::Group(g)) => g,
+            other => panic!("{store}: {other:?}"),
+        };
+        assert_eq!(
+            remote.members().unwrap(),
+            local.members().unwrap(),
+            "{store}"
+        );
+        assert_eq!(remote.is_consolidated(), local.is_consolidated());
+        assert_eq!(remote.uri(), format!("s3://{BUCKET}/{store}"));
+        for (name, _) in local.members().unwrap() {
+            let (r, l) = (remote.get(&name).unwrap(), local.get(&name).unwrap());
+            assert_eq!(r.kind(), l.kind(), "{store}/{name}");
+        }
+    }
+}
+
+#[test]
+fn an_array_opened_by_url_finds_its_parent_group() {
+    let Some(moto) = server() else { return };
+    let f = zcrop_fixtures::manifest()
+        .into_iter()
+        .find(|f| f.store.contains("v3_hierarchy") && !f.array_path.is_empty())
+        .unwrap();
+    let array_url = format!("{}/{}", url(&f), f.array_path);
+    let a = Array::open_with(&array_url, &s3_options(moto)).unwrap();
+    assert_eq!(a.uri(), array_url);
+    let parent = a.parent().unwrap().expect("a parent group");
+    let parent_dir = std::path::Path::new(&f.array_path)
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let expected_parent = if parent_dir.is_empty() {
+        url(&f)
+    } else {
+        format!("{}/{parent_dir}", url(&f))
+    };
+    assert_eq!(parent.uri(), expected_parent);
+}
+
+#[test]
+fn storage_summaries_match_the_local_ones() {
+    let Some(moto) = server() else { return };
+    let options = s3_options(moto);
+    for f in zcrop_fixtures::manifest() {
+        let a = open(&f, &url(&f), &options);
+        let l = open(
+            &f,
+            f.store_path().to_str().unwrap(),
+            &OpenOptions::default(),
+        );
+        assert_eq!(
+            a.storage_summary().unwrap(),
+            l.storage_summary().unwrap(),
+            "{}",
+            f.name
+        );
+    }
+}
+
+#[test]
+fn missing_stores_and_keys_give_typed_errors() {
+    let Some(moto) = server() else { return };
+    let options = s3_options(moto);
+    match zcrop_zarr::open_with(format!("s3://{BUCKET}/no/such.zarr"), &options) {
+        Err(ZarrError::NodeNotFound { path }) => {
+            assert_eq!(path.to_str(), Some("s3://zcrop-fixtures/no/such.zarr"));
+        }
+        other => panic!("{other:?}"),
+    }
+    match zcrop_zarr::open_with(
+        format!("s3://no-such-bucket-{}/x.zarr", moto.port()),
+        &options,
+    ) {
+        Err(e) => assert!(e.is_not_found() || matches!(e, ZarrError::Io { .. }), "{e}"),
+        Ok(n) => panic!("opened {n:?}"),
+    }
+    // Unsigned requests to the private bucket are denied: a typed IO error naming the key.
+    let anon = OpenOptions {
+        storage_options: vec![
+            ("endpoint".into(), moto.endpoint()),
+            ("anon".into(), "true".into()),
+        ],
+        ..OpenOptions::default()
+    };
+    match zcrop_zarr::open_with(format!("s3://{BUCKET}/data/v3_4d_i1.zarr"), &anon) {
+        Err(ZarrError::Io { at, source }) => {
+            assert_eq!(at.key, "data/v3_4d_i1.zarr/zarr.json");
+            assert!(
+                matches!(*source, zcrop_io::IoError::PermissionDenied { .. }),
+                "{source}"
+            );
+            let msg = source.to_string();
+            assert!(
+                msg.contains("s3://zcrop-fixtures/data/v3_4d_i1.zarr/zarr.json"),
+                "{msg}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Storage options on a local path, an unknown option and a bad URL.
+    let f = zcrop_fixtures::manifest().remove(0);
+    let err = zcrop_zarr::open_with(f.store_path(), &options).unwrap_err();
+    assert!(matches!(err, ZarrError::InvalidArgument(_)), "{err}");
+    let bad = OpenOptions {
+        storage_options: vec![("colour".into(), "blue".into())],
+        ..OpenOptions::default()
+    };
+    let err = zcrop_zarr::open_with(url(&f), &bad).unwrap_err();
+    assert!(
+        matches!(err, ZarrError::Engine(_)) && err.to_string().contains("colour"),
+        "{err}"
+    );
+}
+
+/// Copies the files under `from` to `to`, leaving out those `skip` says.
+fn copy_tree(
+    from: &std::path::Path,
+    to: &std::path::Path,
+    skip: &dyn Fn(&std::path::Path) -> bool,
+) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let dest = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            std::fs::create_dir_all(&dest).unwrap();
+            copy_tree(&path, &dest, skip);
+        } else if !skip(&path) {
+            std::fs::copy(&path, &dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_missing_shard_reads_as_fill_value() {
+    let Some(moto) = server() else { return };
+    let f = zcrop_fixtures::manifest()
+        .into_iter()
+        .find(|f| f.name == "v3_sharded_end")
+        .unwrap();
+    let local = Array::open(f.store_path()).unwrap();
+    let key = local.storage_key(&vec![0; local.ndim()]);
+    // The store without its first shard, in a bucket of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let shard = f.store_path().join(&key);
+    copy_tree(&f.store_path(), dir.path(), &|p| p == shard);
+    moto.create_bucket("zcrop-missing-shard");
+    moto.upload_dir("zcrop-missing-shard", "s", dir.path());
+    let a = Array::open_with("s3://zcrop-missing-shard/s", &s3_options(moto)).unwrap();
+    let region = a.storage_chunk_shape().to_vec();
+    let got = a.read_region(&vec![0; a.ndim()], &region).unwrap();
+    let fill = a.fill_value_bytes().to_vec();
+    assert!(
+        got.chunks(fill.len()).all(|e| e == fill),
+        "a missing shard is fill value"
+    );
+    let summary = a.storage_summary().unwrap();
+    assert_eq!(
+        summary.storage_chunks_present + 1,
+        local.storage_summary().unwrap().storage_chunks_present
+    );
+}
