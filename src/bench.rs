@@ -6,9 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use zcrop_io::{
-    BackendChoice, CoalesceLimits, FastPath, IoConfig, IoEngine, ReadRange, ReadRequest,
-};
+use zcrop_io::{CoalesceLimits, FastPath, IoConfig, IoEngine, ReadRange, ReadRequest};
 use zcrop_zarr::{Array, Node, OpenOptions, ReadStats};
 
 /// Deterministic 64-bit generator (splitmix64) for crop origins and read offsets.
@@ -656,26 +654,6 @@ pub fn fast_path_for(no_fast_path: bool) -> FastPath {
         FastPath::Never
     } else {
         FastPath::Auto
-    }
-}
-
-/// IO settings from command-line choices.
-pub fn io_config(
-    backend: BackendChoice,
-    direct: bool,
-    io_threads: usize,
-    queue_depth: usize,
-    no_fast_path: bool,
-    mmap: bool,
-) -> IoConfig {
-    IoConfig {
-        backend,
-        direct,
-        threads: io_threads,
-        queue_depth,
-        fast_path: fast_path_for(no_fast_path),
-        mmap,
-        ..IoConfig::default()
     }
 }
 

@@ -170,6 +170,21 @@ struct IoArgs {
     no_progress: bool,
 }
 
+impl IoArgs {
+    /// The IO engine settings these switches ask for.
+    fn config(&self) -> zcrop_io::IoConfig {
+        zcrop_io::IoConfig {
+            backend: self.backend,
+            direct: self.direct,
+            threads: self.io_threads,
+            queue_depth: self.queue_depth,
+            fast_path: bench::fast_path_for(self.no_fast_path),
+            mmap: self.mmap,
+            ..zcrop_io::IoConfig::default()
+        }
+    }
+}
+
 fn parse_backend(s: &str) -> Result<BackendChoice, String> {
     s.parse()
 }
@@ -361,14 +376,7 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
     if args.prepare_only {
         return emit(&format!("{}\n", path.display()));
     }
-    let io = bench::io_config(
-        args.io.backend,
-        args.io.direct,
-        args.io.io_threads,
-        args.io.queue_depth,
-        args.io.no_fast_path,
-        args.io.mmap,
-    );
+    let io = args.io.config();
     let opts = ArrayBenchOptions {
         crop: args.crop.0.clone(),
         batch_size: args.batch_size,
@@ -616,14 +624,7 @@ fn bench_io(args: &IoBenchArgs) -> Result<()> {
             bench::ensure_io_file(&dir, args.file_size).context("creating the IO benchmark file")?
         }
     };
-    let io = bench::io_config(
-        args.io.backend,
-        args.io.direct,
-        args.io.io_threads,
-        args.io.queue_depth,
-        args.io.no_fast_path,
-        args.io.mmap,
-    );
+    let io = args.io.config();
     let opts = IoBenchOptions {
         block_size: args.block_size,
         queue_depth: args.io.queue_depth,
