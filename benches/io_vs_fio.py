@@ -66,13 +66,23 @@ def pinned(one_core: bool) -> list[str]:
     return ["taskset", "-c", "0"] if one_core else []
 
 
-def run_fio(fio: str, path: str, engine: str, bs: int, qd: int, jobs: int, direct: bool, runtime: float, one_core: bool) -> dict:
+def run_fio(fio: str, path: str, engine: str, bs: int, qd: int, jobs: int, direct: bool, runtime: float, one_core: bool,
+            distinct: tuple[int, int] | None = None) -> dict:
+    """fio random reads. With `distinct=(reads, file_bytes)`, fio reads exactly `reads` distinct
+    blocks (each job its own slice of the file, fio's random map on), as `zcrop bench io` does:
+    on a cold buffered run, a block read twice would come from the page cache the second time."""
     cmd = pinned(one_core) + [
         fio, "--name=zcrop-cmp", f"--filename={path}", "--rw=randread", f"--bs={bs}",
-        f"--ioengine={engine}", f"--numjobs={jobs}", "--group_reporting", "--time_based",
-        f"--runtime={runtime}", "--output-format=json", f"--direct={int(direct)}",
-        "--invalidate=0", "--norandommap", "--randrepeat=0",
+        f"--ioengine={engine}", f"--numjobs={jobs}", "--group_reporting",
+        "--output-format=json", f"--direct={int(direct)}", "--invalidate=0", "--randrepeat=0",
     ]
+    if distinct is None:
+        cmd += ["--time_based", f"--runtime={runtime}", "--norandommap"]
+    else:
+        reads, file_bytes = distinct
+        region = file_bytes // jobs // bs * bs
+        per_job = max(1, reads // jobs) * bs
+        cmd += [f"--size={region}", f"--offset_increment={region}", f"--io_size={per_job}"]
     if engine == "io_uring":
         cmd.append(f"--iodepth={qd}")
     out = json.loads(sh(cmd).stdout)
@@ -138,11 +148,13 @@ def main() -> None:
                     else:
                         drop_caches()
                     one = mode == "warm"  # the one-core comparison: everything on CPU 0
+                    # Cold buffered runs read distinct blocks only, in fio as in zcrop.
+                    distinct = (reads, made["file_bytes"]) if mode == "cold" else None
                     if name == "fio_io_uring":
-                        r = run_fio(fio, path, "io_uring", bs, args.queue_depth, jobs, direct, args.seconds, one)
+                        r = run_fio(fio, path, "io_uring", bs, args.queue_depth, jobs, direct, args.seconds, one, distinct)
                     elif name == "fio_psync":
                         pjobs = jobs if mode.startswith("warm") else args.queue_depth
-                        r = run_fio(fio, path, "psync", bs, 1, pjobs, direct, args.seconds, one)
+                        r = run_fio(fio, path, "psync", bs, 1, pjobs, direct, args.seconds, one, distinct)
                     elif name == "zcrop_uring":
                         r = run_zcrop(zcrop, path, "uring", bs, args.queue_depth, reads, direct, 0 if one else jobs if mode == "warm2" else 1, one)
                     else:
@@ -166,7 +178,8 @@ def main() -> None:
     print("Modes: warm = file in the page cache, every process pinned to one core (taskset -c 0; fio: "
           "1 job; zcrop: 1 ring or 1 pread thread, plus the consumer, on that core); warm2 = both cores "
           "(fio: 2 jobs, zcrop: 2 rings / 2 pread threads); cold = page cache dropped before each run, "
-          "buffered reads (fio psync: queue-depth jobs; zcrop: 1 ring, or queue-depth pread threads); "
+          "buffered reads of distinct blocks only, the same number in fio and zcrop (fio psync: queue-depth "
+          "jobs, each on its own slice of the file; zcrop: 1 ring, or queue-depth pread threads); "
           "direct = O_DIRECT, same jobs as cold. Medians of "
           f"{args.repeat} interleaved runs; reads/s.")
     if args.json_out:

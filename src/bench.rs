@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use zcrop_io::{
-    BackendChoice, CoalesceLimits, FastPath, IoConfig, IoEngine, ObjectConfig, ObjectEngine,
-    ReadRange, ReadRequest, is_object_url,
+    CoalesceLimits, FastPath, IoConfig, IoEngine, ObjectConfig, ObjectEngine, ReadRange,
+    ReadRequest, is_object_url,
 };
 use zcrop_zarr::{Array, Node, OpenOptions, ReadStats};
 
@@ -168,25 +168,32 @@ pub struct ArrayBenchReport {
     pub cold_note: Option<String>,
     /// `O_DIRECT` reads.
     pub direct: bool,
+    /// Reads served from mapped files.
+    pub mmap: bool,
     /// Chunks per second one thread decodes (decode only, no IO or stitching), measured on a
     /// random sample of the array's chunks in the same run.
     pub single_core_chunks_per_s: Option<f64>,
     /// `chunks_per_s / (single_core_chunks_per_s * threads)`: how close the read comes to the
     /// decode limit of its threads.
     pub decode_efficiency: Option<f64>,
+    /// Chunks per second all `threads` decode together (decode only, each thread its own copy
+    /// of the sample): what the machine really gives when every core decodes at once.
+    pub parallel_decode_chunks_per_s: Option<f64>,
     /// Totals over the timed batches.
     pub totals: TotalsReport,
     /// For a URL: the GETs the timed batches cost.
     pub object: Option<ObjectReport>,
 }
 
-/// Single-threaded decode rate (chunks/s) of `sample` random stored chunks of `a`, timed for at
-/// least `min_time`; `None` if none of the sampled chunks is stored.
-pub fn single_core_decode_rate(
+/// Decode rate (chunks/s, all threads together) of `sample` random stored chunks of `a` on
+/// `threads` threads at once, each decoding its own copy for at least `min_time`; `None` if
+/// none of the sampled chunks is stored.
+pub fn decode_rate(
     a: &Array,
     sample: usize,
     seed: u64,
     min_time: Duration,
+    threads: usize,
 ) -> Result<Option<f64>> {
     let grid: Vec<u64> = a
         .shape()
@@ -206,14 +213,37 @@ pub fn single_core_decode_rate(
     if chunks.is_empty() {
         return Ok(None);
     }
-    let mut decoded = 0u64;
-    let start = Instant::now();
-    while start.elapsed() < min_time {
-        for c in &chunks {
-            std::hint::black_box(a.decode_chunk(c)?);
-            decoded += 1;
+    let decode_for = |chunks: &[bytes::Bytes]| -> Result<u64> {
+        let mut decoded = 0u64;
+        let start = Instant::now();
+        while start.elapsed() < min_time {
+            for c in chunks {
+                std::hint::black_box(a.decode_chunk(c)?);
+                decoded += 1;
+            }
         }
-    }
+        Ok(decoded)
+    };
+    let start = Instant::now();
+    let decoded: u64 = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                // Each thread decodes its own copy, so no two share cache lines of input.
+                let own: Vec<bytes::Bytes> = chunks
+                    .iter()
+                    .map(|c| bytes::Bytes::copy_from_slice(c))
+                    .collect();
+                scope.spawn(move || decode_for(&own))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a decode thread panicked"))?
+            })
+            .sum::<Result<u64>>()
+    })?;
     Ok(Some(decoded as f64 / start.elapsed().as_secs_f64()))
 }
 
@@ -407,8 +437,13 @@ pub fn run_array(
     }
     latencies.sort_by(f64::total_cmp);
     let crops = (latencies.len() * opts.batch_size) as f64;
-    let single = single_core_decode_rate(&a, 256, opts.seed, Duration::from_millis(700))?;
+    let single = decode_rate(&a, 256, opts.seed, Duration::from_millis(700), 1)?;
     let threads = rayon::current_num_threads();
+    let parallel = if threads > 1 {
+        decode_rate(&a, 256, opts.seed, Duration::from_millis(700), threads)?
+    } else {
+        single
+    };
     let chunks_per_s = totals.chunks_decoded as f64 / wall;
     Ok(ArrayBenchReport {
         backend: engine
@@ -444,8 +479,10 @@ pub fn run_array(
         cold,
         cold_note,
         direct: opts.io.direct,
+        mmap: opts.io.mmap && !opts.io.direct,
         single_core_chunks_per_s: single,
         decode_efficiency: single.map(|s| chunks_per_s / (s * threads as f64)),
+        parallel_decode_chunks_per_s: parallel,
         totals: TotalsReport {
             chunks: totals.chunks,
             chunks_decoded: totals.chunks_decoded,
@@ -692,24 +729,6 @@ pub fn fast_path_for(no_fast_path: bool) -> FastPath {
         FastPath::Never
     } else {
         FastPath::Auto
-    }
-}
-
-/// IO settings from command-line choices.
-pub fn io_config(
-    backend: BackendChoice,
-    direct: bool,
-    io_threads: usize,
-    queue_depth: usize,
-    no_fast_path: bool,
-) -> IoConfig {
-    IoConfig {
-        backend,
-        direct,
-        threads: io_threads,
-        queue_depth,
-        fast_path: fast_path_for(no_fast_path),
-        ..IoConfig::default()
     }
 }
 

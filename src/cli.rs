@@ -41,8 +41,8 @@ enum Command {
         #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = parse_option)]
         storage_options: Vec<(String, String)>,
     },
-    /// Measure random-crop throughput of a Zarr array (a generated one if no PATH is given), or
-    /// of io-core alone (`zcrop bench io`).
+    /// Measure random-crop throughput of a Zarr array (a generated one if no PATH is given), of
+    /// io-core alone (`zcrop bench io`), or of the sampler's loader (`zcrop bench loader`).
     #[command(args_conflicts_with_subcommands = true)]
     Bench(Box<BenchCommand>),
 }
@@ -158,6 +158,10 @@ struct IoArgs {
     /// Never try the page-cache fast path (`preadv2(RWF_NOWAIT)`) of the io_uring backend.
     #[arg(long)]
     no_fast_path: bool,
+    /// Serve reads from read-only mappings of the files (no copy out of the page cache; for
+    /// cached data; see io-core's `IoConfig::mmap`).
+    #[arg(long)]
+    mmap: bool,
     /// Drop the page cache before the run (needs root; the report says if it could not).
     #[arg(long)]
     cold: bool,
@@ -167,6 +171,21 @@ struct IoArgs {
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
+}
+
+impl IoArgs {
+    /// The IO engine settings these switches ask for.
+    fn config(&self) -> zcrop_io::IoConfig {
+        zcrop_io::IoConfig {
+            backend: self.backend,
+            direct: self.direct,
+            threads: self.io_threads,
+            queue_depth: self.queue_depth,
+            fast_path: bench::fast_path_for(self.no_fast_path),
+            mmap: self.mmap,
+            ..zcrop_io::IoConfig::default()
+        }
+    }
 }
 
 fn parse_backend(s: &str) -> Result<BackendChoice, String> {
@@ -377,13 +396,7 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
     if args.prepare_only {
         return emit(&format!("{}\n", path.display()));
     }
-    let io = bench::io_config(
-        args.io.backend,
-        args.io.direct,
-        args.io.io_threads,
-        args.io.queue_depth,
-        args.io.no_fast_path,
-    );
+    let io = args.io.config();
     let opts = ArrayBenchOptions {
         crop: args.crop.0.clone(),
         batch_size: args.batch_size,
@@ -448,6 +461,17 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
             ),
         );
     }
+    if let Some(par) = r.parallel_decode_chunks_per_s.filter(|_| r.threads > 1) {
+        row(
+            &mut t,
+            "decode, all threads",
+            format!(
+                "{par:.0} chunks/s ({:.2}x one core); reached {:.0}%",
+                r.single_core_chunks_per_s.map_or(f64::NAN, |s| par / s),
+                r.chunks_per_s / par * 100.0
+            ),
+        );
+    }
     row(
         &mut t,
         "decoded/output bytes",
@@ -472,7 +496,11 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
     row(
         &mut t,
         "IO backend",
-        format!("{backend}{}", if r.direct { ", O_DIRECT" } else { "" }),
+        format!(
+            "{backend}{}{}",
+            if r.direct { ", O_DIRECT" } else { "" },
+            if r.mmap { ", files mapped (mmap)" } else { "" }
+        ),
     );
     match &r.object {
         Some(o) => {
@@ -660,13 +688,7 @@ fn bench_io(args: &IoBenchArgs) -> Result<()> {
             bench::ensure_io_file(&dir, args.file_size).context("creating the IO benchmark file")?
         }
     };
-    let io = bench::io_config(
-        args.io.backend,
-        args.io.direct,
-        args.io.io_threads,
-        args.io.queue_depth,
-        args.io.no_fast_path,
-    );
+    let io = args.io.config();
     let opts = IoBenchOptions {
         block_size: args.block_size,
         queue_depth: args.io.queue_depth,

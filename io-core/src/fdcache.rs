@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
 
 use parking_lot::Mutex;
 
@@ -16,6 +18,25 @@ pub(crate) struct OpenFile {
     pub(crate) file: File,
     /// `Some((memory, offset))` alignment when opened with `O_DIRECT`.
     pub(crate) direct_align: Option<(usize, u64)>,
+    /// The whole file mapped, made on first use when the engine maps files; `None` when
+    /// mapping failed (the file is then read normally).
+    mapped: OnceLock<Option<Bytes>>,
+}
+
+impl OpenFile {
+    /// The whole file as mapped `Bytes`, mapping it on first use; `None` if it cannot be
+    /// mapped (reads then fall back to the engine's backend).
+    pub(crate) fn mapped(&self, path: &Path) -> Option<&Bytes> {
+        self.mapped
+            .get_or_init(|| match sys::map_file(&self.file) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    log::warn!("{}: cannot map ({e}); reading it instead", path.display());
+                    None
+                }
+            })
+            .as_ref()
+    }
 }
 
 /// Open files keyed by `(path, direct)`. A file evicted while reads still use it stays open
@@ -82,7 +103,11 @@ impl FdCache {
                 path.display()
             );
         }
-        let opened = Arc::new(OpenFile { file, direct_align });
+        let opened = Arc::new(OpenFile {
+            file,
+            direct_align,
+            mapped: OnceLock::new(),
+        });
         let mut inner = self.inner.lock();
         inner.tick += 1;
         let tick = inner.tick;

@@ -3,7 +3,9 @@
 //! **Job:** turn huge batches of `(file, byte range)` reads into as few syscalls as possible and
 //! keep the storage device saturated: Linux io_uring rings owned by IO threads, a portable
 //! `pread` thread-pool fallback, coalescing of nearby ranges, and one in-flight budget shared
-//! by every user in the process.
+//! by every user in the process. For data already in the page cache, an opt-in mode
+//! (`IoConfig::mmap`, `ZCROP_IO_MMAP=1`) serves ranges from read-only file mappings without
+//! any copy.
 //!
 //! **Must not know about:** Zarr, chunks, codecs, arrays or crops. Callers hand it byte ranges
 //! tagged with their own ids and get bytes back.

@@ -437,13 +437,29 @@ fn build_store(
         ))
     };
     let built = |r: object_store::Result<Arc<dyn ObjectStore>>| r.map_err(|e| fail(e.to_string()));
+    // The cloud builders share their configuration steps but no trait: the caller's options
+    // (keys of the builder's config-key type), anonymous access, retries and our connector.
+    macro_rules! cloud_store {
+        ($builder:expr, $key:ty, $name:literal) => {{
+            let mut b = $builder;
+            for (k, v) in &options.store {
+                let key = <$key>::from_str(k).map_err(|_| unknown(k, $name))?;
+                b = b.with_config(key, v.clone());
+            }
+            if options.anonymous {
+                b = b.with_skip_signature(true);
+            }
+            built(
+                b.with_retry(retry)
+                    .with_http_connector(connector())
+                    .build()
+                    .map(|s| Arc::new(s) as _),
+            )?
+        }};
+    }
     let store: Arc<dyn ObjectStore> = match scheme {
         ObjectStoreScheme::AmazonS3 => {
             let mut b = AmazonS3Builder::from_env().with_url(url_str);
-            for (k, v) in &options.store {
-                let key = AmazonS3ConfigKey::from_str(k).map_err(|_| unknown(k, "S3"))?;
-                b = b.with_config(key, v.clone());
-            }
             if endpoint_is_http(&options.store)
                 && !options.store.iter().any(|(k, _)| k.ends_with("allow_http"))
             {
@@ -452,47 +468,15 @@ fn build_store(
                     "true",
                 );
             }
-            if options.anonymous {
-                b = b.with_skip_signature(true);
-            }
-            built(
-                b.with_retry(retry)
-                    .with_http_connector(connector())
-                    .build()
-                    .map(|s| Arc::new(s) as _),
-            )?
+            cloud_store!(b, AmazonS3ConfigKey, "S3")
         }
         ObjectStoreScheme::GoogleCloudStorage => {
-            let mut b = GoogleCloudStorageBuilder::from_env().with_url(url_str);
-            for (k, v) in &options.store {
-                let key = GoogleConfigKey::from_str(k).map_err(|_| unknown(k, "GCS"))?;
-                b = b.with_config(key, v.clone());
-            }
-            if options.anonymous {
-                b = b.with_skip_signature(true);
-            }
-            built(
-                b.with_retry(retry)
-                    .with_http_connector(connector())
-                    .build()
-                    .map(|s| Arc::new(s) as _),
-            )?
+            let b = GoogleCloudStorageBuilder::from_env().with_url(url_str);
+            cloud_store!(b, GoogleConfigKey, "GCS")
         }
         ObjectStoreScheme::MicrosoftAzure => {
-            let mut b = MicrosoftAzureBuilder::from_env().with_url(url_str);
-            for (k, v) in &options.store {
-                let key = AzureConfigKey::from_str(k).map_err(|_| unknown(k, "Azure"))?;
-                b = b.with_config(key, v.clone());
-            }
-            if options.anonymous {
-                b = b.with_skip_signature(true);
-            }
-            built(
-                b.with_retry(retry)
-                    .with_http_connector(connector())
-                    .build()
-                    .map(|s| Arc::new(s) as _),
-            )?
+            let b = MicrosoftAzureBuilder::from_env().with_url(url_str);
+            cloud_store!(b, AzureConfigKey, "Azure")
         }
         ObjectStoreScheme::Http => {
             let base = &url[..url::Position::BeforePath];

@@ -27,6 +27,8 @@ pub(crate) struct Ctx {
     pub(crate) direct: bool,
     /// Read buffers come from (and return to) the process's buffer pool.
     pub(crate) recycle: bool,
+    /// Serve reads from a mapping of the whole file instead of reading them.
+    pub(crate) mmap: bool,
     pub(crate) shutdown: AtomicBool,
 }
 
@@ -205,6 +207,50 @@ impl PhysOp {
         self.fail(&err, local);
     }
 
+    /// Serves the requests wholly inside the first `got` bytes of `data` (the physical read,
+    /// cut short by the end of the file) and fails the others with
+    /// [`IoError::RangePastEof`]; whole-file and suffix requests count as inside only when
+    /// `open_ended_fit`.
+    fn serve_within(
+        self,
+        data: &Bytes,
+        got: u64,
+        open_ended_fit: bool,
+        file_len: u64,
+        permit: Option<Permit>,
+        local: &mut Local,
+    ) {
+        let fits = |p: &Part| {
+            p.len
+                .map_or(open_ended_fit, |len| p.offset_in_read + len <= got)
+        };
+        if self.parts.as_slice().iter().all(fits) {
+            self.serve(data, permit, local);
+            return;
+        }
+        let mut errors = 0;
+        let completions: Vec<Completion> = self
+            .parts
+            .as_slice()
+            .iter()
+            .map(|p| {
+                let result = if fits(p) {
+                    Ok(slice_part(data, p))
+                } else {
+                    errors += 1;
+                    Err(IoError::RangePastEof {
+                        path: Arc::clone(&self.path),
+                        range: p.range,
+                        file_len,
+                    })
+                };
+                Completion { id: p.id, result }
+            })
+            .collect();
+        local.counters.errors += errors;
+        local.deliver(&self.sink, completions.into_iter(), permit);
+    }
+
     /// Serves every request from `data` (the bytes of the whole physical range).
     fn serve(self, data: &Bytes, permit: Option<Permit>, local: &mut Local) {
         let completions = self.parts.as_slice().iter().map(|p| Completion {
@@ -275,6 +321,37 @@ pub(crate) enum Resolution {
     Finished,
 }
 
+/// Serves `op` from the mapped file `whole` without a copy (one "physical read", as reading
+/// the range would have been), with the semantics of a read: requests wholly inside the file
+/// succeed, the others fail with [`IoError::RangePastEof`].
+fn serve_mapped(op: PhysOp, whole: &Bytes, local: &mut Local) {
+    let file_len = whole.len() as u64;
+    let (start, end) = match op.range {
+        ReadRange::Bounded { offset, len } if len > 0 => (
+            offset.min(file_len),
+            offset.saturating_add(len).min(file_len),
+        ),
+        range => {
+            if let Some((offset, len)) = range.resolve(file_len) {
+                (offset, offset + len)
+            } else {
+                let err = IoError::RangePastEof {
+                    path: Arc::clone(&op.path),
+                    range,
+                    file_len,
+                };
+                op.fail(&err, local);
+                return;
+            }
+        }
+    };
+    let data = whole.slice(start as usize..end as usize);
+    local.counters.physical_reads += 1;
+    local.counters.bytes_read += data.len() as u64;
+    let got = data.len() as u64;
+    op.serve_within(&data, got, true, file_len, None, local);
+}
+
 /// Opens the file and fixes the byte range. Errors and empty ranges are delivered here.
 pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
     let file = match local.file(&op.path, ctx) {
@@ -285,6 +362,13 @@ pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
             return Resolution::Finished;
         }
     };
+    if ctx.mmap
+        && file.direct_align.is_none()
+        && let Some(whole) = file.mapped(&op.path)
+    {
+        serve_mapped(op, whole, local);
+        return Resolution::Finished;
+    }
     let (offset, len) = match op.range {
         ReadRange::Bounded { offset, len }
             if len > 0
@@ -512,31 +596,10 @@ impl Active {
             .map_or(self.res.read_start + self.buf.filled() as u64, |m| m.len());
         let data = self.buf.into_bytes();
         let data = data.slice(lead.min(data.len())..);
-        let op = self.res.op;
-        let mut errors = 0;
-        let completions: Vec<Completion> = op
-            .parts
-            .as_slice()
-            .iter()
-            .map(|p| {
-                let fits = p
-                    .len
-                    .is_some_and(|len| (p.offset_in_read + len) as usize <= got);
-                let result = if fits {
-                    Ok(slice_part(&data, p))
-                } else {
-                    errors += 1;
-                    Err(IoError::RangePastEof {
-                        path: Arc::clone(&op.path),
-                        range: p.range,
-                        file_len,
-                    })
-                };
-                Completion { id: p.id, result }
-            })
-            .collect();
-        local.counters.errors += errors;
-        local.deliver(&op.sink, completions.into_iter(), self.permit);
+        // A whole-file or suffix read that ended early lost bytes it was sized for.
+        self.res
+            .op
+            .serve_within(&data, got as u64, false, file_len, self.permit, local);
     }
 
     /// Fails every request with the OS error `e`.

@@ -253,6 +253,64 @@ pub(crate) fn open(path: &std::path::Path, direct: bool) -> io::Result<File> {
     Ok(file)
 }
 
+/// A read-only shared mapping of a whole file, unmapped when the last `Bytes` viewing it drops.
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and owned by this value alone; sharing or moving the pointer
+// between threads is sound (the pages are never written through it).
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` only hands out shared slices.
+unsafe impl Sync for Mapping {}
+
+impl AsRef<[u8]> for Mapping {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` is a live PROT_READ mapping until `drop`. The caveat of every
+        // file mapping applies: if another process truncates the file, touching pages past the
+        // new end raises SIGBUS; this is why mapping is opt-in (`IoConfig::mmap`).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `map_file`; no slice of it outlives
+        // the `Bytes` that own this value.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The whole of `file` mapped read-only (`MAP_SHARED`, so it reads the page cache without a
+/// copy), as `Bytes`; an empty file gives empty `Bytes`.
+pub(crate) fn map_file(file: &File) -> io::Result<Bytes> {
+    use std::os::fd::AsRawFd;
+    let len = usize::try_from(file.metadata()?.len())
+        .map_err(|_| io::Error::other("file larger than the address space"))?;
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    // SAFETY: a fresh read-only shared mapping of an open descriptor with no address hint;
+    // the result is checked before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
+    Ok(Bytes::from_owner(Mapping { ptr, len }))
+}
+
 /// A Linux eventfd used to wake an io_uring worker.
 #[cfg(target_os = "linux")]
 #[derive(Debug)]

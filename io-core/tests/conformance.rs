@@ -68,6 +68,23 @@ fn configs() -> Vec<(&'static str, IoConfig)> {
             },
         ),
         (
+            "uring-mmap",
+            IoConfig {
+                backend: BackendChoice::Uring,
+                mmap: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "portable-mmap",
+            IoConfig {
+                backend: BackendChoice::Portable,
+                threads: 2,
+                mmap: true,
+                ..base.clone()
+            },
+        ),
+        (
             "portable-direct",
             IoConfig {
                 backend: BackendChoice::Portable,

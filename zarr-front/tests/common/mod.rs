@@ -4,17 +4,19 @@
 use zcrop_io::{BackendChoice, IoConfig, IoEngine};
 use zcrop_zarr::{Array, OpenOptions};
 
-/// An engine per backend, so every read path is tested through both.
+/// An engine per backend, and one that maps files, so every read path is tested through each.
 pub fn engines() -> Vec<(&'static str, IoEngine)> {
     [
-        ("uring", BackendChoice::Uring),
-        ("portable", BackendChoice::Portable),
+        ("uring", BackendChoice::Uring, false),
+        ("portable", BackendChoice::Portable, false),
+        ("mmap", BackendChoice::Uring, true),
     ]
     .into_iter()
-    .map(|(name, backend)| {
+    .map(|(name, backend, mmap)| {
         let e = IoEngine::new(IoConfig {
             backend,
             threads: 2,
+            mmap,
             ..IoConfig::default()
         })
         .unwrap();
