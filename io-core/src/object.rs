@@ -481,6 +481,12 @@ fn build_store(
         ObjectStoreScheme::Http => {
             let base = &url[..url::Position::BeforePath];
             let mut b = HttpBuilder::new().with_url(base);
+            // An http:// URL asks for plain HTTP; object_store refuses it unless allowed.
+            if url.scheme() == "http"
+                && !options.store.iter().any(|(k, _)| k.ends_with("allow_http"))
+            {
+                b = b.with_config(ClientConfigKey::AllowHttp, "true");
+            }
             for (k, v) in &options.store {
                 let key = ClientConfigKey::from_str(k).map_err(|_| unknown(k, "HTTP"))?;
                 b = b.with_config(key, v.clone());

@@ -122,3 +122,15 @@ def test_denied_requests_raise_store_errors(store):
     assert "permission denied" in str(e.value)
     assert f"{where}/zarr.json" in str(e.value)
     assert e.value.key == "data/v3_4d_i1.zarr/zarr.json"
+
+
+def test_plain_http_reads_a_public_store(s3):
+    # The same public objects through an https-style URL (object_store's HTTP store: ranged
+    # GETs on plain URLs, no S3 signing); moto serves public objects path-style.
+    entry = next(e for e in ENTRIES if e["name"] == "v3_sharded_end")
+    s3.upload_tree("zcrop-http", FIXTURES / entry["store"], "s.zarr", public=True)
+    where = f"{s3.endpoint}/zcrop-http/s.zarr"
+    arr = zcrop.open_array(where, path=entry["array_path"] or None)
+    np.testing.assert_array_equal(arr[...], np.load(FIXTURES / entry["npy"]))
+    with pytest.raises(zcrop.NodeNotFoundError):
+        zcrop.open_array(f"{s3.endpoint}/zcrop-http/missing.zarr")
