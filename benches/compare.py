@@ -289,7 +289,7 @@ def main() -> None:
     ap.add_argument("--dataset-size", default="2G")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="runs per reader (order rotated); the median counts")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where compare.md / .json / .png go")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where compare.md / .json / .png go (compare-s3.* with --store s3)")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -517,10 +517,12 @@ def write_report(results, args, can_drop) -> None:
         lines.append("\nRead from moto's S3 server on loopback (cache column: s3). GETs: GET requests "
                      "each reader sent (opening and the untimed batch included), counted by a proxy.")
     md = "\n".join(lines) + "\n"
-    open(os.path.join(args.out, "compare.md"), "w").write(md)
-    json.dump(results, open(os.path.join(args.out, "compare.json"), "w"), indent=1)
+    # Local and S3 results live side by side.
+    stem = os.path.join(args.out, "compare-s3" if args.store == "s3" else "compare")
+    open(stem + ".md", "w").write(md)
+    json.dump(results, open(stem + ".json", "w"), indent=1)
     print(md)
-    chart(results, os.path.join(args.out, "compare.png"))
+    chart(results, stem + ".png")
 
 
 def chart(results, path: str) -> None:
