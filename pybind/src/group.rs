@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use zcrop::zarr::{Group, Node, NodeKind, OpenOptions};
 
@@ -114,25 +115,59 @@ impl NativeGroup {
     }
 }
 
-/// Open options with `storage_options` (`(key, value)` pairs, for a URL).
-pub(crate) fn open_options(storage_options: Option<Vec<(String, String)>>) -> OpenOptions {
+/// Open options with `storage_options` (`(key, value)` pairs, for a URL) and a decoded-chunk
+/// cache of `chunk_cache` bytes (`0`: none).
+pub(crate) fn open_options(
+    storage_options: Option<Vec<(String, String)>>,
+    chunk_cache: usize,
+) -> OpenOptions {
     OpenOptions {
         storage_options: storage_options.unwrap_or_default(),
+        chunk_cache_bytes: chunk_cache,
         ..OpenOptions::default()
     }
 }
 
+/// A cache budget given as bytes (an int) or a size (`"512M"`, `"2G"`); `None` is no cache.
+pub(crate) fn cache_bytes(value: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(0);
+    };
+    if let Ok(text) = value.extract::<String>() {
+        let bytes = zcrop::synth::parse_size(&text)
+            .map_err(|e| PyValueError::new_err(format!("chunk_cache: {e}")))?;
+        return usize::try_from(bytes)
+            .map_err(|_| PyValueError::new_err(format!("chunk_cache {text:?} is too large")));
+    }
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(
+            "chunk_cache is a byte budget (an int, or a size like \"512M\"), not a bool",
+        ));
+    }
+    match value.extract::<i128>() {
+        Ok(n) => usize::try_from(n).map_err(|_| {
+            PyValueError::new_err(format!("chunk_cache must be a size in bytes >= 0, not {n}"))
+        }),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "chunk_cache is a byte budget (an int, or a size like \"512M\"), not {}",
+            value.get_type().name()?
+        ))),
+    }
+}
+
 /// Opens the array or group at `path` (a local path or a URL, with `storage_options` for a
-/// URL): a `NativeArray` or a `NativeGroup`.
+/// URL): a `NativeArray` or a `NativeGroup`. Arrays opened (directly or through the group)
+/// keep decoded chunks in a cache of `chunk_cache` bytes.
 #[pyfunction]
-#[pyo3(signature = (path, storage_options=None))]
+#[pyo3(signature = (path, storage_options=None, chunk_cache=None))]
 #[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments by value
-pub(crate) fn open_node(
-    py: Python<'_>,
+pub(crate) fn open_node<'py>(
+    py: Python<'py>,
     path: PathBuf,
     storage_options: Option<Vec<(String, String)>>,
-) -> PyResult<Bound<'_, PyAny>> {
-    let options = open_options(storage_options);
+    chunk_cache: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let options = open_options(storage_options, cache_bytes(chunk_cache.as_ref())?);
     let node = blocking::run(py, 0, |_| {
         zcrop::zarr::open_with(&path, &options).map_err(Failure::from)
     })?;
@@ -141,13 +176,15 @@ pub(crate) fn open_node(
 
 /// [`open_node`] in the background; `notify(error, node)` when done.
 #[pyfunction]
-#[pyo3(signature = (path, notify, storage_options=None))]
+#[pyo3(signature = (path, notify, storage_options=None, chunk_cache=None))]
+#[allow(clippy::needless_pass_by_value)] // pyo3 extracts arguments by value
 pub(crate) fn submit_open(
     path: PathBuf,
     notify: Py<PyAny>,
     storage_options: Option<Vec<(String, String)>>,
+    chunk_cache: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Pending> {
-    let options = open_options(storage_options);
+    let options = open_options(storage_options, cache_bytes(chunk_cache.as_ref())?);
     background::submit(
         notify,
         move |_| zcrop::zarr::open_with(&path, &options).map_err(Failure::from),

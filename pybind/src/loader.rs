@@ -120,7 +120,7 @@ fn parse_source(s: &Bound<'_, PyDict>) -> PyResult<Source> {
     } else {
         let path: PathBuf = array.extract()?;
         let storage_options: Option<Vec<(String, String)>> = item(s, "storage_options")?;
-        let options = crate::group::open_options(storage_options);
+        let options = crate::group::open_options(storage_options, 0);
         Source::open_with(name, path, crop, &options)
             .map_err(|e| blocking::sampler_err(array.py(), &e))?
     };

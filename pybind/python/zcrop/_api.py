@@ -5,6 +5,10 @@ reading, so ``zarr.open(path)`` becomes ``zcrop.open(path)``. A store is a local
 URL of one in an object store (``s3://bucket/data.zarr``, ``gs://``, ``az://``, ``https://``),
 configured like fsspec or obstore stores with ``storage_options``
 (``{"endpoint_url": ..., "region": ..., "anon": True, "key": ..., "secret": ...}``).
+
+``chunk_cache=`` (bytes, or a size such as ``"512M"``) keeps decoded chunks of the arrays
+opened in a least-recently-used cache of that budget, per array: worth it when reads overlap,
+such as random crops from a dataset of a few times the budget. Off by default.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ _READ_MODES = ("r", "r+", "a")
 
 #: A storage options mapping as the native side takes it: ``(key, value)`` text pairs.
 Options = list[tuple[str, str]]
+
+#: Keyword arguments of the native open functions (``storage_options``, ``chunk_cache``).
+OpenArgs = dict[str, Any]
 
 
 def is_url(root: str) -> bool:
@@ -59,17 +66,16 @@ def storage_option_pairs(storage_options: Any) -> Options | None:
     return pairs
 
 
-def _store_path(
-    store: Any, mode: str | None, kwargs: dict[str, Any]
-) -> tuple[str, Options | None]:
-    """The directory or URL to open and its storage options, from zarr-python style
-    arguments."""
+def _store_path(store: Any, mode: str | None, kwargs: dict[str, Any]) -> tuple[str, OpenArgs]:
+    """The directory or URL to open and the native open function's keyword arguments
+    (storage options, chunk cache), from zarr-python style arguments."""
     if mode is not None and mode not in _READ_MODES:
         raise ValueError(
             f"zcrop opens stores for reading; mode {mode!r} would create or overwrite data "
             f"(use one of {', '.join(map(repr, _READ_MODES))})"
         )
     options = storage_option_pairs(kwargs.pop("storage_options", None))
+    chunk_cache = kwargs.pop("chunk_cache", None)
     kwargs.pop("use_consolidated", None)  # consolidated metadata is used when present
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(kwargs))}")
@@ -90,37 +96,35 @@ def _store_path(
             f"storage_options apply to object-store URLs (s3://, gs://, az://, https://); "
             f"{root!r} is a local path"
         )
-    return root, options or None
+    return root, {"storage_options": options or None, "chunk_cache": chunk_cache}
 
 
 def _join(root: str, sub: str) -> str:
     return f"{root.rstrip('/')}/{sub}" if is_url(root) else os.path.join(root, sub)
 
 
-def _open_native(
-    root: str, path: str | None, options: Options | None = None
-) -> NativeArray | NativeGroup:
+def _open_native(root: str, path: str | None, options: OpenArgs) -> NativeArray | NativeGroup:
     """Opens ``path`` inside the store at ``root``: through the root group when there is one
     (so names are store paths, ``/group/array``), else the sub-directory itself."""
     _fork.started()
     sub = (path or "").strip("/")
     if not sub:
-        return _zcrop.open_node(root, options)
+        return _zcrop.open_node(root, **options)
     try:
-        top = _zcrop.open_node(root, options)
+        top = _zcrop.open_node(root, **options)
     except NodeNotFoundError:
         top = None
     if isinstance(top, NativeGroup):
         return top.get(sub)
-    return _zcrop.open_node(_join(root, sub), options)
+    return _zcrop.open_node(_join(root, sub), **options)
 
 
 async def _open_native_async(
-    root: str, path: str | None, options: Options | None = None
+    root: str, path: str | None, options: OpenArgs
 ) -> NativeArray | NativeGroup:
     """:func:`_open_native` on zcrop's threads."""
     _fork.started()
-    submit_open = functools.partial(_zcrop.submit_open, storage_options=options)
+    submit_open = functools.partial(_zcrop.submit_open, **options)
     sub = (path or "").strip("/")
     if not sub:
         return await await_native(submit_open, root)  # type: ignore[no-any-return]
@@ -149,6 +153,8 @@ def open(
 ) -> Array | Group:
     """Opens the array or group at ``store`` (a local path or a URL such as
     ``s3://bucket/data.zarr``, with ``storage_options=`` for it; ``path`` joins a sub-path).
+    ``chunk_cache=`` gives the arrays a decoded-chunk cache of that many bytes (or a size
+    such as ``"512M"``).
 
     Raises :class:`FileNotFoundError` (:class:`zcrop.NodeNotFoundError`) when there is none.
     ``mode`` may be ``"r"``, ``"r+"`` or ``"a"``: zcrop only reads.

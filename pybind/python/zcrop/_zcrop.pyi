@@ -41,15 +41,19 @@ def cli_main(argv: Sequence[str]) -> int:
     """Runs the ``zcrop`` command line with ``argv`` (program name first); its exit code."""
 
 def open_node(
-    path: str | PathLike[str], storage_options: Sequence[tuple[str, str]] | None = None
+    path: str | PathLike[str],
+    storage_options: Sequence[tuple[str, str]] | None = None,
+    chunk_cache: int | str | None = None,
 ) -> NativeArray | NativeGroup:
     """Opens the array or group at ``path`` (a local path or a URL, with ``storage_options``
-    as ``(key, value)`` pairs for a URL)."""
+    as ``(key, value)`` pairs for a URL); arrays keep decoded chunks in a cache of
+    ``chunk_cache`` bytes (or a size such as ``"512M"``)."""
 
 def submit_open(
     path: str | PathLike[str],
     notify: _Notify,
     storage_options: Sequence[tuple[str, str]] | None = None,
+    chunk_cache: int | str | None = None,
 ) -> Pending:
     """:func:`open_node` on a background thread; ``notify(error, node)`` when done."""
 
