@@ -156,7 +156,9 @@ def main() -> None:
                         pjobs = jobs if mode.startswith("warm") else args.queue_depth
                         r = run_fio(fio, path, "psync", bs, 1, pjobs, direct, args.seconds, one, distinct)
                     elif name == "zcrop_uring":
-                        r = run_zcrop(zcrop, path, "uring", bs, args.queue_depth, reads, direct, 0 if one else jobs if mode == "warm2" else 1, one)
+                        # warm2: the engine's default rings (one per core but one), since the consumer
+                        # reads cached data itself: two busy threads on two cores, as fio's two jobs.
+                        r = run_zcrop(zcrop, path, "uring", bs, args.queue_depth, reads, direct, 0 if one or mode == "warm2" else 1, one)
                     else:
                         pthreads = jobs if mode.startswith("warm") else args.queue_depth
                         r = run_zcrop(zcrop, path, "portable", bs, args.queue_depth, reads, direct, pthreads, one)
@@ -177,7 +179,7 @@ def main() -> None:
     print()
     print("Modes: warm = file in the page cache, every process pinned to one core (taskset -c 0; fio: "
           "1 job; zcrop: 1 ring or 1 pread thread, plus the consumer, on that core); warm2 = both cores "
-          "(fio: 2 jobs, zcrop: 2 rings / 2 pread threads); cold = page cache dropped before each run, "
+          "(fio: 2 jobs, zcrop: its default of 1 ring plus the consumer, which reads cached data itself / 2 pread threads); cold = page cache dropped before each run, "
           "buffered reads of distinct blocks only, the same number in fio and zcrop (fio psync: queue-depth "
           "jobs, each on its own slice of the file; zcrop: 1 ring, or queue-depth pread threads); "
           "direct = O_DIRECT, same jobs as cold. Medians of "

@@ -664,16 +664,7 @@ pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchRe
         max_merged_len: 1,
     };
     let engine = IoEngine::new(io.clone()).context("starting the IO engine")?;
-    let threads = if io.threads > 0 {
-        io.threads
-    } else {
-        match engine.backend() {
-            zcrop_io::BackendKind::Uring => {
-                std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
-            }
-            zcrop_io::BackendKind::Portable => opts.queue_depth.min(64),
-        }
-    };
+    let threads = engine.worker_threads();
     let bar = progress_bar(opts.progress, Some(reads), None, "reads");
     let before = engine.metrics();
     let cpu0 = cpu_time();
