@@ -738,6 +738,51 @@ impl ObjectEngine {
         }
     }
 
+    /// [`ObjectEngine::open_container`], but one engine per container, options and
+    /// configuration in the process while any user holds it: arrays opened from the same bucket
+    /// share its connection pool, credentials, concurrency limit and counters instead of each
+    /// building their own. The engine is built anew once every user has dropped it.
+    pub fn open_container_shared(
+        url: &str,
+        options: &[(String, String)],
+        config: ObjectConfig,
+    ) -> Result<(ObjectEngine, String), EngineError> {
+        type Engines = parking_lot::Mutex<HashMap<String, std::sync::Weak<Shared>>>;
+        static ENGINES: OnceLock<Engines> = OnceLock::new();
+        let url = url.trim_end_matches('/');
+        let parsed = url::Url::parse(url).map_err(|e| EngineError::Store {
+            url: url.to_string(),
+            reason: format!("not a valid URL: {e}"),
+        })?;
+        let container = &parsed[..url::Position::BeforePath];
+        let mut sorted = options.to_vec();
+        sorted.sort();
+        let id = format!("{container}\n{sorted:?}\n{config:?}");
+        let engines = ENGINES.get_or_init(Engines::default);
+        let found = engines.lock().get(&id).and_then(std::sync::Weak::upgrade);
+        if let Some(shared) = found {
+            // The key as `open_container` derives it: the URL's path in the store.
+            let (_, root) = ObjectStoreScheme::parse(&parsed).map_err(|e| EngineError::Store {
+                url: url.to_string(),
+                reason: e.to_string(),
+            })?;
+            return Ok((ObjectEngine { shared }, root.as_ref().to_string()));
+        }
+        let (engine, key) = Self::open_container(url, options, config)?;
+        // Only engines rooted at the container serve other URLs in it.
+        if engine.url() == container {
+            let mut map = engines.lock();
+            map.retain(|_, weak| weak.strong_count() > 0);
+            map.insert(id, Arc::downgrade(&engine.shared));
+        }
+        Ok((engine, key))
+    }
+
+    /// Whether `self` and `other` are the same engine (clones of one another).
+    pub fn same_engine(&self, other: &ObjectEngine) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// An engine over an existing store (tests use an in-memory one).
     fn with_store(
         store: Arc<dyn ObjectStore>,
@@ -1497,5 +1542,47 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("max_retries"), "{err}");
+    }
+
+    #[test]
+    fn engines_are_shared_per_container_and_options_while_in_use() {
+        // Building an S3 engine does not connect, so an unreachable endpoint is fine here.
+        let opts = |region: &str| -> Vec<(String, String)> {
+            [
+                ("endpoint", "http://127.0.0.1:9"),
+                ("region", region),
+                ("access_key_id", "K"),
+                ("secret_access_key", "S"),
+            ]
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+        };
+        let open = |url: &str, o: &[(String, String)]| {
+            ObjectEngine::open_container_shared(url, o, ObjectConfig::default()).unwrap()
+        };
+        let (a, key_a) = open("s3://zcrop-share/x/a.zarr", &opts("r1"));
+        let (b, key_b) = open("s3://zcrop-share/y/b.zarr/", &opts("r1"));
+        assert!(a.same_engine(&b));
+        assert_eq!((key_a.as_str(), key_b.as_str()), ("x/a.zarr", "y/b.zarr"));
+        assert_eq!(a.url(), "s3://zcrop-share");
+        // Another bucket, other options or another configuration: another engine.
+        assert!(!a.same_engine(&open("s3://zcrop-other/x/a.zarr", &opts("r1")).0));
+        assert!(!a.same_engine(&open("s3://zcrop-share/x/a.zarr", &opts("r2")).0));
+        let config = ObjectConfig {
+            max_concurrency: 3,
+            ..ObjectConfig::default()
+        };
+        let (fewer, _) =
+            ObjectEngine::open_container_shared("s3://zcrop-share/x", &opts("r1"), config).unwrap();
+        assert!(!a.same_engine(&fewer) && fewer.max_concurrency() == 3);
+        // The process keeps no engine alive: once every user dropped it, it is gone, and the
+        // next open builds a new one that later opens share again.
+        let weak = Arc::downgrade(&a.shared);
+        drop((a, b));
+        assert!(weak.upgrade().is_none());
+        let (fresh, _) = open("s3://zcrop-share/x/a.zarr", &opts("r1"));
+        let (again, _) = open("s3://zcrop-share/z", &opts("r1"));
+        assert!(fresh.same_engine(&again));
     }
 }

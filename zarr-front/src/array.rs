@@ -38,7 +38,9 @@ pub struct OpenOptions {
     /// a local path with storage options is an error.
     pub storage_options: Vec<(String, String)>,
     /// The object engine to read URLs through; the URL opened must lie under its root. `None`
-    /// opens an engine for the URL's bucket (or container, or host) with `storage_options`.
+    /// uses an engine for the URL's bucket (or container, or host) with `storage_options`,
+    /// shared with every other open of that bucket with the same options while one is in use
+    /// ([`ObjectEngine::open_container_shared`]).
     pub object_engine: Option<ObjectEngine>,
     /// Byte budget of the shard-index cache.
     pub index_cache_bytes: usize,

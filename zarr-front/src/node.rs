@@ -466,7 +466,8 @@ pub(crate) fn locate(path: &Path, options: &OpenOptions) -> Result<(Store, PathB
             ))
         }
         None => {
-            let (engine, key) = ObjectEngine::open_container(
+            // Arrays and groups opened from one bucket with the same options share an engine.
+            let (engine, key) = ObjectEngine::open_container_shared(
                 url,
                 &options.storage_options,
                 ObjectConfig::from_env()?,
