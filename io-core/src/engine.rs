@@ -587,9 +587,9 @@ fn plan(
 
 /// Rings started on a machine of `cores` cores when the caller does not say. The threads that
 /// wait for results read cached data themselves when `consumers_help`; a ring per core beside
-/// them would make one thread more than there are cores, all busy on cached data (measured on
-/// 2 cores, warm 4 KiB reads: 0.93M reads/s with one ring against 0.78M with two; crops 4-5%
-/// faster). Cold reads need few cores: one ring keeps 64 reads in flight with half a core.
+/// them would make one thread more than there are cores, all busy on cached data (2 cores, warm
+/// 4 KiB reads, `benches/results/io_vs_fio.md`: 871k reads/s with one ring against 738k with
+/// two). Cold reads need few cores: one ring keeps 64 reads in flight with half a core.
 fn default_rings(cores: usize, consumers_help: bool) -> usize {
     if consumers_help {
         cores.saturating_sub(1).clamp(1, 4)
@@ -652,8 +652,7 @@ impl Batch {
 
     /// Plans and hands out more requests while fewer than [`FEED_AHEAD`] are outstanding.
     fn feed(&mut self) {
-        let total = self.sent + self.unsent.len();
-        let returned = total - self.remaining;
+        let returned = self.returned();
         while self.sent - returned < FEED_AHEAD && self.unsent.len() > 0 {
             let group: Vec<ReadRequest> = self.unsent.by_ref().take(PLAN_GROUP).collect();
             self.sent += group.len();
