@@ -15,10 +15,10 @@ cached virtualenv ($ZCROP_CACHE/venv-bench, pinned in benches/requirements-compa
 `zcrop (mmap)` is zcrop with ZCROP_IO_MMAP=1 (reads served from file mappings; opt-in);
 `zcrop (64 MiB chunk cache)` (`zcrop-cache`, in the S3 runs) has a decoded-chunk cache of the
 budget TensorStore's cache pool gets.
-TensorStore gets a 64 MiB cache pool (shard indexes cached), batched reads and both cores;
+TensorStore gets a 64 MiB cache pool (shard indexes and decoded chunks), batched reads and both cores;
 zarr-python reads crop by crop with its default async concurrency.
 Each reader runs in its own process, --repeats times (order rotated), and the median run counts;
-crops/s count whole batches, after one untimed batch for warm runs. Cold runs drop the page
+crops/s count whole batches, after one untimed batch of other crops for warm runs. Cold runs drop the page
 cache before each reader (needs root; said otherwise).
 
 With `--store s3` the same datasets are uploaded to an S3-compatible server started on loopback
@@ -86,10 +86,34 @@ def crop_by_crop(arr):
     return read
 
 
+def tensorstore_reader(driver: str, kvstore: dict, io_concurrency: dict):
+    """A batch reader over TensorStore at its best settings: a cache pool of TS_CACHE_BYTES (so
+    shard indexes are read once; it also keeps decoded chunks, which zcrop-cache matches),
+    both cores for copies, and each batch's crops read in one ``ts.Batch``."""
+    import numpy as np
+    import tensorstore as ts
+
+    arr = ts.open({
+        "driver": driver,
+        "kvstore": kvstore,
+        "context": {
+            "cache_pool": {"total_bytes_limit": TS_CACHE_BYTES},
+            "data_copy_concurrency": {"limit": os.cpu_count() or 1},
+            **io_concurrency,
+        },
+        "recheck_cached_data": False,
+    }, read=True).result()
+
+    def read(origins, shape):
+        with ts.Batch() as batch:
+            futures = [arr[tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape))].read(batch=batch) for o in origins]
+        return np.stack([f.result() for f in futures])
+
+    return read
+
+
 def open_s3_reader(name: str, url: str, zarr_format: int):
     """:func:`open_reader` for an ``s3://`` URL on the endpoint in $ZCROP_BENCH_S3_ENDPOINT."""
-    import numpy as np
-
     endpoint = os.environ["ZCROP_BENCH_S3_ENDPOINT"]
     bucket, _, key = url[len("s3://"):].partition("/")
     if name in ("zcrop", "zcrop-cache"):
@@ -115,36 +139,18 @@ def open_s3_reader(name: str, url: str, zarr_format: int):
             "endpoint_url": endpoint, "key": S3_KEY, "secret": S3_SECRET,
             "client_kwargs": {"region_name": S3_REGION}}))
     if name == "tensorstore":
-        import tensorstore as ts
-
         os.environ.update(AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET)
-        cores = os.cpu_count() or 1
-        arr = ts.open({
-            "driver": "zarr3" if zarr_format == 3 else "zarr",
-            "kvstore": {"driver": "s3", "bucket": bucket, "path": key.rstrip("/") + "/",
-                        "endpoint": endpoint, "aws_region": S3_REGION,
-                        "aws_credentials": {"type": "environment"}},
-            "context": {
-                "cache_pool": {"total_bytes_limit": TS_CACHE_BYTES},
-                "data_copy_concurrency": {"limit": cores},
-                "s3_request_concurrency": {"limit": 64},
-            },
-            "recheck_cached_data": False,
-        }, read=True).result()
-
-        def read(origins, shape):
-            with ts.Batch() as batch:
-                futures = [arr[tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape))].read(batch=batch) for o in origins]
-            return np.stack([f.result() for f in futures])
-
-        return read
+        return tensorstore_reader(
+            "zarr3" if zarr_format == 3 else "zarr",
+            {"driver": "s3", "bucket": bucket, "path": key.rstrip("/") + "/", "endpoint": endpoint,
+             "aws_region": S3_REGION, "aws_credentials": {"type": "environment"}},
+            {"s3_request_concurrency": {"limit": 64}},
+        )
     raise SystemExit(f"reader {name} does not read from S3 here")
 
 
 def open_reader(name: str, path: str, zarr_format: int = 3):
     """A function that reads a batch of crops: f(origins (N, 4) int array, shape) -> (N, *shape)."""
-    import numpy as np
-
     if path.startswith("s3://"):
         return open_s3_reader(name, path, zarr_format)
     if name in ("zcrop", "zcrop-mmap", "zcrop-cache"):
@@ -162,42 +168,10 @@ def open_reader(name: str, path: str, zarr_format: int = 3):
             import zarrs  # noqa: F401  (registers the pipeline)
 
             zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
-        arr = zarr.open_array(path, mode="r")
-
-        def read(origins, shape):
-            out = np.empty((len(origins), *shape), dtype=arr.dtype)
-            for i, o in enumerate(origins):
-                out[i] = arr[tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape))]
-            return out
-
-        return read
+        return crop_by_crop(zarr.open_array(path, mode="r"))
     if name == "tensorstore":
-        import tensorstore as ts
-
-        fmt = json.load(open(os.path.join(path, "zarr.json"))) if os.path.exists(os.path.join(path, "zarr.json")) else None
-        driver = "zarr3" if fmt else "zarr"
-        cores = os.cpu_count() or 1
-        spec = {
-            "driver": driver,
-            "kvstore": {"driver": "file", "path": path},
-            "context": {
-                # Enough for every shard index of these datasets (so none is read twice), not a
-                # decoded-chunk cache: zcrop's is off by default, so neither reuses decoded
-                # chunks across batches.
-                "cache_pool": {"total_bytes_limit": TS_CACHE_BYTES},
-                "data_copy_concurrency": {"limit": cores},
-                "file_io_concurrency": {"limit": 64},
-            },
-            "recheck_cached_data": False,
-        }
-        arr = ts.open(spec, read=True).result()
-
-        def read(origins, shape):
-            with ts.Batch() as batch:
-                futures = [arr[tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape))].read(batch=batch) for o in origins]
-            return np.stack([f.result() for f in futures])
-
-        return read
+        driver = "zarr3" if os.path.exists(os.path.join(path, "zarr.json")) else "zarr"
+        return tensorstore_reader(driver, {"driver": "file", "path": path}, {"file_io_concurrency": {"limit": 64}})
     raise SystemExit(f"unknown reader {name}")
 
 
@@ -205,12 +179,15 @@ def worker(args) -> None:
     """Runs one reader over the batches in --origins and prints one JSON line."""
     import numpy as np
 
-    origins = np.load(args.origins)  # (batches, batch_size, ndim)
+    # (batches + 1, batch_size, ndim): the last batch is the warm-up, never timed, so a cache
+    # warmed by it does not serve a timed batch.
+    origins = np.load(args.origins)
+    warmup, origins = origins[-1], origins[:-1]
     shape = tuple(int(s) for s in args.shape.split(","))
     read = open_reader(args.worker, args.path, args.zarr_format)
     hashes = []
     if args.warmup:
-        read(origins[0], shape)
+        read(warmup, shape)
     # Only the reads are timed; hashing the output (for the identical-bytes check) is not.
     lat, cpu = [], 0.0
     for b in origins:
@@ -320,12 +297,12 @@ def main() -> None:
             "import numpy as np, sys, json;"
             f"rng=np.random.default_rng({args.seed});"
             f"shape={info['shape']}; crop={shape};"
-            f"o=np.stack([rng.integers(0, s-c+1, size=({args.batches},{args.batch_size})) for s,c in zip(shape,crop)], axis=-1);"
+            f"o=np.stack([rng.integers(0, s-c+1, size=({args.batches + 1},{args.batch_size})) for s,c in zip(shape,crop)], axis=-1);"
             f"np.save({origins_file!r}, o.astype(np.int64));"
             "print(json.dumps(o.tolist()))"
         )
         origins = json.loads(subprocess.run([py, "-c", code], check=True, text=True, capture_output=True).stdout)
-        needed = sum(chunks_needed(b, shape, chunk) for b in origins)
+        needed = sum(chunks_needed(b, shape, chunk) for b in origins[:-1])  # the last is the warm-up
         where = path
         if server is not None:
             where = server.upload(path, ds)
