@@ -107,6 +107,7 @@ impl Budget {
         }
         Some(Permit {
             budget: Arc::clone(self),
+            requests: 1,
             bytes,
         })
     }
@@ -137,9 +138,12 @@ impl Budget {
         }
     }
 
-    fn release(&self, bytes: u64) {
+    fn release(&self, requests: usize, bytes: u64) {
+        if requests == 0 && bytes == 0 {
+            return;
+        }
         self.bytes.fetch_sub(bytes, Ordering::AcqRel);
-        self.requests.fetch_sub(1, Ordering::AcqRel);
+        self.requests.fetch_sub(requests, Ordering::AcqRel);
         self.notify_waiters();
     }
 
@@ -151,10 +155,11 @@ impl Budget {
     }
 }
 
-/// One request's share of a [`Budget`]; released on drop.
+/// A share of a [`Budget`]: one request (or several, merged) and its bytes; released on drop.
 #[derive(Debug)]
 pub struct Permit {
     budget: Arc<Budget>,
+    requests: usize,
     bytes: u64,
 }
 
@@ -162,6 +167,23 @@ impl Permit {
     /// Bytes this permit holds.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Requests this permit holds (1, or more after [`Permit::merge`]).
+    pub fn requests(&self) -> usize {
+        self.requests
+    }
+
+    /// Takes over `other`'s requests and bytes, to release them all at once (one update of the
+    /// shared counters instead of one per request). Fails, returning `other`, if it belongs to
+    /// another budget.
+    pub fn merge(&mut self, mut other: Permit) -> Result<(), Permit> {
+        if !Arc::ptr_eq(&self.budget, &other.budget) {
+            return Err(other);
+        }
+        self.requests += std::mem::take(&mut other.requests);
+        self.bytes += std::mem::take(&mut other.bytes);
+        Ok(())
     }
 
     /// Re-charges the permit for `bytes` bytes, without waiting: for a read whose size was
@@ -185,7 +207,7 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.budget.release(self.bytes);
+        self.budget.release(self.requests, self.bytes);
     }
 }
 
@@ -271,6 +293,27 @@ mod tests {
         assert!(b.try_acquire(60).is_some());
         drop(p);
         assert_eq!(b.in_flight(), (0, 0));
+    }
+
+    #[test]
+    fn merged_permits_release_together() {
+        let b = Budget::new(10, 100);
+        let other = Budget::new(10, 100);
+        let mut p = b.try_acquire(10).unwrap();
+        p.merge(b.try_acquire(20).unwrap()).unwrap();
+        p.merge(b.try_acquire(5).unwrap()).unwrap();
+        assert_eq!((p.requests(), p.bytes()), (3, 35));
+        assert_eq!(b.in_flight(), (3, 35), "merging releases nothing");
+        let foreign = p.merge(other.try_acquire(7).unwrap()).unwrap_err();
+        assert_eq!(
+            other.in_flight(),
+            (1, 7),
+            "another budget's permit is handed back"
+        );
+        drop(foreign);
+        assert_eq!(other.in_flight(), (0, 0));
+        drop(p);
+        assert_eq!(b.in_flight(), (0, 0), "all three released at once");
     }
 
     #[test]

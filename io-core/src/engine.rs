@@ -15,7 +15,7 @@ use crate::error::{EngineError, IoError};
 use crate::fdcache::FdCache;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::op::{
-    Attempt, Ctx, Delivery, Local, Part, Parts, PhysOp, Resolution, Sink, Work, resolve,
+    Attempt, Ctx, Delivery, Local, Part, Parts, PhysOp, RUN_LEN, Resolution, Sink, Work, resolve,
 };
 use crate::portable;
 use crate::request::{Completion, ReadRange, ReadRequest};
@@ -208,6 +208,9 @@ struct Inner {
     fallback_reason: Option<String>,
     coalesce: CoalesceLimits,
     queue_depth: usize,
+    /// Planned reads per queued run: [`RUN_LEN`] for io_uring; 1 for the portable backend,
+    /// whose threads each block on one read at a time (longer runs would leave threads idle).
+    run_len: usize,
     threads: Vec<JoinHandle<()>>,
     #[cfg(target_os = "linux")]
     wakers: Vec<Arc<crate::sys::EventFd>>,
@@ -255,6 +258,7 @@ impl IoEngine {
                             fallback_reason: None,
                             coalesce: config.coalesce,
                             queue_depth: config.queue_depth,
+                            run_len: RUN_LEN,
                             threads,
                             #[cfg(target_os = "linux")]
                             wakers,
@@ -287,6 +291,7 @@ impl IoEngine {
                 fallback_reason,
                 coalesce: config.coalesce,
                 queue_depth: config.queue_depth,
+                run_len: 1,
                 threads,
                 #[cfg(target_os = "linux")]
                 wakers: Vec::new(),
@@ -468,7 +473,7 @@ impl Inner {
 /// Fails a work item because the engine is gone.
 fn fail_work(work: Work, local: &mut Local) {
     match work {
-        Work::Fresh(op) => op.fail_shutdown(local),
+        Work::Fresh(run) => run.into_iter().for_each(|op| op.fail_shutdown(local)),
         Work::Resolved(r) => r.fail_shutdown(local),
         Work::Missed(a) => (*a).fail_shutdown(local),
     }
@@ -657,25 +662,31 @@ impl Batch {
             let group: Vec<ReadRequest> = self.unsent.by_ref().take(PLAN_GROUP).collect();
             self.sent += group.len();
             let inner = &self.engine.inner;
-            let ops = plan(group, inner.coalesce, &self.sink);
-            match &inner.queue {
-                Some(queue) => {
-                    for op in ops {
-                        if let Err(crossbeam_channel::SendError(w)) = queue.send(Work::Fresh(op)) {
-                            fail_work(w, &mut self.local);
-                        }
-                    }
+            let mut ops = plan(group, inner.coalesce, &self.sink).into_iter();
+            loop {
+                let run: Vec<PhysOp> = ops.by_ref().take(inner.run_len).collect();
+                if run.is_empty() {
+                    break;
                 }
-                None => ops
-                    .into_iter()
-                    .for_each(|op| op.fail_shutdown(&mut self.local)),
+                let sent = match &inner.queue {
+                    Some(queue) => queue.send(Work::Fresh(run)).map_err(|e| e.0),
+                    None => Err(Work::Fresh(run)),
+                };
+                if let Err(w) = sent {
+                    fail_work(w, &mut self.local);
+                }
             }
             inner.wake();
         }
     }
 
     fn take(&mut self, d: Delivery) {
-        self.ready.extend(d.completions);
+        if self.ready.is_empty() {
+            // Adopt the delivery's vector: no copy of its completions.
+            self.ready = VecDeque::from(d.completions);
+        } else {
+            self.ready.extend(d.completions);
+        }
         // The permits are released here, as the consumer takes the results.
         drop(d.permits);
     }
@@ -718,26 +729,18 @@ impl Batch {
         }
     }
 
-    /// Runs one queued read from the page cache, if any and if that keeps working; returns
-    /// whether it did anything.
+    /// Runs one queued run of reads from the page cache, if any and while that keeps working;
+    /// returns whether it did anything.
     fn help(&mut self) -> bool {
         if !self.helping || self.returned() < self.help_resume_at {
             return false;
         }
         let inner = Arc::clone(&self.engine.inner);
-        let ctx = &inner.ctx;
         let Ok(work) = inner.helper.try_recv() else {
             return false;
         };
-        let resolved = match work {
-            Work::Fresh(op) if ctx.shutting_down() => {
-                op.fail_shutdown(&mut self.local);
-                return self.collect_own();
-            }
-            Work::Fresh(op) => match resolve(op, ctx, &mut self.local) {
-                Resolution::Read(r) => r,
-                Resolution::Finished => return self.collect_own(),
-            },
+        let run = match work {
+            Work::Fresh(run) => run,
             // Work that needs the device (or budget) belongs to the workers; this thread waits
             // for a result before it looks at the queue again.
             other => {
@@ -745,35 +748,64 @@ impl Batch {
                 return false;
             }
         };
+        let ctx = &inner.ctx;
+        let mut ops = run.into_iter();
+        while let Some(op) = ops.next() {
+            if let Some((handed_back, short_of_budget)) = self.help_one(op, &inner) {
+                // The rest of the run goes back too, to the workers that wait for it.
+                let rest: Vec<PhysOp> = ops.collect();
+                inner.requeue(handed_back, &mut self.local);
+                if !rest.is_empty() {
+                    inner.requeue(Work::Fresh(rest), &mut self.local);
+                }
+                if short_of_budget {
+                    // Results this thread takes free budget: wait for one.
+                    self.collect_own();
+                    return false;
+                }
+                break;
+            }
+            if self.local.pending() >= HELP_FLUSH_AT {
+                self.local.flush(ctx);
+            }
+        }
+        self.collect_own()
+    }
+
+    /// Reads `op` from the page cache; returns what must go back to the workers when it could
+    /// not, and whether that was for lack of budget (a miss pauses or stops helping as the
+    /// outcome says).
+    fn help_one(&mut self, op: PhysOp, inner: &Inner) -> Option<(Work, bool)> {
+        let ctx = &inner.ctx;
+        if ctx.shutting_down() {
+            op.fail_shutdown(&mut self.local);
+            return None;
+        }
+        let resolved = match resolve(op, ctx, &mut self.local) {
+            Resolution::Read(r) => r,
+            Resolution::Finished => return None,
+        };
         let Some(permit) = ctx.budget.try_acquire(resolved.charge()) else {
-            inner.requeue(Work::Resolved(resolved), &mut self.local);
-            return false;
+            return Some((Work::Resolved(resolved), true));
         };
         match resolved.activate(permit).try_cached(ctx, &mut self.local) {
-            Attempt::Done => self.misses_in_a_row = 0,
+            Attempt::Done => {
+                self.misses_in_a_row = 0;
+                None
+            }
             Attempt::Missed(active) => {
                 self.misses_in_a_row += 1;
                 if self.misses_in_a_row >= HELP_MISSES {
                     self.misses_in_a_row = 0;
                     self.help_resume_at = self.returned() + HELP_PAUSE;
                 }
-                inner.requeue(
-                    Work::Missed(Box::new(active.release_budget())),
-                    &mut self.local,
-                );
+                Some((Work::Missed(Box::new(active.release_budget())), false))
             }
             Attempt::Unsupported(active) => {
                 self.helping = false;
-                inner.requeue(
-                    Work::Missed(Box::new(active.release_budget())),
-                    &mut self.local,
-                );
+                Some((Work::Missed(Box::new(active.release_budget())), false))
             }
         }
-        if self.local.pending() >= HELP_FLUSH_AT {
-            self.local.flush(ctx);
-        }
-        self.collect_own()
     }
 
     /// Moves this batch's own results out of the local buffer.

@@ -38,6 +38,9 @@ impl Ctx {
     }
 }
 
+/// Results a delivery has room for before it grows: the workers send theirs in runs of 64.
+const DELIVERY_CAPACITY: usize = 64;
+
 /// Where one batch's results go.
 #[derive(Debug)]
 pub(crate) struct Sink {
@@ -100,8 +103,9 @@ pub(crate) struct PhysOp {
 /// An item of an engine's work queue.
 #[derive(Debug)]
 pub(crate) enum Work {
-    /// A planned read nobody has touched.
-    Fresh(PhysOp),
+    /// A run of planned reads nobody has touched (at most [`RUN_LEN`], never empty), queued
+    /// together: one queue operation per run instead of one per read.
+    Fresh(Vec<PhysOp>),
     /// A read whose file is open, not yet charged to the budget.
     Resolved(Resolved),
     /// A read whose data was not in the page cache (found by a non-blocking attempt): it needs
@@ -109,6 +113,10 @@ pub(crate) enum Work {
     /// queued item must not hold budget that the workers wait for); the worker charges it again.
     Missed(Box<Active>),
 }
+
+/// Planned reads per [`Work::Fresh`] run. Whoever takes a run reads all of it, so runs stay
+/// short: a run is also the unit by which IO threads and helping consumers share work.
+pub(crate) const RUN_LEN: usize = 16;
 
 /// Per-thread state of a worker (or a helping consumer): results not yet delivered, counters
 /// not yet published, and the last file used.
@@ -131,7 +139,11 @@ impl Local {
         let slot = match self.pending.iter().position(|(s, _)| Arc::ptr_eq(s, sink)) {
             Some(i) => i,
             None => {
-                self.pending.push((Arc::clone(sink), Delivery::default()));
+                let d = Delivery {
+                    completions: Vec::with_capacity(DELIVERY_CAPACITY),
+                    permits: Vec::new(),
+                };
+                self.pending.push((Arc::clone(sink), d));
                 self.pending.len() - 1
             }
         };
@@ -140,7 +152,15 @@ impl Local {
         d.completions.extend(completions);
         self.pending_count += d.completions.len() - before;
         if let Some(p) = permit {
-            d.permits.push(p);
+            // One permit per delivery (and budget): one release when the consumer takes it.
+            match d.permits.last_mut() {
+                Some(last) => {
+                    if let Err(p) = last.merge(p) {
+                        d.permits.push(p);
+                    }
+                }
+                None => d.permits.push(p),
+            }
         }
     }
 

@@ -7,7 +7,14 @@
 //! drops the last `Bytes` that views them. Each class holds a bounded number of buffers, and
 //! hands out the one freed last: it is the most likely to still be in the CPU cache, which the
 //! next read copies into.
+//!
+//! Small classes (up to 64 KiB) also keep a few buffers per thread, so a thread that reads and
+//! frees many small buffers does not take a lock shared with the other threads each time (two
+//! threads reading cached 4 KiB blocks spent 5% of their time on the pool's locks). A thread's
+//! cache refills from and spills to the shared class in runs of [`local_batch`] buffers; it
+//! goes back to the shared classes when the thread exits.
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -18,6 +25,10 @@ const MIN_SHIFT: u32 = 12;
 const MAX_SHIFT: u32 = 22;
 /// Bytes each class may hold.
 const CLASS_BYTES: usize = 16 << 20;
+/// Largest class kept in the per-thread caches (64 KiB).
+const LOCAL_MAX_SHIFT: u32 = 16;
+/// Bytes each per-thread class may hold.
+const LOCAL_BYTES: usize = 256 << 10;
 
 /// One size class: a stack of free buffers and how many it may hold.
 struct Class {
@@ -51,31 +62,109 @@ fn class(len: usize) -> Option<usize> {
     (shift <= MAX_SHIFT).then(|| (shift - MIN_SHIFT) as usize)
 }
 
+/// Buffers a thread's cache of class `c` moves to or from the shared class at once (the cache
+/// holds up to twice as many); 0 for classes not cached per thread.
+fn local_batch(c: usize) -> usize {
+    let shift = c as u32 + MIN_SHIFT;
+    if shift > LOCAL_MAX_SHIFT {
+        0
+    } else {
+        (LOCAL_BYTES >> shift) / 2
+    }
+}
+
+/// One thread's buffers, per class; handed back to the shared classes when the thread exits.
+struct LocalCache {
+    classes: Vec<Vec<Vec<u8>>>,
+}
+
+impl Drop for LocalCache {
+    fn drop(&mut self) {
+        for (c, bufs) in self.classes.iter_mut().enumerate() {
+            spill(c, bufs.drain(..));
+        }
+    }
+}
+
+thread_local! {
+    static LOCAL: RefCell<LocalCache> = const { RefCell::new(LocalCache { classes: Vec::new() }) };
+}
+
+/// Moves `bufs` into the shared class `c`, freeing those it has no room for.
+fn spill(c: usize, bufs: impl Iterator<Item = Vec<u8>>) {
+    let class = &pools().classes[c];
+    let mut free = class.free.lock();
+    for v in bufs {
+        if free.len() < class.limit {
+            free.push(v);
+        }
+    }
+}
+
+/// Runs `f` on this thread's cache of class `c`; `None` when the thread is exiting (its cache
+/// is gone) or already inside `f`.
+fn with_local<R>(c: usize, f: impl FnOnce(&mut Vec<Vec<u8>>) -> R) -> Option<R> {
+    LOCAL
+        .try_with(|cell| {
+            let mut cache = cell.try_borrow_mut().ok()?;
+            if cache.classes.len() <= c {
+                cache.classes.resize_with(c + 1, Vec::new);
+            }
+            Some(f(&mut cache.classes[c]))
+        })
+        .ok()
+        .flatten()
+}
+
 /// An empty vector with room for at least `len` bytes.
 pub(crate) fn take(len: usize) -> Vec<u8> {
-    match class(len) {
-        Some(c) => pools().classes[c]
-            .free
-            .lock()
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(1 << (c as u32 + MIN_SHIFT))),
-        None => Vec::with_capacity(len),
-    }
+    let Some(c) = class(len) else {
+        return Vec::with_capacity(len);
+    };
+    let batch = local_batch(c);
+    let cached = (batch > 0)
+        .then(|| {
+            with_local(c, |mine| {
+                if mine.is_empty() {
+                    // Refill: the shared class's most recently freed buffers, in their order.
+                    let mut free = pools().classes[c].free.lock();
+                    let from = free.len().saturating_sub(batch);
+                    mine.extend(free.drain(from..));
+                }
+                mine.pop()
+            })
+            .flatten()
+        })
+        .flatten();
+    cached.unwrap_or_else(|| {
+        (batch == 0)
+            .then(|| pools().classes[c].free.lock().pop())
+            .flatten()
+            .unwrap_or_else(|| Vec::with_capacity(1 << (c as u32 + MIN_SHIFT)))
+    })
 }
 
 /// Returns a vector from [`take`] to its pool (or frees it if the pool is full).
 pub(crate) fn give(mut v: Vec<u8>) {
     let cap = v.capacity();
-    if cap.is_power_of_two()
-        && let Some(c) = class(cap)
-        && cap == 1 << (c as u32 + MIN_SHIFT)
-    {
-        v.clear();
-        let class = &pools().classes[c];
-        let mut free = class.free.lock();
-        if free.len() < class.limit {
-            free.push(v);
-        }
+    let Some(c) = class(cap).filter(|&c| cap == 1 << (c as u32 + MIN_SHIFT)) else {
+        return; // Not a pooled size: freed.
+    };
+    v.clear();
+    let batch = local_batch(c);
+    let mut v = Some(v);
+    if batch > 0 {
+        with_local(c, |mine| {
+            mine.extend(v.take());
+            if mine.len() > 2 * batch {
+                // Spill the oldest half; the most recently freed stay with this thread.
+                spill(c, mine.drain(..batch));
+            }
+        });
+    }
+    // Not cached per thread, or the thread's cache is gone (the thread is exiting).
+    if let Some(v) = v {
+        spill(c, std::iter::once(v));
     }
 }
 
@@ -112,5 +201,43 @@ mod tests {
         assert!(again.capacity() >= 12_000 && again.is_empty());
         // Odd capacities are not pooled.
         give(Vec::with_capacity(5000));
+    }
+
+    fn local_len(c: usize) -> usize {
+        with_local(c, |mine| mine.len()).unwrap()
+    }
+
+    #[test]
+    fn thread_cache_is_lifo_and_bounded() {
+        // On a thread of its own: its cache starts empty and no other test touches it.
+        std::thread::spawn(|| {
+            let c = class(8192).unwrap();
+            let batch = local_batch(c);
+            assert!(batch >= 2, "8 KiB buffers are cached per thread");
+            assert_eq!(
+                local_batch(class(1 << 20).unwrap()),
+                0,
+                "1 MiB ones are not"
+            );
+            let v = take(8192);
+            let p = v.as_ptr();
+            give(v);
+            let again = take(8000);
+            assert_eq!(again.as_ptr(), p, "the buffer freed last comes back first");
+            give(again);
+            let held: Vec<Vec<u8>> = (0..=2 * batch).map(|_| take(8192)).collect();
+            let before = local_len(c);
+            for v in held {
+                give(v);
+                assert!(local_len(c) <= 2 * batch, "the thread cache stays bounded");
+            }
+            assert_eq!(
+                local_len(c),
+                (before + 2 * batch + 1) - batch,
+                "one spill of the oldest half"
+            );
+        })
+        .join()
+        .unwrap();
     }
 }

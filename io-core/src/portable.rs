@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, TryRecvError};
 
 use crate::error::EngineError;
-use crate::op::{Ctx, Local, Resolution, Work, resolve};
+use crate::op::{Ctx, Local, Resolution, Resolved, Work, resolve};
 
 /// Results a worker buffers before sending them.
 const FLUSH_AT: usize = 64;
@@ -55,11 +55,16 @@ pub(crate) fn spawn(
 /// Reads one item of work to the end.
 fn run(work: Work, ctx: &Ctx, local: &mut Local) {
     let resolved = match work {
-        Work::Fresh(op) if ctx.shutting_down() => return op.fail_shutdown(local),
-        Work::Fresh(op) => match resolve(op, ctx, local) {
-            Resolution::Read(r) => r,
-            Resolution::Finished => return,
-        },
+        Work::Fresh(ops) => {
+            for op in ops {
+                if ctx.shutting_down() {
+                    op.fail_shutdown(local);
+                } else if let Resolution::Read(r) = resolve(op, ctx, local) {
+                    read(r, ctx, local);
+                }
+            }
+            return;
+        }
         Work::Resolved(r) => r,
         Work::Missed(active) => {
             let active = *active;
@@ -69,6 +74,11 @@ fn run(work: Work, ctx: &Ctx, local: &mut Local) {
             };
         }
     };
+    read(resolved, ctx, local);
+}
+
+/// Charges and reads a resolved read to the end.
+fn read(resolved: Resolved, ctx: &Ctx, local: &mut Local) {
     match charge(resolved.charge(), ctx, local) {
         Some(p) => resolved.activate(p).run_blocking(ctx, local),
         None => resolved.fail_shutdown(local),

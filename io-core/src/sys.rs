@@ -166,9 +166,23 @@ pub(crate) fn pread(
             iov_base: ptr.cast(),
             iov_len: len,
         };
+        // The raw system call, not glibc's `preadv2`: that wrapper is a thread cancellation
+        // point and brackets the call with cancellation bookkeeping (1% of the CPU of cached
+        // 4 KiB reads). The offset goes in two halves (`pos_l`, `pos_h`) as the kernel expects;
+        // on 64-bit kernels `pos_l` alone carries it.
         // SAFETY: `iov` describes `len` writable bytes of `buf`'s spare capacity, which outlives
         // this call; the kernel writes at most `len` bytes there.
-        unsafe { libc::preadv2(fd, &raw const iov, 1, off, libc::RWF_NOWAIT) }
+        unsafe {
+            libc::syscall(
+                libc::SYS_preadv2,
+                libc::c_long::from(fd),
+                &raw const iov,
+                1 as libc::c_long,
+                off as libc::c_long,
+                ((off as u64) >> 32) as libc::c_long,
+                libc::c_long::from(libc::RWF_NOWAIT),
+            ) as isize
+        }
     } else {
         // SAFETY: as above: `ptr` points to `len` writable bytes owned by `buf`.
         unsafe { libc::pread(fd, ptr.cast(), len, off) }

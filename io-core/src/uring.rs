@@ -22,8 +22,10 @@ use crossbeam_channel::Receiver;
 use io_uring::{IoUring, opcode, squeue, types};
 
 use crate::engine::FastPath;
-use crate::error::EngineError;
-use crate::op::{Active, Attempt, Ctx, Local, Resolution, Resolved, Work, is_retryable, resolve};
+use crate::error::{EngineError, IoError};
+use crate::op::{
+    Active, Attempt, Ctx, Local, PhysOp, Resolution, Resolved, Work, is_retryable, resolve,
+};
 use crate::sys::EventFd;
 
 /// Results a worker buffers before sending them.
@@ -193,6 +195,8 @@ struct Worker {
     in_flight: usize,
     /// A read waiting for budget while this worker's own reads are in flight.
     waiting: Option<Charge>,
+    /// The rest of the last run taken from the queue, last op first.
+    fresh: Vec<PhysOp>,
     fast: FastPathState,
     local: Local,
     ctx: Arc<Ctx>,
@@ -219,6 +223,7 @@ impl Worker {
             free: Vec::new(),
             in_flight: 0,
             waiting: None,
+            fresh: Vec::new(),
             fast: FastPathState {
                 // O_DIRECT reads bypass the page cache; RWF_NOWAIT would only add a syscall.
                 mode: if direct { FastPath::Never } else { fast_path },
@@ -240,7 +245,11 @@ impl Worker {
                 self.arm_waker();
             }
             if self.in_flight == 0 && !self.waker_armed {
-                if shutting_down && self.waiting.is_none() && self.queue.is_empty() {
+                if shutting_down
+                    && self.waiting.is_none()
+                    && self.fresh.is_empty()
+                    && self.queue.is_empty()
+                {
                     self.local.flush(&self.ctx);
                     return;
                 }
@@ -271,24 +280,33 @@ impl Worker {
     fn fill(&mut self) {
         let ctx = Arc::clone(&self.ctx);
         while self.in_flight < self.depth {
-            let item = match self.waiting.take() {
-                Some(c) => c,
-                None => match self.queue.try_recv() {
-                    Ok(Work::Fresh(op)) if ctx.shutting_down() => {
-                        op.fail_shutdown(&mut self.local);
-                        continue;
+            if self.waiting.is_none() && self.fresh.is_empty() {
+                match self.queue.try_recv() {
+                    Ok(Work::Fresh(mut run)) => {
+                        run.reverse();
+                        self.fresh = run;
                     }
-                    Ok(Work::Fresh(op)) => match resolve(op, &ctx, &mut self.local) {
-                        Resolution::Read(r) => Charge::New(r),
-                        Resolution::Finished => continue,
-                    },
-                    Ok(Work::Resolved(r)) => Charge::New(r),
+                    Ok(Work::Resolved(r)) => self.waiting = Some(Charge::New(r)),
                     Ok(Work::Missed(active)) if ctx.shutting_down() => {
                         active.fail_shutdown(&mut self.local);
                         continue;
                     }
-                    Ok(Work::Missed(active)) => Charge::Missed(*active),
+                    Ok(Work::Missed(active)) => self.waiting = Some(Charge::Missed(*active)),
                     Err(_) => break,
+                }
+            }
+            let item = match self.waiting.take() {
+                Some(c) => c,
+                None => match self.fresh.pop() {
+                    Some(op) if ctx.shutting_down() => {
+                        op.fail_shutdown(&mut self.local);
+                        continue;
+                    }
+                    Some(op) => match resolve(op, &ctx, &mut self.local) {
+                        Resolution::Read(r) => Charge::New(r),
+                        Resolution::Finished => continue,
+                    },
+                    None => continue,
                 },
             };
             let permit = match ctx.budget.try_acquire(item.bytes()) {
@@ -445,6 +463,10 @@ impl Worker {
         }
         if let Some(c) = self.waiting.take() {
             c.fail_shutdown(&mut self.local);
+        }
+        for op in self.fresh.drain(..) {
+            let err = IoError::from_os(io::Error::new(e.kind(), e.to_string()), &op.path, op.range);
+            op.fail(&err, &mut self.local);
         }
         // Leak the eventfd buffer for the same reason.
         std::mem::forget(std::mem::replace(&mut self.waker_buf, Box::new([0; 8])));

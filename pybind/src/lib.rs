@@ -23,6 +23,11 @@ mod read;
 
 use pyo3::prelude::*;
 
+/// The allocator of the Rust side of the module, as in the `zcrop` binary (see its `main.rs`
+/// for why and what it measured). Python's own objects are unaffected.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Runs the `zcrop` command line with `argv` (program name first) and returns its exit code.
 ///
 /// This is the same implementation as the Rust `zcrop` binary; the Python console script
