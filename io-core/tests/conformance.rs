@@ -5,6 +5,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use zcrop_io::{
@@ -432,6 +433,33 @@ fn budget_bounds_what_is_in_flight() {
     }
 }
 
+/// A consumer that stops taking results stops the reading too, soon: results do not pile up
+/// (with their buffers) beyond a few queue depths, however large the batch and the budget.
+#[test]
+fn reading_stays_a_bounded_distance_ahead_of_the_consumer() {
+    let f = fixture(4 << 20, 15);
+    for (name, mut c) in configs() {
+        c.queue_depth = 8;
+        c.coalesce = CoalesceLimits::ADJACENT_ONLY;
+        let e = IoEngine::new(c).unwrap();
+        let reqs = (0..1000u64)
+            .map(|i| ReadRequest::new(i, Arc::clone(&f.path), ReadRange::new(i * 4000, 1000)));
+        let mut batch = e.submit(reqs);
+        for _ in 0..10 {
+            batch.next().unwrap().result.unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        // Read ahead: 64 requests (4 depths of 8, at least 64), plus at most one run of 16
+        // handed out past it; counted when the reading threads publish their counters.
+        let reads = e.metrics().physical_reads;
+        assert!(
+            reads <= 10 + 64 + 16,
+            "{name}: {reads} reads done while the consumer took 10"
+        );
+        assert_eq!(batch.count(), 990, "{name}");
+    }
+}
+
 #[test]
 fn dropping_a_batch_early_releases_everything() {
     let f = fixture(4 << 20, 14);
@@ -553,7 +581,7 @@ fn concurrent_batches_share_one_small_budget_without_deadlock() {
             .collect();
         for _ in 0..4 {
             let n = rx
-                .recv_timeout(std::time::Duration::from_mins(1))
+                .recv_timeout(Duration::from_mins(1))
                 .unwrap_or_else(|_| panic!("{name}: a batch did not finish (deadlock?)"));
             assert_eq!(n, 400, "{name}");
         }
@@ -591,6 +619,6 @@ fn every_result_arrives_when_many_workers_race_for_the_last_items() {
         }
         tx.send(()).unwrap();
     });
-    rx.recv_timeout(std::time::Duration::from_mins(1))
+    rx.recv_timeout(Duration::from_mins(1))
         .expect("a batch never completed");
 }
