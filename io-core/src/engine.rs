@@ -406,8 +406,9 @@ impl IoEngine {
     /// Nearby ranges of one file are merged into one read and identical ones read once (see
     /// [`CoalesceLimits`]); each request still gets its own [`Completion`]. Requests are planned
     /// in groups of [`PLAN_GROUP`] (in the order given), so merging applies within a group, and
-    /// groups are handed to the workers as results are taken, a few groups ahead: memory stays
-    /// bounded however large the batch.
+    /// planned reads are handed to the workers as results are taken, four queue depths (at
+    /// least 64 requests) ahead of the consumer: memory stays bounded however large the batch,
+    /// and the buffers of results waiting for the consumer stay few enough to be in cache.
     pub fn submit(&self, requests: impl IntoIterator<Item = ReadRequest>) -> Batch {
         let (tx, rx) = crossbeam_channel::unbounded();
         let sink = Arc::new(Sink { tx });
