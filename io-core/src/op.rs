@@ -153,14 +153,11 @@ impl Local {
         self.pending_count += d.completions.len() - before;
         if let Some(p) = permit {
             // One permit per delivery (and budget): one release when the consumer takes it.
-            match d.permits.last_mut() {
-                Some(last) => {
-                    if let Err(p) = last.merge(p) {
-                        d.permits.push(p);
-                    }
-                }
-                None => d.permits.push(p),
-            }
+            let unmerged = match d.permits.last_mut() {
+                Some(last) => last.merge(p).err(),
+                None => Some(p),
+            };
+            d.permits.extend(unmerged);
         }
     }
 

@@ -122,26 +122,22 @@ pub(crate) fn take(len: usize) -> Vec<u8> {
         return Vec::with_capacity(len);
     };
     let batch = local_batch(c);
-    let cached = (batch > 0)
-        .then(|| {
-            with_local(c, |mine| {
-                if mine.is_empty() {
-                    // Refill: the shared class's most recently freed buffers, in their order.
-                    let mut free = pools().classes[c].free.lock();
-                    let from = free.len().saturating_sub(batch);
-                    mine.extend(free.drain(from..));
-                }
-                mine.pop()
-            })
-            .flatten()
+    let from_thread = if batch > 0 {
+        with_local(c, |mine| {
+            if mine.is_empty() {
+                // Refill: the shared class's most recently freed buffers, in their order.
+                let mut free = pools().classes[c].free.lock();
+                let from = free.len().saturating_sub(batch);
+                mine.extend(free.drain(from..));
+            }
+            mine.pop()
         })
-        .flatten();
-    cached.unwrap_or_else(|| {
-        (batch == 0)
-            .then(|| pools().classes[c].free.lock().pop())
-            .flatten()
-            .unwrap_or_else(|| Vec::with_capacity(1 << (c as u32 + MIN_SHIFT)))
-    })
+    } else {
+        None
+    };
+    // Not cached per thread (or the thread is exiting): straight from the shared class.
+    let reused = from_thread.unwrap_or_else(|| pools().classes[c].free.lock().pop());
+    reused.unwrap_or_else(|| Vec::with_capacity(1 << (c as u32 + MIN_SHIFT)))
 }
 
 /// Returns a vector from [`take`] to its pool (or frees it if the pool is full).
