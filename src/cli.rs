@@ -511,8 +511,8 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
                     "{}, {} GETs in flight at most, merging holes up to {} into GETs up to {}",
                     o.store,
                     o.max_concurrency,
-                    human_bytes(o.coalesce_max_gap),
-                    human_bytes(o.coalesce_max_len)
+                    info::human_bytes_binary(o.coalesce_max_gap),
+                    info::human_bytes_binary(o.coalesce_max_len)
                 ),
             );
             row(
@@ -524,7 +524,7 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
                     o.gets_per_batch,
                     o.http_gets,
                     o.http_failures,
-                    human_bytes(o.bytes_received)
+                    info::human_bytes_binary(o.bytes_received)
                 ),
             );
         }
@@ -535,22 +535,6 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
         ),
     }
     emit(&t)
-}
-
-/// `n` bytes in binary units (`1 MiB`).
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }
 
 /// How the page cache stood for a run, in words.

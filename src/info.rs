@@ -121,13 +121,22 @@ pub fn group_info(g: &Group) -> Result<GroupInfo> {
     Ok(info)
 }
 
-/// Human units: 1.2 GB, 340 MB, ...
+/// `n` bytes in decimal units (`1.5 MB`).
 pub fn human_bytes(n: u64) -> String {
-    let units = ["B", "KB", "MB", "GB", "TB", "PB"];
+    scaled(n, 1000.0, &["B", "KB", "MB", "GB", "TB", "PB"])
+}
+
+/// `n` bytes in binary units (`1.0 MiB`): for sizes that are powers of two.
+pub fn human_bytes_binary(n: u64) -> String {
+    scaled(n, 1024.0, &["B", "KiB", "MiB", "GiB", "TiB"])
+}
+
+/// `n` in the largest of `units` (each `step` times the one before) that keeps it at least 1.
+fn scaled(n: u64, step: f64, units: &[&str]) -> String {
     let mut v = n as f64;
     let mut u = 0;
-    while v >= 1000.0 && u + 1 < units.len() {
-        v /= 1000.0;
+    while v >= step && u + 1 < units.len() {
+        v /= step;
         u += 1;
     }
     if u == 0 {
@@ -227,4 +236,23 @@ pub fn run_with(path: &Path, storage_options: &[(String, String)], json: bool) -
         (Node::Group(g), false) => format_group(&group_info(&g)?, ""),
         (Node::Group(g), true) => serde_json::to_string_pretty(&group_info(&g)?)? + "\n",
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{human_bytes, human_bytes_binary};
+
+    #[test]
+    fn sizes_in_decimal_and_binary_units() {
+        assert_eq!(human_bytes(999), "999 B");
+        assert_eq!(human_bytes(1_500_000), "1.5 MB");
+        assert_eq!(human_bytes_binary(1023), "1023 B");
+        assert_eq!(human_bytes_binary(1 << 20), "1.0 MiB");
+        assert_eq!(human_bytes_binary(16 << 20), "16.0 MiB");
+        assert_eq!(
+            human_bytes_binary(1 << 50),
+            "1024.0 TiB",
+            "the largest unit keeps going"
+        );
+    }
 }

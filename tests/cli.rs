@@ -95,14 +95,28 @@ fn info_describes_arrays_and_groups() {
     assert!(v["groups"].as_array().is_some_and(|g| !g.is_empty()), "{v}");
 }
 
+/// Runs `zcrop` with `args`, checks that it fails with exit code 1 (an error, not bad usage),
+/// and returns what it printed on stderr.
+fn fails<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> String {
+    let out = zcrop().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    err
+}
+
+/// [`fails`] with the 4-d workload fixture appended to `args`.
+fn fails_on_workload(args: &[&str]) -> String {
+    let fixture = fixture("v3_workload_4d_u2.zarr");
+    fails(
+        args.iter()
+            .map(std::ffi::OsStr::new)
+            .chain([fixture.as_os_str()]),
+    )
+}
+
 #[test]
 fn info_on_a_missing_path_fails_with_one_line() {
-    let out = zcrop()
-        .args(["info", "/definitely/not/here.zarr"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails(["info", "/definitely/not/here.zarr"]);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("no Zarr array or group"), "{err}");
 }
@@ -175,13 +189,8 @@ fn bench_with_mapped_files_reports_it() {
 
 #[test]
 fn bench_rejects_a_crop_that_does_not_fit() {
-    let out = zcrop()
-        .args(["bench", "--crop", "2,3,200,20", "--batches", "1"])
-        .arg(fixture("v3_workload_4d_u2.zarr"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("does not fit"));
+    let err = fails_on_workload(&["bench", "--crop", "2,3,200,20", "--batches", "1"]);
+    assert!(err.contains("does not fit"), "{err}");
 }
 
 #[test]
@@ -226,13 +235,7 @@ fn bench_loader_reports_both_loops() {
 #[test]
 fn bench_loader_rejects_bad_crops() {
     for (crop, want) in [("2,9,16,16", "does not fit"), ("2,3,16", "4 numbers")] {
-        let out = zcrop()
-            .args(["bench", "loader", "--crop", crop])
-            .arg(fixture("v3_workload_4d_u2.zarr"))
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(1), "{crop}");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = fails_on_workload(&["bench", "loader", "--crop", crop]);
         assert!(
             err.contains(want) && err.trim().lines().count() == 1,
             "{crop}: {err}"
@@ -351,12 +354,6 @@ fn bench_reads_an_s3_url_like_the_local_path() {
 
 #[test]
 fn bench_refuses_storage_options_for_a_local_path() {
-    let out = zcrop()
-        .args(["bench", "--batches", "1", "--storage-option", "anon=true"])
-        .arg(fixture("v3_workload_4d_u2.zarr"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails_on_workload(&["bench", "--batches", "1", "--storage-option", "anon=true"]);
     assert!(err.contains("--storage-option applies to URLs"), "{err}");
 }
