@@ -3,7 +3,9 @@
 //! A read is planned whole (`crate::plan`), its leaf chunks are located (through the shard
 //! indexes, level by level, cached), all their byte ranges go to `zcrop-io` in one submission,
 //! and each chunk is decoded on the rayon pool as soon as its bytes arrive, then copied into
-//! every output block that needs it while it is still in cache.
+//! every output block that needs it while it is still in cache. Results are taken from
+//! `zcrop-io` only while few decode tasks wait (`crate::throttle`), so reading stays just
+//! ahead of decoding.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -23,6 +25,7 @@ use crate::node::Group;
 use crate::plan::{DimSelection, Plan, PlanError};
 use crate::stitch::{DisjointOut, contiguous_target};
 use crate::store::{Reader, Store};
+use crate::throttle::Throttle;
 use crate::transform::StitchTransform;
 
 /// Default byte budget of the shard-index cache of one array (64 MiB).
@@ -967,6 +970,8 @@ impl Array {
             .collect();
         let sharded = !core.layout.levels.is_empty();
         let grid = &grid;
+        let throttle = Throttle::for_current_pool();
+        let throttle = &throttle;
         rayon::in_place_scope(|scope| {
             for (i, s) in sources.iter().enumerate() {
                 match s {
@@ -994,7 +999,9 @@ impl Array {
                 match done.result {
                     Ok(bytes) => {
                         let range = *range;
+                        let slot = throttle.acquire();
                         scope.spawn(move |_| {
+                            let _slot = slot;
                             if ctx.failed.load(Ordering::Acquire) {
                                 return;
                             }

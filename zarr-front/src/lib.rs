@@ -41,6 +41,7 @@ mod node;
 pub mod plan;
 mod stitch;
 mod store;
+mod throttle;
 pub mod transform;
 
 pub use array::{
