@@ -168,8 +168,11 @@ pub struct ArrayBenchReport {
     pub cold_note: Option<String>,
     /// `O_DIRECT` reads.
     pub direct: bool,
-    /// Reads served from mapped files.
-    pub mmap: bool,
+    /// When chunk reads are served from file mappings (`never`, `cached`, `always`; see
+    /// `zcrop_io::MapFiles`).
+    pub map_files: String,
+    /// Share of the timed batches' physical reads served from file mappings.
+    pub mapped_read_share: Option<f64>,
     /// Chunks per second one thread decodes (decode only, no IO or stitching), measured on a
     /// random sample of the array's chunks in the same run.
     pub single_core_chunks_per_s: Option<f64>,
@@ -391,6 +394,7 @@ pub fn run_array(
     let mut latencies = Vec::new();
     let mut totals = ReadStats::default();
     let object0 = object.as_ref().map(ObjectEngine::metrics);
+    let io0 = engine.as_ref().map(IoEngine::metrics);
     let cpu0 = cpu_time();
     let start = Instant::now();
     loop {
@@ -414,6 +418,10 @@ pub fn run_array(
         }
     }
     let wall = start.elapsed().as_secs_f64();
+    let mapped_read_share = engine.as_ref().zip(io0).map(|(e, m0)| {
+        let m = e.metrics() - m0;
+        m.mapped_reads as f64 / m.physical_reads.max(1) as f64
+    });
     let cpu = cpu0
         .zip(cpu_time())
         .map(|(a, b)| b.saturating_sub(a).as_secs_f64() / wall);
@@ -479,7 +487,14 @@ pub fn run_array(
         cold,
         cold_note,
         direct: opts.io.direct,
-        mmap: opts.io.mmap && !opts.io.direct,
+        map_files: if opts.io.direct {
+            zcrop_io::MapFiles::Never
+        } else {
+            opts.io.map_files
+        }
+        .name()
+        .to_string(),
+        mapped_read_share,
         single_core_chunks_per_s: single,
         decode_efficiency: single.map(|s| chunks_per_s / (s * threads as f64)),
         parallel_decode_chunks_per_s: parallel,

@@ -158,10 +158,13 @@ struct IoArgs {
     /// Never try the page-cache fast path (`preadv2(RWF_NOWAIT)`) of the io_uring backend.
     #[arg(long)]
     no_fast_path: bool,
-    /// Serve reads from read-only mappings of the files (no copy out of the page cache; for
-    /// cached data; see io-core's `IoConfig::mmap`).
-    #[arg(long)]
-    mmap: bool,
+    /// When chunk reads are served from read-only mappings of the files (no copy out of the
+    /// page cache): `--mmap=never`, `--mmap=cached` (files of 1 MiB or more, ranges already in
+    /// memory; the default) or `--mmap=always`; `--mmap` alone means always. See io-core's
+    /// `MapFiles`. (`zcrop bench io` reads plain byte ranges, which are never mapped.)
+    #[arg(long, value_name = "WHEN", default_value = "cached", num_args = 0..=1,
+          require_equals = true, default_missing_value = "always", value_parser = parse_map_files)]
+    mmap: zcrop_io::MapFiles,
     /// Drop the page cache before the run (needs root; the report says if it could not).
     #[arg(long)]
     cold: bool,
@@ -182,13 +185,17 @@ impl IoArgs {
             threads: self.io_threads,
             queue_depth: self.queue_depth,
             fast_path: bench::fast_path_for(self.no_fast_path),
-            mmap: self.mmap,
+            map_files: self.mmap,
             ..zcrop_io::IoConfig::default()
         }
     }
 }
 
 fn parse_backend(s: &str) -> Result<BackendChoice, String> {
+    s.parse()
+}
+
+fn parse_map_files(s: &str) -> Result<zcrop_io::MapFiles, String> {
     s.parse()
 }
 
@@ -499,7 +506,18 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
         format!(
             "{backend}{}{}",
             if r.direct { ", O_DIRECT" } else { "" },
-            if r.mmap { ", files mapped (mmap)" } else { "" }
+            match r.mapped_read_share {
+                Some(share) if r.map_files != "never" => format!(
+                    ", files mapped {} ({:.0}% of reads)",
+                    if r.map_files == "cached" {
+                        "when cached"
+                    } else {
+                        "always"
+                    },
+                    share * 100.0
+                ),
+                _ => String::new(),
+            }
         ),
     );
     match &r.object {

@@ -34,6 +34,80 @@ pub enum FastPath {
     Never,
 }
 
+/// When reads of a batch submitted with [`IoEngine::submit_mapped`] are served from a
+/// read-only mapping of their file (no copy out of the page cache, no IO thread) instead of
+/// being read. Batches submitted with [`IoEngine::submit`] are always read.
+///
+/// A mapping serves only bounded ranges that lie inside it; anything else (whole-file and
+/// suffix reads, ranges past the mapped length, `O_DIRECT` engines, files that cannot be
+/// mapped) is read as usual. A file truncated by another process while mapped does not kill
+/// the process: the lost pages read as zeros and [`check_mapped`] reports the result as
+/// [`IoError::FileChanged`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MapFiles {
+    /// Never: every read is a read.
+    Never,
+    /// Files of at least [`MAP_MIN_FILE_BYTES`], for ranges whose pages are all in memory
+    /// (one `mincore` call per read; the default). Cold ranges are read through the backend,
+    /// so they keep its queue depth instead of faulting in one page at a time. For a file this
+    /// process neither owns nor may write, Linux reports only the pages already mapped into
+    /// the process, so cached pages not yet touched through the mapping are read.
+    #[default]
+    WhenCached,
+    /// Every mappable read of every file, cached or not (cold bytes are then read by page
+    /// faults, one at a time, as the consumer touches them).
+    Always,
+}
+
+/// The smallest file [`MapFiles::WhenCached`] maps: a mapping costs two system calls and an
+/// address-space entry, more than reading a small file (one file per chunk, Zarr v2).
+pub const MAP_MIN_FILE_BYTES: u64 = 1 << 20;
+
+impl MapFiles {
+    /// The policy's name: `never`, `cached` or `always`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MapFiles::Never => "never",
+            MapFiles::WhenCached => "cached",
+            MapFiles::Always => "always",
+        }
+    }
+}
+
+impl std::str::FromStr for MapFiles {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "never" | "0" | "false" | "no" | "off" => Ok(MapFiles::Never),
+            "cached" | "auto" | "resident" => Ok(MapFiles::WhenCached),
+            "always" | "1" | "true" | "yes" | "on" => Ok(MapFiles::Always),
+            other => Err(format!(
+                "unknown mapping policy {other:?} (expected never, cached or always)"
+            )),
+        }
+    }
+}
+
+/// Checks a result of a batch submitted with [`IoEngine::submit_mapped`] once the consumer is
+/// done reading its bytes: an error if they came from a mapping of a file that lost pages
+/// while mapped (another process truncated it), whose bytes then read as zeros. `path` and
+/// `range` are the request's, for the error. One atomic load unless some mapping was damaged.
+pub fn check_mapped(bytes: &Bytes, path: &Arc<Path>, range: ReadRange) -> Result<(), IoError> {
+    if mapped_intact(bytes) {
+        Ok(())
+    } else {
+        Err(IoError::FileChanged {
+            path: Arc::clone(path),
+            range,
+        })
+    }
+}
+
+/// [`check_mapped`] as a yes or no: whether `bytes` are free of pages lost from a mapping.
+pub fn mapped_intact(bytes: &Bytes) -> bool {
+    crate::mapguard::intact(bytes.as_ptr())
+}
+
 /// Which backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
@@ -114,14 +188,11 @@ pub struct IoConfig {
     /// per read, but the pool keeps up to 16 MiB per size class (4 KiB to 4 MiB) alive; turn
     /// it off where memory is budgeted tightly.
     pub recycle_buffers: bool,
-    /// Serve reads from a read-only mapping of each whole file (`mmap`) instead of reading
-    /// them: no copy out of the page cache and no IO threads involved, the fastest way to read
-    /// data that is already cached. Off by default, for two reasons: bytes not in the page
-    /// cache are read by page faults, one at a time, when the consumer first touches them
-    /// (slow on cold data); and if another process truncates a mapped file, touching the lost
-    /// pages kills the process with `SIGBUS`. Ignored with `direct`; a file that cannot be
-    /// mapped is read normally.
-    pub mmap: bool,
+    /// When batches submitted with [`IoEngine::submit_mapped`] are served from read-only
+    /// mappings of their files instead of read: no copy out of the page cache and no IO thread
+    /// involved, the fastest way to read data that is already cached. See [`MapFiles`]; the
+    /// default maps large files for ranges already in memory. Ignored with `direct`.
+    pub map_files: MapFiles,
 }
 
 /// Requests planned (coalesced) together by [`IoEngine::submit`].
@@ -153,15 +224,15 @@ impl Default for IoConfig {
             fd_cache_capacity: DEFAULT_FD_CACHE,
             budget: None,
             recycle_buffers: true,
-            mmap: false,
+            map_files: MapFiles::WhenCached,
         }
     }
 }
 
 impl IoConfig {
     /// The defaults, overridden by `ZCROP_IO_BACKEND` (`auto`, `uring`, `portable`),
-    /// `ZCROP_IO_DIRECT` (`1`), `ZCROP_IO_MMAP` (`1`), `ZCROP_IO_THREADS` and `ZCROP_IO_QUEUE_DEPTH`. Unparsable
-    /// values are reported as errors, not ignored.
+    /// `ZCROP_IO_DIRECT` (`1`), `ZCROP_IO_MMAP` (`never`, `cached`, `always`; `0` and `1` for
+    /// never and always), `ZCROP_IO_THREADS` and `ZCROP_IO_QUEUE_DEPTH`. Unparsable values are reported as errors, not ignored.
     pub fn from_env() -> Result<Self, EngineError> {
         let mut c = IoConfig::default();
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
@@ -174,7 +245,9 @@ impl IoConfig {
             c.direct = matches!(v.as_str(), "1" | "true" | "yes");
         }
         if let Some(v) = var("ZCROP_IO_MMAP") {
-            c.mmap = matches!(v.as_str(), "1" | "true" | "yes");
+            c.map_files = v
+                .parse()
+                .map_err(|e| EngineError::Config(format!("ZCROP_IO_MMAP: {e}")))?;
         }
         let num = |name: &str| -> Result<Option<usize>, EngineError> {
             var(name)
@@ -238,7 +311,11 @@ impl IoEngine {
                 .unwrap_or_else(|| Arc::clone(Budget::global())),
             direct: config.direct,
             recycle: config.recycle_buffers,
-            mmap: config.mmap,
+            map_files: if config.direct {
+                MapFiles::Never
+            } else {
+                config.map_files
+            },
             shutdown: AtomicBool::new(false),
         });
         let (tx, rx) = crossbeam_channel::unbounded::<Work>();
@@ -410,8 +487,23 @@ impl IoEngine {
     /// least 64 requests) ahead of the consumer: memory stays bounded however large the batch,
     /// and the buffers of results waiting for the consumer stay few enough to be in cache.
     pub fn submit(&self, requests: impl IntoIterator<Item = ReadRequest>) -> Batch {
+        self.submit_inner(requests, false)
+    }
+
+    /// Like [`IoEngine::submit`], but reads may be served from mappings of their files (as
+    /// [`IoConfig::map_files`] says): each result's bytes may then be a view of the page cache.
+    /// The caller promises to pass every result, once it has finished reading its bytes, to
+    /// [`check_mapped`], which reports bytes lost to a file truncated meanwhile.
+    pub fn submit_mapped(&self, requests: impl IntoIterator<Item = ReadRequest>) -> Batch {
+        self.submit_inner(requests, true)
+    }
+
+    fn submit_inner(&self, requests: impl IntoIterator<Item = ReadRequest>, map: bool) -> Batch {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let sink = Arc::new(Sink { tx });
+        let sink = Arc::new(Sink {
+            tx,
+            map: map && self.inner.ctx.map_files != MapFiles::Never,
+        });
         let unsent: Vec<ReadRequest> = requests.into_iter().collect();
         let total = unsent.len();
         let mut local = Local::default();

@@ -61,6 +61,15 @@ pub enum IoError {
         #[source]
         source: Arc<io::Error>,
     },
+    /// The file lost the range's pages while they were being read from its mapping (another
+    /// process truncated it): the bytes read as zeros and must not be used.
+    #[error("{path}: the file shrank while {range} was being read from its mapping; those bytes are lost", path = .path.display())]
+    FileChanged {
+        /// The file.
+        path: Arc<Path>,
+        /// The requested range.
+        range: ReadRange,
+    },
     /// The IO engine shut down before the read could be issued.
     #[error("{path}: IO engine shut down before {range} was read", path = .path.display())]
     Shutdown {
@@ -94,6 +103,7 @@ impl IoError {
             | IoError::RangePastEof { path, .. }
             | IoError::ShortRead { path, .. }
             | IoError::Io { path, .. }
+            | IoError::FileChanged { path, .. }
             | IoError::Shutdown { path, .. } => path,
         }
     }
@@ -106,6 +116,7 @@ impl IoError {
             | IoError::RangePastEof { range, .. }
             | IoError::ShortRead { range, .. }
             | IoError::Io { range, .. }
+            | IoError::FileChanged { range, .. }
             | IoError::Shutdown { range, .. } => *range,
         }
     }
@@ -126,6 +137,7 @@ impl IoError {
             | IoError::RangePastEof { range: r, .. }
             | IoError::ShortRead { range: r, .. }
             | IoError::Io { range: r, .. }
+            | IoError::FileChanged { range: r, .. }
             | IoError::Shutdown { range: r, .. } => *r = range,
         }
         e
@@ -137,9 +149,9 @@ impl From<IoError> for io::Error {
         let kind = match &err {
             IoError::NotFound { .. } => io::ErrorKind::NotFound,
             IoError::PermissionDenied { .. } => io::ErrorKind::PermissionDenied,
-            IoError::RangePastEof { .. } | IoError::ShortRead { .. } => {
-                io::ErrorKind::UnexpectedEof
-            }
+            IoError::RangePastEof { .. }
+            | IoError::ShortRead { .. }
+            | IoError::FileChanged { .. } => io::ErrorKind::UnexpectedEof,
             IoError::Io { source, .. } => source.kind(),
             IoError::Shutdown { .. } => io::ErrorKind::Interrupted,
         };

@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use parking_lot::Mutex;
 
+use crate::engine::{MAP_MIN_FILE_BYTES, MapFiles};
 use crate::sys;
 
 /// An open file and what reading it needs to know.
@@ -24,18 +25,31 @@ pub(crate) struct OpenFile {
 }
 
 impl OpenFile {
-    /// The whole file as mapped `Bytes`, mapping it on first use; `None` if it cannot be
-    /// mapped (reads then fall back to the engine's backend).
-    pub(crate) fn mapped(&self, path: &Path) -> Option<&Bytes> {
+    /// The whole file as mapped `Bytes`, mapping it on first use; `None` if it is not to be
+    /// mapped under `policy` (too small for [`MapFiles::WhenCached`]) or cannot be (reads
+    /// then go to the engine's backend).
+    pub(crate) fn mapped(&self, path: &Path, policy: MapFiles) -> Option<&Bytes> {
         self.mapped
-            .get_or_init(|| match sys::map_file(&self.file) {
-                Ok(b) => Some(b),
-                Err(e) => {
-                    log::warn!("{}: cannot map ({e}); reading it instead", path.display());
-                    None
+            .get_or_init(|| {
+                if policy == MapFiles::WhenCached {
+                    let len = self.file.metadata().map_or(0, |m| m.len());
+                    if len < MAP_MIN_FILE_BYTES {
+                        return None;
+                    }
                 }
+                Self::map(&self.file, path)
             })
             .as_ref()
+    }
+
+    fn map(file: &File, path: &Path) -> Option<Bytes> {
+        match sys::map_file(file) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                log::debug!("{}: not mapped ({e}); reading it instead", path.display());
+                None
+            }
+        }
     }
 }
 

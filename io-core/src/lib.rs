@@ -3,9 +3,9 @@
 //! **Job:** turn huge batches of `(file, byte range)` reads into as few syscalls as possible and
 //! keep the storage device saturated: Linux io_uring rings owned by IO threads, a portable
 //! `pread` thread-pool fallback, coalescing of nearby ranges, and one in-flight budget shared
-//! by every user in the process. For data already in the page cache, an opt-in mode
-//! (`IoConfig::mmap`, `ZCROP_IO_MMAP=1`) serves ranges from read-only file mappings without
-//! any copy.
+//! by every user in the process. Batches whose consumer allows it
+//! ([`IoEngine::submit_mapped`]) are served from read-only file mappings without any copy
+//! where their data is already in memory ([`MapFiles`]).
 //!
 //! **Must not know about:** Zarr, chunks, codecs, arrays or crops. Callers hand it byte ranges
 //! tagged with their own ids and get bytes back.
@@ -38,14 +38,17 @@
 //!
 //! ## Unsafe code
 //!
-//! Only two modules contain `unsafe`: `sys` (syscalls and the buffers the kernel fills) and
-//! `uring` (handing those buffers to io_uring). Every block carries a `// SAFETY:` comment.
+//! Only three modules contain `unsafe`: `sys` (syscalls, the buffers the kernel fills, file
+//! mappings), `uring` (handing those buffers to io_uring) and `mapguard` (the `SIGBUS`
+//! handler that keeps a truncated mapped file from killing the process). Every block carries
+//! a `// SAFETY:` comment.
 
 pub mod budget;
 pub mod coalesce;
 mod engine;
 pub mod error;
 mod fdcache;
+mod mapguard;
 mod metrics;
 pub mod object;
 mod op;
@@ -60,7 +63,7 @@ pub use budget::{Budget, Permit};
 pub use coalesce::{CoalesceLimits, Coalesced, Member, MergedRead, coalesce};
 pub use engine::{
     BackendChoice, BackendKind, Batch, DEFAULT_FD_CACHE, DEFAULT_QUEUE_DEPTH, FastPath, IoConfig,
-    IoEngine, PLAN_GROUP,
+    IoEngine, MAP_MIN_FILE_BYTES, MapFiles, PLAN_GROUP, check_mapped, mapped_intact,
 };
 pub use error::{EngineError, IoError};
 pub use metrics::MetricsSnapshot;

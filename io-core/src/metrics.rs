@@ -63,6 +63,8 @@ counters!(
     fast_path_hits,
     /// `RWF_NOWAIT` attempts that found the data not cached and went to the device.
     fast_path_misses,
+    /// Reads served from a mapping of their file (`IoEngine::submit_mapped`), without a copy.
+    mapped_reads,
     /// `io_uring_enter` calls (submissions and waits).
     ring_enters,
     /// Reads retried after `EINTR` or `EAGAIN`.

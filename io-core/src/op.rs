@@ -12,6 +12,7 @@ use bytes::Bytes;
 use crossbeam_channel::Sender;
 
 use crate::budget::{Budget, Permit};
+use crate::engine::{MAP_MIN_FILE_BYTES, MapFiles};
 use crate::error::IoError;
 use crate::fdcache::{FdCache, OpenFile};
 use crate::metrics::{Counters, Metrics};
@@ -27,8 +28,8 @@ pub(crate) struct Ctx {
     pub(crate) direct: bool,
     /// Read buffers come from (and return to) the process's buffer pool.
     pub(crate) recycle: bool,
-    /// Serve reads from a mapping of the whole file instead of reading them.
-    pub(crate) mmap: bool,
+    /// When reads of batches that allow it are served from a mapping of the file.
+    pub(crate) map_files: MapFiles,
     pub(crate) shutdown: AtomicBool,
 }
 
@@ -45,6 +46,9 @@ const DELIVERY_CAPACITY: usize = 64;
 #[derive(Debug)]
 pub(crate) struct Sink {
     pub(crate) tx: Sender<Delivery>,
+    /// The batch's reads may be served from file mappings (`IoEngine::submit_mapped`, with a
+    /// policy other than never).
+    pub(crate) map: bool,
 }
 
 /// Results sent to a batch in one message. The permits are released when the consumer takes
@@ -338,35 +342,34 @@ pub(crate) enum Resolution {
     Finished,
 }
 
-/// Serves `op` from the mapped file `whole` without a copy (one "physical read", as reading
-/// the range would have been), with the semantics of a read: requests wholly inside the file
-/// succeed, the others fail with [`IoError::RangePastEof`].
-fn serve_mapped(op: PhysOp, whole: &Bytes, local: &mut Local) {
-    let file_len = whole.len() as u64;
-    let (start, end) = match op.range {
-        ReadRange::Bounded { offset, len } if len > 0 => (
-            offset.min(file_len),
-            offset.saturating_add(len).min(file_len),
-        ),
-        range => {
-            if let Some((offset, len)) = range.resolve(file_len) {
-                (offset, offset + len)
-            } else {
-                let err = IoError::RangePastEof {
-                    path: Arc::clone(&op.path),
-                    range,
-                    file_len,
-                };
-                op.fail(&err, local);
-                return;
-            }
-        }
+/// The part of `whole` (a mapped file) that serves `op`, if the engine's policy says to serve
+/// it from the mapping: bounded ranges inside the mapping of an intact mapping, and for
+/// [`MapFiles::WhenCached`] only large files and ranges whose pages are all in memory.
+fn mapped_range(op: &PhysOp, whole: &Bytes, policy: MapFiles) -> Option<(usize, usize)> {
+    let ReadRange::Bounded { offset, len } = op.range else {
+        return None;
     };
-    let data = whole.slice(start as usize..end as usize);
+    let end = offset.checked_add(len)?;
+    if len == 0 || end > whole.len() as u64 || !crate::mapguard::intact(whole.as_ptr()) {
+        return None;
+    }
+    let (start, end) = (offset as usize, end as usize);
+    match policy {
+        MapFiles::Never => None,
+        MapFiles::Always => Some((start, end)),
+        MapFiles::WhenCached => ((whole.len() as u64) >= MAP_MIN_FILE_BYTES
+            && sys::resident(whole, start, end))
+        .then_some((start, end)),
+    }
+}
+
+/// Serves `op` from `data`, its bytes in a mapped file, without a copy (one "physical read",
+/// as reading the range would have been).
+fn serve_mapped(op: PhysOp, data: &Bytes, local: &mut Local) {
     local.counters.physical_reads += 1;
+    local.counters.mapped_reads += 1;
     local.counters.bytes_read += data.len() as u64;
-    let got = data.len() as u64;
-    op.serve_within(&data, got, true, file_len, None, local);
+    op.serve(data, None, local);
 }
 
 /// Opens the file and fixes the byte range. Errors and empty ranges are delivered here.
@@ -379,11 +382,13 @@ pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
             return Resolution::Finished;
         }
     };
-    if ctx.mmap
+    if op.sink.map
         && file.direct_align.is_none()
-        && let Some(whole) = file.mapped(&op.path)
+        && let Some(whole) = file.mapped(&op.path, ctx.map_files)
+        && let Some((start, end)) = mapped_range(&op, whole, ctx.map_files)
     {
-        serve_mapped(op, whole, local);
+        let data = whole.slice(start..end);
+        serve_mapped(op, &data, local);
         return Resolution::Finished;
     }
     let (offset, len) = match op.range {

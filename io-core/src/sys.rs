@@ -5,6 +5,8 @@
 //! - [`pread`]: `pread`/`preadv2(RWF_NOWAIT)` into a [`ReadBuf`].
 //! - [`dio_alignment`]: the `O_DIRECT` alignment a file needs (`statx(STATX_DIOALIGN)`).
 //! - [`EventFd`]: wakes an io_uring worker when new work is queued.
+//! - [`map_file`] and [`resident`]: read-only file mappings (guarded by `crate::mapguard`) and
+//!   whether a range of one is in memory.
 #![allow(unsafe_code)]
 
 use std::alloc::{self, Layout};
@@ -272,6 +274,8 @@ pub(crate) fn open(path: &std::path::Path, direct: bool) -> io::Result<File> {
 struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    /// Its entry in the `SIGBUS` guard; dropped before the mapping is unmapped.
+    registration: Option<crate::mapguard::Registration>,
 }
 
 // SAFETY: the mapping is read-only and owned by this value alone; sharing or moving the pointer
@@ -282,15 +286,18 @@ unsafe impl Sync for Mapping {}
 
 impl AsRef<[u8]> for Mapping {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` is a live PROT_READ mapping until `drop`. The caveat of every
-        // file mapping applies: if another process truncates the file, touching pages past the
-        // new end raises SIGBUS; this is why mapping is opt-in (`IoConfig::mmap`).
+        // SAFETY: `ptr..ptr+len` is a live PROT_READ mapping until `drop`. If another process
+        // truncates the file, touching pages past the new end raises SIGBUS, which the guard
+        // (`crate::mapguard`, registered in `map_file`) turns into zeros and a damaged mark
+        // that consumers check (`crate::check_mapped`).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // Out of the guard's registry first: the address range may be reused once unmapped.
+        drop(self.registration.take());
         // SAFETY: unmapping exactly the mapping made in `map_file`; no slice of it outlives
         // the `Bytes` that own this value.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
@@ -298,7 +305,9 @@ impl Drop for Mapping {
 }
 
 /// The whole of `file` mapped read-only (`MAP_SHARED`, so it reads the page cache without a
-/// copy), as `Bytes`; an empty file gives empty `Bytes`.
+/// copy) and registered with the `SIGBUS` guard, as `Bytes`; an empty file gives empty
+/// `Bytes`. Fails when the guard cannot take the mapping (handler not installed, registry
+/// full).
 pub(crate) fn map_file(file: &File) -> io::Result<Bytes> {
     use std::os::fd::AsRawFd;
     let len = usize::try_from(file.metadata()?.len())
@@ -322,7 +331,17 @@ pub(crate) fn map_file(file: &File) -> io::Result<Bytes> {
         return Err(io::Error::last_os_error());
     }
     let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
-    Ok(Bytes::from_owner(Mapping { ptr, len }))
+    let mut mapping = Mapping {
+        ptr,
+        len,
+        registration: None,
+    };
+    // On failure, dropping `mapping` unmaps it.
+    mapping.registration = Some(
+        crate::mapguard::register(ptr.as_ptr() as usize, len)
+            .ok_or_else(|| io::Error::other("no SIGBUS guard for the mapping"))?,
+    );
+    Ok(Bytes::from_owner(mapping))
 }
 
 /// A Linux eventfd used to wake an io_uring worker.
@@ -354,6 +373,43 @@ impl EventFd {
         // impossible at 1 per submission) leave the worker to wake on its next completion.
         unsafe { libc::eventfd_write(self.raw(), 1) };
     }
+}
+
+/// The system's page size.
+pub(crate) fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    })
+}
+
+/// Whether every page of `bytes[start..end]` is in memory, by `mincore`, for `bytes` a file
+/// mapping made by [`map_file`]. Never claims a page that is not: for a file this process may
+/// not write (and does not own), Linux reports only the pages mapped into this process, so
+/// cached pages not touched through the mapping yet count as absent.
+pub(crate) fn resident(bytes: &Bytes, start: usize, end: usize) -> bool {
+    if start >= end || end > bytes.len() {
+        return start == end;
+    }
+    let page = page_size();
+    let base = bytes.as_ptr() as usize;
+    let first = (base + start) & !(page - 1);
+    let last = base + end;
+    let pages = (last - first).div_ceil(page);
+    let mut small = [0u8; 64];
+    let mut large = Vec::new();
+    let vec: &mut [u8] = if pages <= small.len() {
+        &mut small[..pages]
+    } else {
+        large.resize(pages, 0);
+        &mut large
+    };
+    // SAFETY: `first..last` lies within the live mapping `bytes` views (rounded down to its
+    // page, which the mapping starts on), and `vec` has one byte per page of it.
+    let r = unsafe { libc::mincore(first as *mut libc::c_void, last - first, vec.as_mut_ptr()) };
+    r == 0 && vec.iter().all(|v| v & 1 == 1)
 }
 
 #[cfg(test)]

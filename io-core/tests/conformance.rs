@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use zcrop_io::{
-    BackendChoice, BackendKind, Budget, CoalesceLimits, FastPath, IoConfig, IoEngine, IoError,
-    ReadRange, ReadRequest,
+    BackendChoice, BackendKind, Batch, Budget, CoalesceLimits, FastPath, IoConfig, IoEngine,
+    IoError, MapFiles, ReadRange, ReadRequest, check_mapped,
 };
 
 /// The configurations under test.
@@ -72,7 +72,7 @@ fn configs() -> Vec<(&'static str, IoConfig)> {
             "uring-mmap",
             IoConfig {
                 backend: BackendChoice::Uring,
-                mmap: true,
+                map_files: MapFiles::Always,
                 ..base.clone()
             },
         ),
@@ -81,7 +81,7 @@ fn configs() -> Vec<(&'static str, IoConfig)> {
             IoConfig {
                 backend: BackendChoice::Portable,
                 threads: 2,
-                mmap: true,
+                map_files: MapFiles::Always,
                 ..base.clone()
             },
         ),
@@ -97,16 +97,76 @@ fn configs() -> Vec<(&'static str, IoConfig)> {
     ]
 }
 
-fn engines() -> Vec<(&'static str, IoEngine)> {
+/// An engine under test. The configurations that map files submit with
+/// [`IoEngine::submit_mapped`] (and check every result with [`check_mapped`]); the others
+/// with [`IoEngine::submit`].
+struct Engine {
+    engine: IoEngine,
+    mapped: bool,
+}
+
+impl Engine {
+    fn plain(e: &IoEngine) -> Self {
+        Engine {
+            engine: e.clone(),
+            mapped: false,
+        }
+    }
+
+    fn submit(&self, reqs: impl IntoIterator<Item = ReadRequest>) -> Batch {
+        if self.mapped {
+            self.engine.submit_mapped(reqs)
+        } else {
+            self.engine.submit(reqs)
+        }
+    }
+
+    /// Every result in the order of `reqs`.
+    fn read_all(&self, reqs: Vec<ReadRequest>) -> Vec<Result<bytes::Bytes, IoError>> {
+        if !self.mapped {
+            return self.engine.read_all(reqs);
+        }
+        let described: Vec<_> = reqs
+            .iter()
+            .map(|r| (Arc::clone(&r.path), r.range))
+            .collect();
+        let mut out: Vec<Option<Result<bytes::Bytes, IoError>>> = vec![None; reqs.len()];
+        let batch = self.engine.submit_mapped(
+            reqs.into_iter()
+                .enumerate()
+                .map(|(i, r)| ReadRequest { id: i as u64, ..r }),
+        );
+        for c in batch {
+            let (path, range) = &described[c.id as usize];
+            let result = c
+                .result
+                .and_then(|b| check_mapped(&b, path, *range).map(|()| b));
+            out[c.id as usize] = Some(result);
+        }
+        out.into_iter()
+            .map(|r| r.expect("every request answered"))
+            .collect()
+    }
+}
+
+impl std::ops::Deref for Engine {
+    type Target = IoEngine;
+    fn deref(&self) -> &IoEngine {
+        &self.engine
+    }
+}
+
+fn engines() -> Vec<(&'static str, Engine)> {
     configs()
         .into_iter()
         .map(|(name, c)| {
             let want = c.backend;
+            let mapped = c.map_files == MapFiles::Always;
             let e = IoEngine::new(c).unwrap_or_else(|e| panic!("{name}: {e}"));
             if want == BackendChoice::Uring {
                 assert_eq!(e.backend(), BackendKind::Uring, "{name}");
             }
-            (name, e)
+            (name, Engine { engine: e, mapped })
         })
         .collect()
 }
@@ -163,7 +223,7 @@ fn describe(r: &Result<bytes::Bytes, IoError>) -> Result<Vec<u8>, String> {
     }
 }
 
-fn check(engine: &IoEngine, name: &str, f: &Fixture, ranges: &[ReadRange]) {
+fn check(engine: &Engine, name: &str, f: &Fixture, ranges: &[ReadRange]) {
     let reqs: Vec<ReadRequest> = ranges
         .iter()
         .map(|&r| ReadRequest::new(0, Arc::clone(&f.path), r))
@@ -473,7 +533,7 @@ fn dropping_a_batch_early_releases_everything() {
         let _first = batch.next().unwrap();
         drop(batch);
         // The engine still works, and the abandoned reads give their budget back.
-        check(&e, name, &f, &[ReadRange::new(0, 10)]);
+        check(&Engine::plain(&e), name, &f, &[ReadRange::new(0, 10)]);
         drop(e);
         assert_eq!(budget.in_flight(), (0, 0), "{name}");
     }
@@ -498,7 +558,7 @@ fn uring_backend_is_really_used_here() {
     );
     let f = fixture(100_000, 15);
     check(
-        &e,
+        &Engine::plain(&e),
         "auto",
         &f,
         &[ReadRange::new(0, 100), ReadRange::new(50_000, 5000)],
@@ -519,7 +579,7 @@ fn fast_path_serves_cached_data() {
     .unwrap();
     // Freshly written data is in the page cache.
     let ranges: Vec<ReadRange> = (0..200).map(|i| ReadRange::new(i * 5000, 100)).collect();
-    check(&e, "fast", &f, &ranges);
+    check(&Engine::plain(&e), "fast", &f, &ranges);
     let m = e.metrics();
     assert!(m.fast_path_hits > 0, "{m:?}");
 }
@@ -621,4 +681,136 @@ fn every_result_arrives_when_many_workers_race_for_the_last_items() {
     });
     rx.recv_timeout(Duration::from_mins(1))
         .expect("a batch never completed");
+}
+
+/// A configuration that maps files under `policy`.
+fn mapping_engine(policy: MapFiles) -> IoEngine {
+    IoEngine::new(IoConfig {
+        backend: BackendChoice::Uring,
+        map_files: policy,
+        ..IoConfig::default()
+    })
+    .unwrap()
+}
+
+/// Drops `f`'s pages from the page cache: clean pages mapped nowhere go without root, and GNU
+/// dd's `iflag=nocache count=0` asks exactly that (`POSIX_FADV_DONTNEED` on the whole file).
+fn evict(f: &Fixture) {
+    std::fs::File::open(&f.path).unwrap().sync_all().unwrap();
+    let status = std::process::Command::new("dd")
+        .arg(format!("if={}", f.path.display()))
+        .args(["iflag=nocache", "count=0", "status=none"])
+        .status()
+        .expect("dd runs");
+    assert!(status.success(), "dd could not drop {}", f.path.display());
+}
+
+#[test]
+fn mapped_reads_follow_the_policy() {
+    let big = fixture(4 << 20, 21);
+    let small = fixture(64 << 10, 22);
+    let ranges = |f: &Fixture| -> Vec<ReadRequest> {
+        (0..8u64)
+            .map(|i| ReadRequest::new(i, Arc::clone(&f.path), ReadRange::new(i * 8000 + 17, 3000)))
+            .collect()
+    };
+    let read = |e: &IoEngine, f: &Fixture, mapped: bool| -> u64 {
+        let before = e.metrics().mapped_reads;
+        let batch = if mapped {
+            e.submit_mapped(ranges(f))
+        } else {
+            e.submit(ranges(f))
+        };
+        for c in batch {
+            let i = c.id as usize;
+            let b = c.result.unwrap();
+            assert_eq!(&b[..], &f.data[i * 8000 + 17..i * 8000 + 3017]);
+            check_mapped(&b, &f.path, ReadRange::new(0, 1)).unwrap();
+        }
+        e.metrics().mapped_reads - before
+    };
+    // The default policy: cached ranges of large files only, and only for submit_mapped.
+    let e = mapping_engine(MapFiles::default());
+    evict(&big);
+    assert_eq!(
+        read(&e, &big, true),
+        0,
+        "cold ranges are read, not faulted in"
+    );
+    assert_eq!(
+        read(&e, &big, true),
+        8,
+        "now cached: served from the mapping"
+    );
+    assert_eq!(read(&e, &big, false), 0, "submit never maps");
+    assert_eq!(read(&e, &small, true), 0, "files under 1 MiB are read");
+    // Always: every bounded range, cached or not; never: none.
+    let always = mapping_engine(MapFiles::Always);
+    evict(&small);
+    assert_eq!(read(&always, &small, true), 8);
+    assert_eq!(read(&mapping_engine(MapFiles::Never), &big, true), 0);
+    // Whole-file and suffix reads, and ranges past the end, are read (and fail) as usual.
+    let got = always.read_all(vec![
+        ReadRequest::new(0, Arc::clone(&small.path), ReadRange::Suffix(10)),
+        ReadRequest::new(
+            0,
+            Arc::clone(&small.path),
+            ReadRange::new((64 << 10) - 5, 10),
+        ),
+    ]);
+    assert_eq!(
+        &got[0].as_ref().unwrap()[..],
+        &small.data[(64 << 10) - 10..]
+    );
+    assert!(matches!(got[1], Err(IoError::RangePastEof { .. })));
+    assert!("cached".parse::<MapFiles>() == Ok(MapFiles::WhenCached));
+    assert!("sometimes".parse::<MapFiles>().is_err());
+}
+
+/// Another process truncating a mapped file must not kill this one: the bytes it lost read
+/// as zeros, `check_mapped` reports them, and the engine stops using the mapping.
+#[test]
+fn a_file_truncated_under_its_mapping_is_an_error_not_a_crash() {
+    let f = fixture(2 << 20, 23);
+    let e = mapping_engine(MapFiles::Always);
+    let range = ReadRange::new(3 << 19, 10_000);
+    let mut batch = e.submit_mapped([ReadRequest::new(7, Arc::clone(&f.path), range)]);
+    let bytes = batch.next().unwrap().result.unwrap();
+    assert!(batch.next().is_none());
+    drop(batch);
+    assert_eq!(e.metrics().mapped_reads, 1);
+    check_mapped(&bytes, &f.path, range).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f.path)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    // Touching the lost pages raises SIGBUS, which the engine's handler absorbs.
+    assert!(bytes.iter().all(|&b| b == 0), "lost pages read as zeros");
+    match check_mapped(&bytes, &f.path, range) {
+        Err(err @ IoError::FileChanged { .. }) => {
+            assert_eq!(err.range(), range);
+            assert!(err.to_string().contains("shrank"), "{err}");
+        }
+        other => panic!("expected FileChanged, got {other:?}"),
+    }
+    // The damaged mapping serves nothing more: a read sees the new end of the file.
+    let got = e.submit_mapped([ReadRequest::new(0, Arc::clone(&f.path), range)]);
+    let results: Vec<_> = got.map(|c| c.result).collect();
+    assert!(
+        matches!(
+            results[..],
+            [Err(IoError::RangePastEof { file_len: 4096, .. })]
+        ),
+        "{results:?}"
+    );
+    assert_eq!(e.metrics().mapped_reads, 1);
+    // The start of the file is still there and still readable.
+    let head = e.read_all(vec![ReadRequest::new(
+        0,
+        Arc::clone(&f.path),
+        ReadRange::new(0, 100),
+    )]);
+    assert_eq!(&head[0].as_ref().unwrap()[..], &f.data[..100]);
 }

@@ -983,7 +983,8 @@ impl Array {
             if requests.is_empty() {
                 return;
             }
-            for done in core.reader.submit(requests) {
+            // Mapped results are checked below, once decoded.
+            for done in core.reader.submit_mapped(requests) {
                 if ctx.failed.load(Ordering::Acquire) {
                     break;
                 }
@@ -996,6 +997,7 @@ impl Array {
                     continue;
                 };
                 let key = &storages[*storage].key;
+                let path = &storages[*storage].path;
                 match done.result {
                     Ok(bytes) => {
                         let range = *range;
@@ -1009,7 +1011,17 @@ impl Array {
                                 ctx.fail(ZarrError::Cancelled);
                                 return;
                             }
-                            match self.decode_and_stitch(ctx, i, &bytes, grid) {
+                            let decoded = self.decode_and_stitch(ctx, i, &bytes, grid);
+                            // Bytes from a mapping of a file truncated meanwhile read as zeros:
+                            // that, not what the decoder made of them, is the error.
+                            if let Err(e) = zcrop_io::check_mapped(&bytes, path, range) {
+                                ctx.fail(ZarrError::Io {
+                                    at: self.location(key, Some(range)),
+                                    source: Box::new(e),
+                                });
+                                return;
+                            }
+                            match decoded {
                                 Ok(s) => *ctx.stats.lock() += s,
                                 Err(reason) => ctx.fail(ZarrError::Codec {
                                     at: self.location(key, Some(range)),
@@ -1067,6 +1079,10 @@ impl Array {
             stats.bytes_decoded = cost.bytes_decoded;
             let chunk: Arc<[u8]> = chunk.into();
             ctx.stitch_leaf(i, &chunk);
+            if !zcrop_io::mapped_intact(bytes) {
+                // The caller reports it; a chunk decoded from lost bytes is not kept.
+                return Ok(stats);
+            }
             cache.insert(
                 Self::leaf_linear(&leaf.coords, grid),
                 Arc::clone(&chunk),

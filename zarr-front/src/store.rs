@@ -58,6 +58,18 @@ impl Reader {
         }
     }
 
+    /// Submits a batch whose consumer checks each result with `zcrop_io::check_mapped` once
+    /// it is done with the bytes: local reads may then be served from file mappings.
+    pub(crate) fn submit_mapped(
+        &self,
+        requests: impl IntoIterator<Item = ReadRequest>,
+    ) -> Completions {
+        match self {
+            Reader::Local(e) => Completions::Local(e.submit_mapped(requests)),
+            Reader::Object(e) => Completions::Object(e.submit(requests)),
+        }
+    }
+
     /// The store the chunks are in.
     pub(crate) fn store(&self) -> Store {
         match self {

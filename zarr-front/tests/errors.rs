@@ -166,6 +166,45 @@ fn shard_shorter_than_its_index() {
     }
 }
 
+/// A shard truncated by another process after zcrop mapped it: the lost bytes would read as
+/// zeros; the read fails with an IO error naming the key and range instead (and the process
+/// survives the SIGBUS).
+#[test]
+fn a_shard_truncated_while_mapped_is_an_io_error() {
+    let (_d, store) = copy_store("v3_sharded_end");
+    let (name, engine) = engines().remove(2);
+    assert_eq!(name, "mmap");
+    let a = Array::open_with(
+        &store,
+        &OpenOptions {
+            engine: Some(engine.clone()),
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
+    let before = read_all(&a).unwrap();
+    assert!(engine.metrics().mapped_reads > 0);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(store.join("c/0/0"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    // The shard index is cached, so the chunks are read from the (stale) mapping.
+    match read_all(&a) {
+        Err(ZarrError::Io { at, source }) => {
+            assert_eq!(at.key, "c/0/0");
+            assert!(at.range.is_some(), "{at:?}");
+            assert!(
+                matches!(*source, zcrop_io::IoError::FileChanged { .. }),
+                "{source}"
+            );
+        }
+        Ok(after) => panic!("read succeeded; equal to before: {}", after == before),
+        Err(other) => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn invalid_metadata_json() {
     let (_d, store) = copy_store("v3_zstd_checksum_u8");

@@ -1,22 +1,24 @@
 //! Helpers shared by zarr-front's integration tests.
 #![allow(dead_code, unreachable_pub)]
 
-use zcrop_io::{BackendChoice, IoConfig, IoEngine};
+use zcrop_io::{BackendChoice, IoConfig, IoEngine, MapFiles};
 use zcrop_zarr::{Array, OpenOptions};
 
-/// An engine per backend, and one that maps files, so every read path is tested through each.
+/// An engine per backend that only reads, and one that serves every chunk read from file
+/// mappings, so every read path is tested through each. (The default policy maps only files of
+/// 1 MiB or more, larger than any fixture.)
 pub fn engines() -> Vec<(&'static str, IoEngine)> {
     [
-        ("uring", BackendChoice::Uring, false),
-        ("portable", BackendChoice::Portable, false),
-        ("mmap", BackendChoice::Uring, true),
+        ("uring", BackendChoice::Uring, MapFiles::Never),
+        ("portable", BackendChoice::Portable, MapFiles::Never),
+        ("mmap", BackendChoice::Uring, MapFiles::Always),
     ]
     .into_iter()
-    .map(|(name, backend, mmap)| {
+    .map(|(name, backend, map_files)| {
         let e = IoEngine::new(IoConfig {
             backend,
             threads: 2,
-            mmap,
+            map_files,
             ..IoConfig::default()
         })
         .unwrap();
