@@ -503,6 +503,7 @@ impl IoEngine {
         let sink = Arc::new(Sink {
             tx,
             map: map && self.inner.ctx.map_files != MapFiles::Never,
+            dropped: AtomicBool::new(false),
         });
         let unsent: Vec<ReadRequest> = requests.into_iter().collect();
         let total = unsent.len();
@@ -953,6 +954,8 @@ impl Iterator for Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
+        // Reads of this batch still queued are skipped by whoever takes them.
+        self.sink.dropped.store(true, Ordering::Release);
         // Results held for other batches must reach them.
         let ctx = Arc::clone(&self.engine.inner.ctx);
         self.local.flush(&ctx);

@@ -65,6 +65,8 @@ counters!(
     fast_path_misses,
     /// Reads served from a mapping of their file (`IoEngine::submit_mapped`), without a copy.
     mapped_reads,
+    /// Queued reads skipped because their batch had been dropped.
+    skipped_reads,
     /// `io_uring_enter` calls (submissions and waits).
     ring_enters,
     /// Reads retried after `EINTR` or `EAGAIN`.

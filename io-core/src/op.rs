@@ -49,6 +49,10 @@ pub(crate) struct Sink {
     /// The batch's reads may be served from file mappings (`IoEngine::submit_mapped`, with a
     /// policy other than never).
     pub(crate) map: bool,
+    /// The batch was dropped: nobody wants its results, so its reads not yet started are
+    /// skipped (one of them might block forever, like the open of a FIFO nobody writes, and
+    /// must not hold up whoever takes it from the queue, e.g. a consumer of another batch).
+    pub(crate) dropped: AtomicBool,
 }
 
 /// Results sent to a batch in one message. The permits are released when the consumer takes
@@ -374,6 +378,10 @@ fn serve_mapped(op: PhysOp, data: &Bytes, local: &mut Local) {
 
 /// Opens the file and fixes the byte range. Errors and empty ranges are delivered here.
 pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
+    if op.sink.dropped.load(Ordering::Acquire) {
+        local.counters.skipped_reads += 1;
+        return Resolution::Finished;
+    }
     let file = match local.file(&op.path, ctx) {
         Ok(f) => f,
         Err(e) => {

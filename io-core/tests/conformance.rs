@@ -814,3 +814,56 @@ fn a_file_truncated_under_its_mapping_is_an_error_not_a_crash() {
     )]);
     assert_eq!(&head[0].as_ref().unwrap()[..], &f.data[..100]);
 }
+
+/// Reads of a dropped batch that nobody has started are skipped, not left for whoever takes
+/// them next: here a read of a FIFO nobody writes (its open blocks forever) would otherwise
+/// hang the consumer of the next batch, which helps by taking queued reads.
+#[test]
+fn queued_reads_of_a_dropped_batch_do_not_block_other_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = |name: &str| -> Arc<Path> {
+        let p = dir.path().join(name);
+        let status = std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        Arc::from(p.as_path())
+    };
+    let (busy, stuck) = (fifo("busy"), fifo("stuck"));
+    let f = fixture(10_000, 24);
+    let e = IoEngine::new(IoConfig {
+        backend: BackendChoice::Uring,
+        threads: 1,
+        ..IoConfig::default()
+    })
+    .unwrap();
+    // The only IO thread blocks opening `busy` (a batch nobody iterates, so no consumer
+    // helps with it).
+    let held = e.submit([ReadRequest::new(0, Arc::clone(&busy), ReadRange::new(0, 1))]);
+    std::thread::sleep(Duration::from_millis(300));
+    // A read of `stuck` is queued behind it, and its batch is dropped.
+    drop(e.submit([ReadRequest::new(
+        0,
+        Arc::clone(&stuck),
+        ReadRange::new(0, 1),
+    )]));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (e2, path) = (e.clone(), Arc::clone(&f.path));
+    std::thread::spawn(move || {
+        let got = e2.read_all(vec![ReadRequest::new(0, path, ReadRange::new(10, 100))]);
+        tx.send(got.into_iter().next().unwrap().map(|b| b.to_vec()))
+            .unwrap();
+    });
+    let got = rx.recv_timeout(Duration::from_secs(20));
+    // Let the blocked opens go (a writer opening a FIFO pairs with its reader), whatever the
+    // outcome, so no thread stays stuck.
+    for p in [&busy, &stuck] {
+        let p = p.to_path_buf();
+        std::thread::spawn(move || drop(std::fs::OpenOptions::new().write(true).open(p)));
+    }
+    let got = got.expect("the read of another batch hung behind a dropped batch's read");
+    assert_eq!(got.unwrap(), f.data[10..110]);
+    drop(held);
+    assert!(e.metrics().skipped_reads >= 1);
+}

@@ -34,7 +34,7 @@ pub(crate) enum Reader {
 
 /// The results of one batch, from either engine.
 pub(crate) enum Completions {
-    Local(zcrop_io::Batch),
+    Local(Box<zcrop_io::Batch>),
     Object(ObjectBatch),
 }
 
@@ -53,7 +53,7 @@ impl Reader {
     /// Submits a batch to the engine.
     pub(crate) fn submit(&self, requests: impl IntoIterator<Item = ReadRequest>) -> Completions {
         match self {
-            Reader::Local(e) => Completions::Local(e.submit(requests)),
+            Reader::Local(e) => Completions::Local(Box::new(e.submit(requests))),
             Reader::Object(e) => Completions::Object(e.submit(requests)),
         }
     }
@@ -65,7 +65,7 @@ impl Reader {
         requests: impl IntoIterator<Item = ReadRequest>,
     ) -> Completions {
         match self {
-            Reader::Local(e) => Completions::Local(e.submit_mapped(requests)),
+            Reader::Local(e) => Completions::Local(Box::new(e.submit_mapped(requests))),
             Reader::Object(e) => Completions::Object(e.submit(requests)),
         }
     }
