@@ -17,8 +17,12 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
+# The child installs Python's Ctrl-C handler itself: a process started with SIGINT ignored (any
+# command run in the background by a non-interactive shell, e.g. `nohup make test &`) passes
+# that on, and Python then leaves SIGINT ignored, so these tests would wait forever.
 CHILD_PRELUDE = f"""
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {TESTS!r})
 import numpy as np
 import zcrop
