@@ -232,7 +232,8 @@ impl Default for IoConfig {
 impl IoConfig {
     /// The defaults, overridden by `ZCROP_IO_BACKEND` (`auto`, `uring`, `portable`),
     /// `ZCROP_IO_DIRECT` (`1`), `ZCROP_IO_MMAP` (`never`, `cached`, `always`; `0` and `1` for
-    /// never and always), `ZCROP_IO_THREADS` and `ZCROP_IO_QUEUE_DEPTH`. Unparsable values are reported as errors, not ignored.
+    /// never and always), `ZCROP_IO_THREADS` and `ZCROP_IO_QUEUE_DEPTH`. Unparsable values
+    /// are reported as errors, not ignored.
     pub fn from_env() -> Result<Self, EngineError> {
         let mut c = IoConfig::default();
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());

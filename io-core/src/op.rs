@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crossbeam_channel::Sender;
 
 use crate::budget::{Budget, Permit};
-use crate::engine::{MAP_MIN_FILE_BYTES, MapFiles};
+use crate::engine::MapFiles;
 use crate::error::IoError;
 use crate::fdcache::{FdCache, OpenFile};
 use crate::metrics::{Counters, Metrics};
@@ -346,11 +346,12 @@ pub(crate) enum Resolution {
     Finished,
 }
 
-/// The part of `whole` (a mapped file) that serves `op`, if the engine's policy says to serve
-/// it from the mapping: bounded ranges inside the mapping of an intact mapping, and for
-/// [`MapFiles::WhenCached`] only large files and ranges whose pages are all in memory.
-fn mapped_range(op: &PhysOp, whole: &Bytes, policy: MapFiles) -> Option<(usize, usize)> {
-    let ReadRange::Bounded { offset, len } = op.range else {
+/// The part of `whole` (a mapped file) that serves a read of `range`, if the engine's policy
+/// says to serve it from the mapping: bounded ranges inside an intact mapping, and for
+/// [`MapFiles::WhenCached`] only ranges whose pages are all in memory (the file's size was
+/// checked when it was mapped).
+fn mapped_range(range: ReadRange, whole: &Bytes, policy: MapFiles) -> Option<(usize, usize)> {
+    let ReadRange::Bounded { offset, len } = range else {
         return None;
     };
     let end = offset.checked_add(len)?;
@@ -361,9 +362,7 @@ fn mapped_range(op: &PhysOp, whole: &Bytes, policy: MapFiles) -> Option<(usize, 
     match policy {
         MapFiles::Never => None,
         MapFiles::Always => Some((start, end)),
-        MapFiles::WhenCached => ((whole.len() as u64) >= MAP_MIN_FILE_BYTES
-            && sys::resident(whole, start, end))
-        .then_some((start, end)),
+        MapFiles::WhenCached => sys::resident(whole, start, end).then_some((start, end)),
     }
 }
 
@@ -390,10 +389,10 @@ pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
             return Resolution::Finished;
         }
     };
+    // (`sink.map` is never set on an `O_DIRECT` engine.)
     if op.sink.map
-        && file.direct_align.is_none()
         && let Some(whole) = file.mapped(&op.path, ctx.map_files)
-        && let Some((start, end)) = mapped_range(&op, whole, ctx.map_files)
+        && let Some((start, end)) = mapped_range(op.range, whole, ctx.map_files)
     {
         let data = whole.slice(start..end);
         serve_mapped(op, &data, local);

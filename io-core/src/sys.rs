@@ -390,32 +390,46 @@ pub(crate) fn page_size() -> usize {
 /// not write (and does not own), Linux reports only the pages mapped into this process, so
 /// cached pages not touched through the mapping yet count as absent.
 pub(crate) fn resident(bytes: &Bytes, start: usize, end: usize) -> bool {
+    /// Pages asked about per `mincore` call (a range within 64 pages takes one call).
+    const PAGES_PER_CALL: usize = 64;
     if start >= end || end > bytes.len() {
         return start == end;
     }
     let page = page_size();
     let base = bytes.as_ptr() as usize;
-    let first = (base + start) & !(page - 1);
     let last = base + end;
-    let pages = (last - first).div_ceil(page);
-    let mut small = [0u8; 64];
-    let mut large = Vec::new();
-    let vec: &mut [u8] = if pages <= small.len() {
-        &mut small[..pages]
-    } else {
-        large.resize(pages, 0);
-        &mut large
-    };
-    // SAFETY: `first..last` lies within the live mapping `bytes` views (rounded down to its
-    // page, which the mapping starts on), and `vec` has one byte per page of it.
-    let r = unsafe { libc::mincore(first as *mut libc::c_void, last - first, vec.as_mut_ptr()) };
-    r == 0 && vec.iter().all(|v| v & 1 == 1)
+    let mut at = (base + start) & !(page - 1);
+    let mut vec = [0u8; PAGES_PER_CALL];
+    while at < last {
+        let len = (last - at).min(PAGES_PER_CALL * page);
+        // SAFETY: `at..at+len` lies within the live mapping `bytes` views (rounded down to a
+        // page, and the mapping starts on one), and `vec` has room for one byte per page.
+        let r = unsafe { libc::mincore(at as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        if r != 0 || vec[..len.div_ceil(page)].iter().any(|v| v & 1 == 0) {
+            return false;
+        }
+        at += len;
+    }
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// A range of many pages (more than one `mincore` call) of a file just written, so in the
+    /// page cache, owned by this process: resident; ranges outside the mapping are not.
+    #[test]
+    fn resident_pages_of_a_mapped_file() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&vec![7u8; 1 << 20]).unwrap();
+        let whole = map_file(&f.reopen().unwrap()).unwrap();
+        assert!(resident(&whole, 100, (1 << 20) - 7));
+        assert!(resident(&whole, 5000, 5001));
+        assert!(resident(&whole, 10, 10), "an empty range");
+        assert!(!resident(&whole, 10, (1 << 20) + 1), "past the mapping");
+    }
 
     #[test]
     fn plain_and_aligned_reads_round_trip() {
