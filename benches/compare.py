@@ -20,8 +20,12 @@ budget TensorStore's cache pool gets.
 TensorStore gets a 64 MiB cache pool (shard indexes and decoded chunks), batched reads and both cores;
 zarr-python reads crop by crop with its default async concurrency.
 Each reader runs in its own process, --repeats times (order rotated), and the median run counts;
-crops/s count whole batches, after one untimed batch of other crops for warm runs. Cold runs drop the page
-cache before each reader (needs root; said otherwise).
+crops/s count whole batches, after one untimed batch of other crops for warm runs. Before each warm
+run every file of the dataset is read once, so "warm" means the whole dataset is in the page cache
+whichever reader runs first (this machine's page cache can shrink between runs). Cold runs drop
+the page cache before each reader (needs root; said otherwise). Readers run with
+OPENBLAS_NUM_THREADS=1: numpy's BLAS threads are not used by any reader and would otherwise spin
+on the cores the readers decode on.
 
 With `--store s3` the same datasets are uploaded to an S3-compatible server started on loopback
 (moto's) and read from there: zcrop (`s3://` URL with storage_options), zarr-python over obstore
@@ -245,6 +249,17 @@ def drop_caches() -> bool:
         return False
 
 
+def prewarm(path: str) -> int:
+    """Reads every file under `path` once (into the page cache); returns the bytes read."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb", buffering=0) as f:
+                while chunk := f.read(8 << 20):
+                    total += len(chunk)
+    return total
+
+
 def chunks_needed(origins, shape, chunk) -> int:
     """Distinct (1, 1, cy, cx)-chunks the crops of one batch touch (any reader must decode them)."""
     s = set()
@@ -321,11 +336,13 @@ def main() -> None:
                         continue
                     if mode == "cold":
                         drop_caches()
+                    elif mode == "warm":
+                        prewarm(where)
                     cmd = [py, os.path.abspath(__file__), "--worker", r, "--path", where, "--origins", origins_file,
                            "--shape", args.shape, "--zarr-format", str(info.get("zarr_format", 3))]
                     if mode in ("warm", "s3"):
                         cmd.append("--warmup")
-                    env = dict(os.environ)
+                    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
                     if server is not None:
                         env["ZCROP_BENCH_S3_ENDPOINT"] = server.proxy_endpoint
                         gets0 = server.gets()

@@ -86,6 +86,10 @@ pub struct ArrayBenchOptions {
     pub seed: u64,
     /// Drop the page cache first.
     pub cold: bool,
+    /// For a warm run of local files: read every file of the store once first, so the whole
+    /// dataset is in the page cache (skipped, and said so, when it exceeds half the available
+    /// memory).
+    pub prewarm: bool,
     /// IO engine configuration.
     pub io: IoConfig,
     /// Decoded-chunk cache budget (0 = off).
@@ -166,6 +170,10 @@ pub struct ArrayBenchReport {
     pub cold: bool,
     /// Why a requested cold run could not drop the cache.
     pub cold_note: Option<String>,
+    /// Bytes of the store read into the page cache before a warm run (`prewarm`).
+    pub prewarmed_bytes: Option<u64>,
+    /// Why a warm run did not pre-read the store, if it did not.
+    pub prewarm_note: Option<String>,
     /// `O_DIRECT` reads.
     pub direct: bool,
     /// When chunk reads are served from file mappings (`never`, `cached`, `always`; see
@@ -216,7 +224,11 @@ pub fn decode_rate(
     if chunks.is_empty() {
         return Ok(None);
     }
-    let decode_for = |chunks: &[bytes::Bytes]| -> Result<u64> {
+    let threads = threads.max(1);
+    // Every thread copies its sample first; the clocks start together once all have.
+    let ready = std::sync::Barrier::new(threads);
+    let decode_for = |chunks: &[bytes::Bytes]| -> Result<(u64, f64)> {
+        ready.wait();
         let mut decoded = 0u64;
         let start = Instant::now();
         while start.elapsed() < min_time {
@@ -225,17 +237,17 @@ pub fn decode_rate(
                 decoded += 1;
             }
         }
-        Ok(decoded)
+        Ok((decoded, start.elapsed().as_secs_f64()))
     };
-    let start = Instant::now();
-    let decoded: u64 = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads.max(1))
+    let per_thread: Vec<(u64, f64)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
             .map(|_| {
                 // Each thread decodes its own copy, so no two share cache lines of input.
                 let own: Vec<bytes::Bytes> = chunks
                     .iter()
                     .map(|c| bytes::Bytes::copy_from_slice(c))
                     .collect();
+                let decode_for = &decode_for;
                 scope.spawn(move || decode_for(&own))
             })
             .collect();
@@ -245,9 +257,9 @@ pub fn decode_rate(
                 h.join()
                     .map_err(|_| anyhow::anyhow!("a decode thread panicked"))?
             })
-            .sum::<Result<u64>>()
+            .collect::<Result<Vec<_>>>()
     })?;
-    Ok(Some(decoded as f64 / start.elapsed().as_secs_f64()))
+    Ok(Some(per_thread.iter().map(|(n, s)| *n as f64 / s).sum()))
 }
 
 /// Totals of [`ReadStats`] over the timed batches.
@@ -322,6 +334,15 @@ pub fn run_array(
         }
     } else {
         false
+    };
+    let (prewarmed_bytes, prewarm_note) = match url {
+        _ if cold || opts.cold => (None, None),
+        Some(_) => (None, Some("the store is remote".to_string())),
+        None if !opts.prewarm => (None, Some("not asked to".to_string())),
+        None => match prewarm_tree(path)? {
+            Ok(bytes) => (Some(bytes), None),
+            Err(why) => (None, Some(why)),
+        },
     };
     // A URL is read through an object engine of its own (its counters are this run's);
     // local files through an IO engine of the configuration asked for.
@@ -486,6 +507,8 @@ pub fn run_array(
         threads,
         cold,
         cold_note,
+        prewarmed_bytes,
+        prewarm_note,
         direct: opts.io.direct,
         map_files: if opts.io.direct {
             zcrop_io::MapFiles::Never
@@ -532,6 +555,54 @@ pub fn progress_bar(
         bar.set_style(style);
     }
     Some(bar)
+}
+
+/// Reads every file under `root` once, so that a warm run finds the whole dataset in the page
+/// cache rather than only what earlier runs happened to read. `Ok(Err(why))` when it does not:
+/// the files exceed half the memory available (they would not stay cached).
+fn prewarm_tree(root: &std::path::Path) -> Result<std::result::Result<u64, String>> {
+    fn files(dir: &std::path::Path, out: &mut Vec<(PathBuf, u64)>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                files(&entry.path(), out)?;
+            } else if kind.is_file() {
+                out.push((entry.path(), entry.metadata()?.len()));
+            }
+        }
+        Ok(())
+    }
+    let mut all = Vec::new();
+    if root.is_dir() {
+        files(root, &mut all).with_context(|| format!("listing {}", root.display()))?;
+    }
+    let total: u64 = all.iter().map(|(_, n)| n).sum();
+    let Some(available) = mem_available() else {
+        return Ok(Err("available memory unknown".into()));
+    };
+    if total > available / 2 {
+        return Ok(Err(format!(
+            "the store's {} exceed half the available memory ({})",
+            crate::info::human_bytes(total),
+            crate::info::human_bytes(available)
+        )));
+    }
+    let mut read = 0;
+    for (file, _) in &all {
+        let mut f = std::fs::File::open(file).with_context(|| format!("{}", file.display()))?;
+        read += std::io::copy(&mut f, &mut std::io::sink())
+            .with_context(|| format!("reading {}", file.display()))?;
+    }
+    Ok(Ok(read))
+}
+
+/// `MemAvailable` of /proc/meminfo, bytes.
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Options of an io-core benchmark.

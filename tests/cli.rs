@@ -163,6 +163,55 @@ fn bench_reports_stable_json_fields() {
     assert!(v["crops_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["single_core_chunks_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["parallel_decode_chunks_per_s"].as_f64().unwrap() > 0.0);
+    // A warm run of a local store reads all of it first.
+    let store_bytes = tree_bytes(&fixture("v3_workload_4d_u2.zarr"));
+    assert!(store_bytes > 0);
+    assert_eq!(v["prewarmed_bytes"], store_bytes, "{v}");
+    assert!(v["prewarm_note"].is_null(), "{v}");
+}
+
+/// Bytes of the files under `dir`.
+fn tree_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                tree_bytes(&e.path())
+            } else {
+                e.metadata().unwrap().len()
+            }
+        })
+        .sum()
+}
+
+#[test]
+fn bench_without_prewarm_says_so() {
+    let v = json_of(
+        &zcrop()
+            .args(SMALL_BENCH)
+            .arg("--no-prewarm")
+            .arg(fixture("v3_workload_4d_u2.zarr"))
+            .output()
+            .unwrap(),
+    );
+    assert!(v["prewarmed_bytes"].is_null(), "{v}");
+    assert_eq!(v["prewarm_note"], "not asked to");
+    let text = String::from_utf8(
+        zcrop()
+            .args(&SMALL_BENCH[..1])
+            .args(&SMALL_BENCH[2..])
+            .arg("--no-prewarm")
+            .arg(fixture("v3_workload_4d_u2.zarr"))
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        text.contains("warm after the warm-up only (not pre-read: not asked to)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -231,7 +231,7 @@ impl NativeArray {
                 let owned = blocking::run_owned(py, work, move |cancel| {
                     request.execute_owned(&array, cancel)
                 })?;
-                Ok(Some(owned.into_numpy(py)))
+                Ok(Some(owned.into_numpy(py)?))
             }
         }
     }
@@ -243,7 +243,7 @@ impl NativeArray {
             notify,
             move |cancel| request.execute_owned(&array, cancel),
             |py, owned| {
-                let (words, len) = owned.into_numpy(py);
+                let (words, len) = owned.into_numpy(py)?;
                 Ok(
                     PyTuple::new(py, [words.into_any(), len.into_pyobject(py)?.into_any()])?
                         .into_any(),

@@ -140,11 +140,15 @@ pub(crate) struct OwnedOut {
 }
 
 impl OwnedOut {
-    /// A zeroed buffer of `len` bytes (zeroed pages come from the allocator, so this is cheap);
-    /// allocation failure is an error, never an abort.
+    /// A zeroed buffer of `len` bytes: a spare one of an earlier output numpy is done with (see
+    /// `buffer::take_spare`), or a new one; allocation failure is an error, never an abort.
     pub(crate) fn new(len: usize) -> Result<Self, Failure> {
-        let words = bytemuck::allocation::try_zeroed_vec::<u64>(len.div_ceil(8))
-            .map_err(|()| Failure::NoMemory(len))?;
+        let n = len.div_ceil(8);
+        let words = match crate::buffer::take_spare(n) {
+            Some(words) => words,
+            None => bytemuck::allocation::try_zeroed_vec::<u64>(n)
+                .map_err(|()| Failure::NoMemory(len))?,
+        };
         Ok(OwnedOut { words, len })
     }
 
@@ -153,10 +157,10 @@ impl OwnedOut {
         &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
     }
 
-    /// Hands the buffer to numpy without copying: a 1-d `uint64` array owning the words (numpy
-    /// frees them through Rust when the last view goes). The Python side views it as
-    /// `uint8[:len]`, then as the array's dtype and shape.
-    pub(crate) fn into_numpy(self, py: Python<'_>) -> (Bound<'_, PyArray1<u64>>, usize) {
-        (PyArray1::from_vec(py, self.words), self.len)
+    /// Hands the buffer to numpy without copying: a 1-d `uint64` array owning the words (they
+    /// are freed, or kept for the next output of this size, when the last view goes). The Python
+    /// side views it as `uint8[:len]`, then as the array's dtype and shape.
+    pub(crate) fn into_numpy(self, py: Python<'_>) -> PyResult<(Bound<'_, PyArray1<u64>>, usize)> {
+        Ok((crate::buffer::words_to_numpy(py, self.words)?, self.len))
     }
 }

@@ -83,3 +83,40 @@ def test_zero_d_array_has_one_crop():
     got = arr.read_crops(np.zeros((1, 0), dtype=np.int64), ())
     assert got.shape == (1,)
     assert got[0] == arr[()]
+
+
+def _slices(expected, origins, crop):
+    return np.stack([expected[tuple(slice(o, o + c) for o, c in zip(org, crop))] for org in origins])
+
+
+def test_large_outputs_are_reused_only_when_numpy_is_done_with_them():
+    """Outputs of 1 MiB or more go back to zcrop when their last array goes, and the next
+    read of that size reuses them, zeroed and fully rewritten; while any view lives, its memory
+    is not reused."""
+    entry = next(e for e in ENTRIES if e["name"] == "v3_workload_4d_u2")
+    arr, expected = zcrop.open_array(array_path(entry)), np.load(FIXTURES / entry["npy"])
+    crop = [2, 3, 40, 50]
+    n = (2 << 20) // (np.prod(crop) * 2) + 1  # a little over 2 MiB of crops
+    rng = np.random.default_rng(7)
+    batches = [np.stack([rng.integers(0, s - c + 1, size=n) for s, c in zip(arr.shape, crop)], axis=1)
+               for _ in range(3)]
+
+    from zcrop._zcrop import spare_outputs
+
+    nbytes = n * int(np.prod(crop)) * 2
+    first = arr.read_crops(batches[0], crop)
+    kept = spare_outputs()
+    del first
+    assert spare_outputs()[0] == kept[0] + 1, "the dropped output was not kept"
+    second = arr.read_crops(batches[1], crop)
+    assert spare_outputs() == kept, "the kept output was not reused"
+    np.testing.assert_array_equal(second, _slices(expected, batches[1], crop))
+
+    view = second[1:]
+    del second
+    assert spare_outputs() == kept, "memory a live view uses was given back"
+    third = arr.read_crops(batches[2], crop)
+    np.testing.assert_array_equal(view, _slices(expected, batches[1], crop)[1:])
+    np.testing.assert_array_equal(third, _slices(expected, batches[2], crop))
+    del view
+    assert spare_outputs()[1] >= nbytes

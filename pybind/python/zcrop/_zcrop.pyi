@@ -23,6 +23,7 @@ __all__ = [
     "__version__",
     "cli_main",
     "open_node",
+    "spare_outputs",
     "submit_open",
 ]
 
@@ -48,6 +49,9 @@ def open_node(
     """Opens the array or group at ``path`` (a local path or a URL, with ``storage_options``
     as ``(key, value)`` pairs for a URL); arrays keep decoded chunks in a cache of
     ``chunk_cache`` bytes (or a size such as ``"512M"``)."""
+
+def spare_outputs() -> tuple[int, int]:
+    """``(buffers, bytes)`` of the outputs of dropped arrays kept for reuse by later reads."""
 
 def submit_open(
     path: str | PathLike[str],
