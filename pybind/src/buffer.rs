@@ -140,15 +140,20 @@ fn keep_spare(words: Vec<u64>) {
     if bytes(&words) < SPARE_MIN_BYTES || bytes(&words) > SPARE_MAX_BYTES {
         return;
     }
-    let mut spares = SPARES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    spares.push(words);
-    while spares.len() > SPARE_MAX_BUFFERS
-        || spares.iter().map(bytes).sum::<usize>() > SPARE_MAX_BYTES
+    let mut evicted = Vec::new();
     {
-        spares.remove(0);
+        let mut spares = SPARES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        spares.push(words);
+        while spares.len() > SPARE_MAX_BUFFERS
+            || spares.iter().map(bytes).sum::<usize>() > SPARE_MAX_BYTES
+        {
+            evicted.push(spares.remove(0));
+        }
     }
+    // Freed outside the lock: giving large buffers back to the OS takes a while.
+    drop(evicted);
 }
 
 /// Owns the words of a read's output while numpy arrays view them; keeps them for reuse when

@@ -120,3 +120,17 @@ def test_large_outputs_are_reused_only_when_numpy_is_done_with_them():
     np.testing.assert_array_equal(third, _slices(expected, batches[2], crop))
     del view
     assert spare_outputs()[1] >= nbytes
+
+
+def test_at_most_four_outputs_are_kept():
+    from zcrop._zcrop import spare_outputs
+
+    entry = next(e for e in ENTRIES if e["name"] == "v3_workload_4d_u2")
+    arr = zcrop.open_array(array_path(entry))
+    crop = [2, 3, 40, 50]
+    n = (1 << 20) // (np.prod(crop) * 2) + 1
+    outs = [arr.read_crops(np.zeros((n + i, 4), dtype=np.int64), crop) for i in range(6)]
+    del outs
+    count, nbytes = spare_outputs()
+    assert 1 <= count <= 4
+    assert nbytes <= 1 << 30
