@@ -86,9 +86,9 @@ pub struct ArrayBenchOptions {
     pub seed: u64,
     /// Drop the page cache first.
     pub cold: bool,
-    /// For a warm run of local files: read every file of the store once first, so the whole
-    /// dataset is in the page cache (skipped, and said so, when it exceeds half the available
-    /// memory).
+    /// For a warm run of local files: read every file of the array (its directory) once first,
+    /// so all of it is in the page cache (skipped, and said so, when it exceeds half the
+    /// available memory).
     pub prewarm: bool,
     /// IO engine configuration.
     pub io: IoConfig,
@@ -170,7 +170,7 @@ pub struct ArrayBenchReport {
     pub cold: bool,
     /// Why a requested cold run could not drop the cache.
     pub cold_note: Option<String>,
-    /// Bytes of the store read into the page cache before a warm run (`prewarm`).
+    /// Bytes of the array read into the page cache before a warm run (`prewarm`).
     pub prewarmed_bytes: Option<u64>,
     /// Why a warm run did not pre-read the store, if it did not.
     pub prewarm_note: Option<String>,
@@ -339,7 +339,10 @@ pub fn run_array(
         _ if cold || opts.cold => (None, None),
         Some(_) => (None, Some("the store is remote".to_string())),
         None if !opts.prewarm => (None, Some("not asked to".to_string())),
-        None => match prewarm_tree(path)? {
+        None => match prewarm_tree(
+            &array.map_or_else(|| path.to_path_buf(), |a| path.join(a)),
+            opts.progress,
+        )? {
             Ok(bytes) => (Some(bytes), None),
             Err(why) => (None, Some(why)),
         },
@@ -559,8 +562,12 @@ pub fn progress_bar(
 
 /// Reads every file under `root` once, so that a warm run finds the whole dataset in the page
 /// cache rather than only what earlier runs happened to read. `Ok(Err(why))` when it does not:
-/// the files exceed half the memory available (they would not stay cached).
-fn prewarm_tree(root: &std::path::Path) -> Result<std::result::Result<u64, String>> {
+/// the files exceed half the memory available (they would not stay cached). Shows a progress
+/// bar (MB read) when `progress`.
+fn prewarm_tree(
+    root: &std::path::Path,
+    progress: bool,
+) -> Result<std::result::Result<u64, String>> {
     fn files(dir: &std::path::Path, out: &mut Vec<(PathBuf, u64)>) -> std::io::Result<()> {
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
@@ -583,16 +590,28 @@ fn prewarm_tree(root: &std::path::Path) -> Result<std::result::Result<u64, Strin
     };
     if total > available / 2 {
         return Ok(Err(format!(
-            "the store's {} exceed half the available memory ({})",
+            "the array's {} exceed half the available memory ({})",
             crate::info::human_bytes(total),
             crate::info::human_bytes(available)
         )));
     }
+    let bar = progress_bar(
+        progress,
+        Some(total.div_ceil(1_000_000)),
+        None,
+        "MB pre-read",
+    );
     let mut read = 0;
     for (file, _) in &all {
         let mut f = std::fs::File::open(file).with_context(|| format!("{}", file.display()))?;
         read += std::io::copy(&mut f, &mut std::io::sink())
             .with_context(|| format!("reading {}", file.display()))?;
+        if let Some(b) = &bar {
+            b.set_position(read / 1_000_000);
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
     }
     Ok(Ok(read))
 }

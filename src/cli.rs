@@ -247,7 +247,7 @@ struct ArrayBenchArgs {
     /// Generate (or find) the dataset, print its path, and stop.
     #[arg(long)]
     prepare_only: bool,
-    /// Do not read the store's files first (a warm run of a local store normally pre-reads
+    /// Do not read the array's files first (a warm run of a local array normally pre-reads
     /// them into the page cache when they fit in half the available memory).
     #[arg(long)]
     no_prewarm: bool,
@@ -555,7 +555,7 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
             let state = cache_state(r.cold, r.cold_note.as_deref());
             let state = match (&r.prewarmed_bytes, &r.prewarm_note) {
                 _ if r.cold || r.cold_note.is_some() => state,
-                (Some(n), _) => format!("{state}, store pre-read ({})", info::human_bytes(*n)),
+                (Some(n), _) => format!("{state}, array pre-read ({})", info::human_bytes(*n)),
                 (None, Some(why)) => {
                     format!("{state} after the warm-up only (not pre-read: {why})")
                 }

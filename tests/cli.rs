@@ -186,6 +186,32 @@ fn tree_bytes(dir: &std::path::Path) -> u64 {
 }
 
 #[test]
+fn bench_of_an_array_in_a_group_pre_reads_that_array_only() {
+    let group = fixture("v3_hierarchy.zarr");
+    let v = json_of(
+        &zcrop()
+            .args([
+                "bench",
+                "--json",
+                "--crop",
+                "2,10,10",
+                "--batch-size",
+                "2",
+                "--batches",
+                "2",
+                "--array",
+                "images/raw",
+            ])
+            .arg(&group)
+            .output()
+            .unwrap(),
+    );
+    let array_bytes = tree_bytes(&group.join("images/raw"));
+    assert!(array_bytes < tree_bytes(&group));
+    assert_eq!(v["prewarmed_bytes"], array_bytes, "{v}");
+}
+
+#[test]
 fn bench_without_prewarm_says_so() {
     let v = json_of(
         &zcrop()
