@@ -336,7 +336,7 @@ pub fn run_array(
         false
     };
     let (prewarmed_bytes, prewarm_note) = match url {
-        _ if cold || opts.cold => (None, None),
+        _ if opts.cold => (None, None),
         Some(_) => (None, Some("the store is remote".to_string())),
         None if !opts.prewarm => (None, Some("not asked to".to_string())),
         None => match prewarm_tree(
@@ -603,9 +603,7 @@ fn prewarm_tree(
     );
     let mut read = 0;
     for (file, _) in &all {
-        let mut f = std::fs::File::open(file).with_context(|| format!("{}", file.display()))?;
-        read += std::io::copy(&mut f, &mut std::io::sink())
-            .with_context(|| format!("reading {}", file.display()))?;
+        read += read_through(file)?;
         if let Some(b) = &bar {
             b.set_position(read / 1_000_000);
         }
@@ -614,6 +612,13 @@ fn prewarm_tree(
         b.finish_and_clear();
     }
     Ok(Ok(read))
+}
+
+/// Reads the file at `path` once (into the page cache); returns its length.
+fn read_through(path: &std::path::Path) -> Result<u64> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
+    std::io::copy(&mut f, &mut std::io::sink())
+        .with_context(|| format!("reading {}", path.display()))
 }
 
 /// `MemAvailable` of /proc/meminfo, bytes.
@@ -729,8 +734,7 @@ pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchRe
     }
     let reads = opts.reads.min(blocks);
     if opts.prewarm && !opts.cold {
-        let mut f = std::fs::File::open(path)?;
-        std::io::copy(&mut f, &mut std::io::sink())?;
+        read_through(path)?;
     }
     let mut cold_note = None;
     let cold = opts.cold

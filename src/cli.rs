@@ -553,8 +553,8 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
         }
         None => {
             let state = cache_state(r.cold, r.cold_note.as_deref());
+            // (Both are `None` when a cold run was asked for.)
             let state = match (&r.prewarmed_bytes, &r.prewarm_note) {
-                _ if r.cold || r.cold_note.is_some() => state,
                 (Some(n), _) => format!("{state}, array pre-read ({})", info::human_bytes(*n)),
                 (None, Some(why)) => {
                     format!("{state} after the warm-up only (not pre-read: {why})")

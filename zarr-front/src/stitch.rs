@@ -72,7 +72,7 @@ impl<'a> DisjointOut<'a> {
             if let Some(prev) = last_dst
                 && dst > prev
             {
-                self.prefetch_for_write(dst + 4 * (dst - prev), len);
+                self.prefetch_for_write(dst.saturating_add((dst - prev).saturating_mul(4)), len);
             }
             last_dst = Some(dst);
             match transform {
