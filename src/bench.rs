@@ -158,6 +158,10 @@ pub struct ArrayBenchReport {
     pub chunks_per_s: f64,
     /// Bytes decoded per output byte (decode amplification).
     pub decoded_bytes_per_output_byte: f64,
+    /// Bytes decoded over the decoded chunks' full size: below 1 where chunks decode only the
+    /// part crops need. The decode limit is measured on whole chunks, so a read that decodes
+    /// partly can pass 100% of it.
+    pub decoded_share_of_chunks: f64,
     /// Median batch latency, ms.
     pub p50_ms: f64,
     /// 99th percentile batch latency, ms.
@@ -504,6 +508,10 @@ pub fn run_array(
         chunks_per_s,
         decoded_bytes_per_output_byte: totals.bytes_decoded as f64
             / totals.output_bytes.max(1) as f64,
+        decoded_share_of_chunks: totals.bytes_decoded as f64
+            / (totals.chunks_decoded.max(1) as f64
+                * a.chunk_shape().iter().product::<u64>() as f64
+                * a.element_size() as f64),
         p50_ms: percentile(&latencies, 50.0),
         p99_ms: percentile(&latencies, 99.0),
         cpu_cores_used: cpu,

@@ -467,9 +467,17 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
             &mut t,
             "decode limit",
             format!(
-                "{single:.0} chunks/s per core x {} threads; reached {:.0}%",
+                "{single:.0} chunks/s per core x {} threads; reached {:.0}%{}",
                 r.threads,
-                eff * 100.0
+                eff * 100.0,
+                if r.decoded_share_of_chunks < 0.99 {
+                    format!(
+                        " (limit of whole chunks; these decoded {:.0}% of theirs)",
+                        r.decoded_share_of_chunks * 100.0
+                    )
+                } else {
+                    String::new()
+                }
             ),
         );
     }

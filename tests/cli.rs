@@ -163,6 +163,8 @@ fn bench_reports_stable_json_fields() {
     assert!(v["crops_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["single_core_chunks_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["parallel_decode_chunks_per_s"].as_f64().unwrap() > 0.0);
+    let share = v["decoded_share_of_chunks"].as_f64().unwrap();
+    assert!(share > 0.0 && share <= 1.0, "{v}");
     // A warm run of a local store reads all of it first.
     let store_bytes = tree_bytes(&fixture("v3_workload_4d_u2.zarr"));
     assert!(store_bytes > 0);

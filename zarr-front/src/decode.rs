@@ -3,7 +3,10 @@
 //! Chains of the form `bytes` + at most one compressor (zstd, blosc, gzip, zlib) + an optional
 //! trailing `crc32c` take a fast path: the chunk is decompressed straight into a caller buffer
 //! (a reused per-thread scratch buffer, or the crop itself), with one reused zstd context per
-//! thread, and only as far as the crops need where the codec allows stopping early. Every other
+//! thread, and only as far as the crops need where the codec allows stopping early: zstd chunks
+//! of one block through [`crate::zstd_block`], which decodes only the literal streams holding
+//! the needed bytes (several chunks interleaved, see [`LeafDecoder::with_decoded_group`]),
+//! blosc by blocks, gzip and zlib by prefix. Every other
 //! chain (transpose, filters, ...) goes through zarrs' `CodecChain::decode`.
 
 use std::borrow::Cow;
@@ -23,6 +26,7 @@ use zarrs::metadata::{ConfigurationSerialize, Endianness};
 use zarrs::plugin::ExtensionName;
 
 use crate::ffi;
+use crate::zstd_block;
 
 /// A zstd frame decodes block by block; blocks hold up to this many decoded bytes, so stopping
 /// early only saves work when at least this much of the chunk is not needed.
@@ -72,6 +76,10 @@ pub(crate) struct DecodeCost {
 
 thread_local! {
     static ZSTD: RefCell<Option<zstd::zstd_safe::DCtx<'static>>> = const { RefCell::new(None) };
+    /// Literals of single-chunk partial decodes.
+    static ZSTD_BLOCK_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Per-thread buffers of grouped decodes: (chunk, literals) per member.
+    static GROUP: RefCell<Vec<(Vec<u8>, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
 }
 
 fn with_zstd<R>(f: impl FnOnce(&mut zstd::zstd_safe::DCtx<'static>) -> R) -> R {
@@ -226,6 +234,121 @@ impl LeafDecoder {
         matches!(self.kind, Kind::Fast { .. })
     }
 
+    /// Whether chunks decode only their needed part through [`zstd_block`], whose literal
+    /// streams run faster several chunks at a time: see [`Self::with_decoded_group`].
+    pub(crate) fn decodes_in_groups(&self) -> bool {
+        matches!(self.kind, Kind::Fast { compressor: Compressor::Zstd { checksum }, .. }
+            if !(checksum && self.verify_checksums))
+    }
+
+    /// Decodes several chunks, each with the byte range crops need, and calls `f(k, decoded)`
+    /// for each (at least the range valid, as in [`Self::with_decoded`]). zstd chunks of one
+    /// block decode their needed parts together ([`zstd_block::decode_many`]); the others one
+    /// by one. Returns each chunk's cost or error.
+    pub(crate) fn with_decoded_group(
+        &self,
+        items: &[(&[u8], Range<usize>)],
+        mut f: impl FnMut(usize, &[u8]),
+    ) -> Vec<Result<DecodeCost, String>> {
+        let Kind::Fast {
+            compressor: Compressor::Zstd { .. },
+            crc32c,
+            swap_unit,
+        } = &self.kind
+        else {
+            return self.decode_each(items, &mut f);
+        };
+        if !self.decodes_in_groups() {
+            return self.decode_each(items, &mut f);
+        }
+        let full = self.chunk_bytes;
+        GROUP.with(|cell| {
+            let mut bufs = cell.borrow_mut();
+            if bufs.len() < items.len() {
+                bufs.resize_with(items.len(), Default::default);
+            }
+            let mut results: Vec<Option<Result<DecodeCost, String>>> = vec![None; items.len()];
+            let mut members = Vec::with_capacity(items.len());
+            let mut jobs = Vec::with_capacity(items.len());
+            for (k, ((bytes, range), (chunk, literals))) in
+                items.iter().zip(bufs.iter_mut()).enumerate()
+            {
+                let range = self.element_range(range);
+                if range.len() == full {
+                    continue;
+                }
+                match self.strip_crc32c(bytes, *crc32c) {
+                    Ok(src) => {
+                        if chunk.len() != full {
+                            chunk.resize(full, 0);
+                        }
+                        members.push(k);
+                        jobs.push(zstd_block::Job {
+                            src,
+                            out: chunk,
+                            want: range,
+                            scratch: literals,
+                        });
+                    }
+                    Err(e) => results[k] = Some(Err(e)),
+                }
+            }
+            let decoded = zstd_block::decode_many(&mut jobs, zstd_block::MAX_SHARE);
+            drop(jobs);
+            for (&k, r) in members.iter().zip(decoded) {
+                if let Ok(r) = r {
+                    let chunk = &mut bufs[k].0;
+                    if let Some(unit) = swap_unit {
+                        for el in chunk[r.clone()].chunks_exact_mut(*unit) {
+                            el.reverse();
+                        }
+                    }
+                    f(k, chunk);
+                    results[k] = Some(Ok(DecodeCost {
+                        bytes_decoded: r.len() as u64,
+                    }));
+                }
+            }
+            // The rest (whole chunks, several blocks, damaged frames) through libzstd, which
+            // also words the errors.
+            let mut scratch = bufs
+                .first_mut()
+                .map(|b| std::mem::take(&mut b.0))
+                .unwrap_or_default();
+            let out = results
+                .into_iter()
+                .enumerate()
+                .map(|(k, r)| {
+                    r.unwrap_or_else(|| {
+                        let (bytes, range) = &items[k];
+                        self.with_decoded(bytes, range.clone(), &mut scratch, |c| f(k, c))
+                            .map(|((), cost)| cost)
+                    })
+                })
+                .collect();
+            if let Some(b) = bufs.first_mut() {
+                b.0 = scratch;
+            }
+            out
+        })
+    }
+
+    fn decode_each(
+        &self,
+        items: &[(&[u8], Range<usize>)],
+        f: &mut impl FnMut(usize, &[u8]),
+    ) -> Vec<Result<DecodeCost, String>> {
+        let mut scratch = Vec::new();
+        items
+            .iter()
+            .enumerate()
+            .map(|(k, (bytes, range))| {
+                self.with_decoded(bytes, range.clone(), &mut scratch, |c| f(k, c))
+                    .map(|((), cost)| cost)
+            })
+            .collect()
+    }
+
     /// Rounds `range` out to whole elements and clamps it to the chunk.
     fn element_range(&self, range: &Range<usize>) -> Range<usize> {
         let e = self.elsize;
@@ -377,9 +500,24 @@ impl LeafDecoder {
                 range.clone()
             }
             Compressor::Zstd { checksum } => {
-                let stop_early =
-                    !(*checksum && self.verify_checksums) && range.end + ZSTD_MAX_BLOCK <= full;
-                if stop_early {
+                let partial = !(*checksum && self.verify_checksums) && range.len() < full;
+                let within_block = if partial {
+                    ZSTD_BLOCK_SCRATCH.with(|s| {
+                        zstd_block::decode_range(
+                            data,
+                            out,
+                            range.clone(),
+                            &mut s.borrow_mut(),
+                            zstd_block::MAX_SHARE,
+                        )
+                    })
+                } else {
+                    Err(zstd_block::Error::Unsupported("whole chunk"))
+                };
+                let stop_early = partial && range.end + ZSTD_MAX_BLOCK <= full;
+                if let Ok(r) = within_block {
+                    r
+                } else if stop_early {
                     zstd_prefix(data, &mut out[..range.end])?;
                     0..range.end
                 } else {

@@ -43,6 +43,7 @@ mod stitch;
 mod store;
 mod throttle;
 pub mod transform;
+mod zstd_block;
 
 pub use array::{
     Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadStats, StorageSummary,
