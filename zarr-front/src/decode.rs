@@ -236,9 +236,12 @@ impl LeafDecoder {
 
     /// Whether chunks decode only their needed part through [`zstd_block`], whose literal
     /// streams run faster several chunks at a time: see [`Self::with_decoded_group`].
+    /// Only chunks that fit one zstd block (128 KiB decoded) qualify: larger ones are frames of
+    /// several blocks, which libzstd decodes, and the group's buffers are chunk-sized.
     pub(crate) fn decodes_in_groups(&self) -> bool {
-        matches!(self.kind, Kind::Fast { compressor: Compressor::Zstd { checksum }, .. }
-            if !(checksum && self.verify_checksums))
+        self.chunk_bytes <= ZSTD_MAX_BLOCK
+            && matches!(self.kind, Kind::Fast { compressor: Compressor::Zstd { checksum }, .. }
+                if !(checksum && self.verify_checksums))
     }
 
     /// Decodes several chunks, each with the byte range crops need, and calls `f(k, decoded)`
@@ -501,7 +504,8 @@ impl LeafDecoder {
             }
             Compressor::Zstd { checksum } => {
                 let partial = !(*checksum && self.verify_checksums) && range.len() < full;
-                let within_block = if partial {
+                // Only a chunk that fits one block can be a one-block frame.
+                let within_block = if partial && full <= ZSTD_MAX_BLOCK {
                     ZSTD_BLOCK_SCRATCH.with(|s| {
                         zstd_block::decode_range(
                             data,
