@@ -1101,7 +1101,7 @@ fn execute(sequences: &[Sequence], lo: usize, out: &mut [u8], scratch: &[u8], en
 /// contains `want`), or why the job was not decoded. A job whose needed streams hold more
 /// than `max_share` of its block's literals is left undecoded ([`Error::Unsupported`]).
 pub(crate) fn decode_many(jobs: &mut [Job<'_>], max_share: f64) -> Vec<Result<Range<usize>>> {
-    let mut parsed: Vec<Result<Parsed<'_>>> = jobs
+    let parsed: Vec<Result<Parsed<'_>>> = jobs
         .iter()
         .map(|j| {
             let full = j.out.len();
@@ -1150,10 +1150,10 @@ pub(crate) fn decode_many(jobs: &mut [Job<'_>], max_share: f64) -> Vec<Result<Ra
         }
     }
     jobs.iter_mut()
-        .zip(parsed.iter_mut())
+        .zip(parsed)
         .zip(written)
         .map(|((job, p), w)| {
-            let p = std::mem::replace(p, Err(Error::Unsupported("taken")))?;
+            let p = p?;
             let w = w?;
             if p.sequences.is_empty() {
                 return Ok(w);
