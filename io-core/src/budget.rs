@@ -17,6 +17,8 @@ pub const DEFAULT_MAX_REQUESTS: usize = 4096;
 /// Default cap on bytes in flight in one process (`ZCROP_IO_MAX_BYTES` overrides it): 1 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 
+static GLOBAL: OnceLock<Arc<Budget>> = OnceLock::new();
+
 /// A limit on requests and bytes in flight.
 #[derive(Debug)]
 pub struct Budget {
@@ -46,7 +48,6 @@ impl Budget {
     /// The process-wide budget every engine uses unless given another. Its limits come from
     /// `ZCROP_IO_MAX_REQUESTS` and `ZCROP_IO_MAX_BYTES` when set, else the defaults.
     pub fn global() -> &'static Arc<Budget> {
-        static GLOBAL: OnceLock<Arc<Budget>> = OnceLock::new();
         GLOBAL.get_or_init(|| {
             let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
             Budget::new(
@@ -54,6 +55,16 @@ impl Budget {
                 env("ZCROP_IO_MAX_BYTES").unwrap_or(DEFAULT_MAX_BYTES),
             )
         })
+    }
+
+    /// How a permit of this budget refers to it: the global budget without a reference count
+    /// (permits are made and merged for every read, on several threads at once; a shared count
+    /// would be one contended atomic update more per read).
+    fn holder(self: &Arc<Self>) -> Holder {
+        match GLOBAL.get() {
+            Some(g) if Arc::ptr_eq(g, self) => Holder::Global(g),
+            _ => Holder::Shared(Arc::clone(self)),
+        }
     }
 
     /// The request limit.
@@ -77,7 +88,14 @@ impl Budget {
     /// Takes one request of `bytes` bytes if the budget allows it now. A read larger than the
     /// whole byte budget is admitted when nothing else holds bytes, so it cannot starve.
     pub fn try_acquire(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
-        let p = self.take(bytes);
+        self.try_acquire_many(1, bytes)
+    }
+
+    /// Takes `requests` requests and `bytes` bytes at once, all or nothing, if the budget allows
+    /// it now: a reader that takes credit for its next reads in one update of the shared
+    /// counters and hands it out with [`Permit::split`].
+    pub fn try_acquire_many(self: &Arc<Self>, requests: usize, bytes: u64) -> Option<Permit> {
+        let p = self.take(requests, bytes);
         if p.is_none() {
             // A request slot taken and given back may have let another waiter in.
             self.notify_waiters();
@@ -85,13 +103,13 @@ impl Budget {
         p
     }
 
-    /// [`Budget::try_acquire`] without waking waiters on failure, for callers that hold
+    /// [`Budget::try_acquire_many`] without waking waiters on failure, for callers that hold
     /// `self.lock` (waking would lock it again).
-    fn take(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
+    fn take(self: &Arc<Self>, requests: usize, bytes: u64) -> Option<Permit> {
         // Compare-and-swap, so the counters never exceed the limits, not even for an instant.
         self.requests
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                (r < self.max_requests).then_some(r + 1)
+                (r + requests <= self.max_requests).then_some(r + requests)
             })
             .ok()?;
         let took_bytes = self
@@ -102,12 +120,12 @@ impl Budget {
             })
             .is_ok();
         if !took_bytes {
-            self.requests.fetch_sub(1, Ordering::AcqRel);
+            self.requests.fetch_sub(requests, Ordering::AcqRel);
             return None;
         }
         Some(Permit {
-            budget: Arc::clone(self),
-            requests: 1,
+            budget: self.holder(),
+            requests,
             bytes,
         })
     }
@@ -127,7 +145,7 @@ impl Budget {
             // Re-check under the lock: a release between the failed try and here notifies
             // under the same lock, so the wake-up cannot be lost. (`take`, not `try_acquire`:
             // its wake-up would lock `self.lock` again and deadlock.)
-            if let Some(p) = self.take(bytes) {
+            if let Some(p) = self.take(1, bytes) {
                 self.waiters.fetch_sub(1, Ordering::AcqRel);
                 return Some(p);
             }
@@ -155,10 +173,38 @@ impl Budget {
     }
 }
 
+/// How a [`Permit`] refers to its budget.
+#[derive(Debug)]
+enum Holder {
+    /// [`Budget::global`], which lives as long as the process.
+    Global(&'static Budget),
+    Shared(Arc<Budget>),
+}
+
+impl Holder {
+    fn budget(&self) -> &Budget {
+        match self {
+            Holder::Global(b) => b,
+            Holder::Shared(b) => b,
+        }
+    }
+
+    fn same(&self, other: &Holder) -> bool {
+        std::ptr::eq(self.budget(), other.budget())
+    }
+
+    fn share(&self) -> Holder {
+        match self {
+            Holder::Global(b) => Holder::Global(b),
+            Holder::Shared(b) => Holder::Shared(Arc::clone(b)),
+        }
+    }
+}
+
 /// A share of a [`Budget`]: one request (or several, merged) and its bytes; released on drop.
 #[derive(Debug)]
 pub struct Permit {
-    budget: Arc<Budget>,
+    budget: Holder,
     requests: usize,
     bytes: u64,
 }
@@ -178,12 +224,28 @@ impl Permit {
     /// shared counters instead of one per request). Fails, returning `other`, if it belongs to
     /// another budget.
     pub fn merge(&mut self, mut other: Permit) -> Result<(), Permit> {
-        if !Arc::ptr_eq(&self.budget, &other.budget) {
+        if !self.budget.same(&other.budget) {
             return Err(other);
         }
         self.requests += std::mem::take(&mut other.requests);
         self.bytes += std::mem::take(&mut other.bytes);
         Ok(())
+    }
+
+    /// Splits one request of `bytes` bytes off this permit (credit taken ahead with
+    /// [`Budget::try_acquire_many`]), if it holds that much; the shared counters are not
+    /// touched.
+    pub fn split(&mut self, bytes: u64) -> Option<Permit> {
+        if self.requests == 0 || self.bytes < bytes {
+            return None;
+        }
+        self.requests -= 1;
+        self.bytes -= bytes;
+        Some(Permit {
+            budget: self.budget.share(),
+            requests: 1,
+            bytes,
+        })
     }
 
     /// Re-charges the permit for `bytes` bytes, without waiting: for a read whose size was
@@ -193,13 +255,13 @@ impl Permit {
     pub fn resize(&mut self, bytes: u64) {
         if bytes > self.bytes {
             self.budget
+                .budget()
                 .bytes
                 .fetch_add(bytes - self.bytes, Ordering::AcqRel);
         } else if bytes < self.bytes {
-            self.budget
-                .bytes
-                .fetch_sub(self.bytes - bytes, Ordering::AcqRel);
-            self.budget.notify_waiters();
+            let budget = self.budget.budget();
+            budget.bytes.fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            budget.notify_waiters();
         }
         self.bytes = bytes;
     }
@@ -207,7 +269,7 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.budget.release(self.requests, self.bytes);
+        self.budget.budget().release(self.requests, self.bytes);
     }
 }
 
@@ -314,6 +376,48 @@ mod tests {
         assert_eq!(other.in_flight(), (0, 0));
         drop(p);
         assert_eq!(b.in_flight(), (0, 0), "all three released at once");
+    }
+
+    #[test]
+    fn credit_is_taken_at_once_and_split_without_touching_the_counters() {
+        let b = Budget::new(4, 100);
+        let mut credit = b.try_acquire_many(3, 30).unwrap();
+        assert_eq!(b.in_flight(), (3, 30));
+        assert!(b.try_acquire_many(2, 10).is_none(), "all or nothing");
+        assert_eq!(b.in_flight(), (3, 30), "a refused request takes nothing");
+        let one = credit.split(10).unwrap();
+        let two = credit.split(15).unwrap();
+        assert!(credit.split(10).is_none(), "5 bytes are left");
+        assert_eq!((credit.requests(), credit.bytes()), (1, 5));
+        assert_eq!(b.in_flight(), (3, 30), "splitting moves nothing");
+        drop(one);
+        assert_eq!(b.in_flight(), (2, 20));
+        drop(credit);
+        assert_eq!(b.in_flight(), (1, 15));
+        drop(two);
+        assert_eq!(b.in_flight(), (0, 0));
+        let mut last = b.try_acquire_many(1, 10).unwrap();
+        assert!(last.split(0).is_some());
+        assert!(last.split(0).is_none(), "no request left");
+    }
+
+    #[test]
+    fn permits_of_the_global_budget_merge_only_with_each_other() {
+        let g = Budget::global();
+        let mut a = g.try_acquire(1).unwrap();
+        a.merge(g.try_acquire(2).unwrap()).unwrap();
+        let mut credit = g.try_acquire_many(2, 6).unwrap();
+        a.merge(credit.split(3).unwrap()).unwrap();
+        assert_eq!((a.requests(), a.bytes()), (3, 6));
+        let other = Budget::new(1, 10);
+        let foreign = a.merge(other.try_acquire(4).unwrap()).unwrap_err();
+        drop(foreign);
+        assert_eq!(other.in_flight(), (0, 0));
+        let mut o = other.try_acquire(1).unwrap();
+        assert!(
+            o.merge(credit).is_err(),
+            "a global permit does not join another budget's"
+        );
     }
 
     #[test]

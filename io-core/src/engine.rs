@@ -15,7 +15,8 @@ use crate::error::{EngineError, IoError};
 use crate::fdcache::FdCache;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::op::{
-    Attempt, Ctx, Delivery, Local, Part, Parts, PhysOp, RUN_LEN, Resolution, Sink, Work, resolve,
+    Attempt, Ctx, Delivery, Local, Part, Parts, PhysOp, RUN_LEN, Resolution, Run, Sink, Target,
+    Work, resolve,
 };
 use crate::portable;
 use crate::request::{Completion, ReadRange, ReadRequest};
@@ -567,19 +568,10 @@ impl Inner {
         match &self.queue {
             Some(q) => match q.send(work) {
                 Ok(()) => self.wake(),
-                Err(crossbeam_channel::SendError(w)) => fail_work(w, local),
+                Err(crossbeam_channel::SendError(w)) => w.fail_shutdown(local),
             },
-            None => fail_work(work, local),
+            None => work.fail_shutdown(local),
         }
-    }
-}
-
-/// Fails a work item because the engine is gone.
-fn fail_work(work: Work, local: &mut Local) {
-    match work {
-        Work::Fresh(run) => run.into_iter().for_each(|op| op.fail_shutdown(local)),
-        Work::Resolved(r) => r.fail_shutdown(local),
-        Work::Missed(a) => (*a).fail_shutdown(local),
     }
 }
 
@@ -599,12 +591,14 @@ impl Drop for Inner {
 }
 
 /// Groups requests by file and plans the physical reads: coalesced bounded ranges, one read per
-/// distinct suffix length, one read for all whole-file requests.
+/// distinct suffix length, one read for all whole-file requests; in runs of at most `run_len`
+/// reads, each with the number of requests it serves.
 fn plan(
     requests: impl IntoIterator<Item = ReadRequest>,
     limits: CoalesceLimits,
     sink: &Arc<Sink>,
-) -> Vec<PhysOp> {
+    run_len: usize,
+) -> Vec<(Run, usize)> {
     #[derive(Default)]
     struct FileReqs {
         bounded: Vec<(u64, u64)>,
@@ -633,8 +627,11 @@ fn plan(
             ReadRange::Suffix(n) => f.suffix.push((n, r.id)),
         }
     }
+    // Reads grouped by file; `target` is the file's index in `files` until the runs are cut.
     let mut ops = Vec::new();
-    for (path, f) in files {
+    let mut paths = Vec::with_capacity(files.len());
+    for (target, (path, f)) in files.into_iter().enumerate() {
+        paths.push(path);
         let planned = coalesce(&f.bounded, limits);
         for (m, members) in planned.iter() {
             let part = |mem: &crate::coalesce::Member| {
@@ -651,13 +648,12 @@ fn plan(
                 many => Parts::Many(many.iter().map(part).collect()),
             };
             ops.push(PhysOp {
-                path: Arc::clone(&path),
+                target,
                 range: ReadRange::Bounded {
                     offset: m.offset,
                     len: m.len,
                 },
                 parts,
-                sink: Arc::clone(sink),
             });
         }
         let whole_parts = |ids: &mut dyn Iterator<Item = u64>, range: ReadRange| -> Parts {
@@ -673,10 +669,9 @@ fn plan(
         };
         if !f.whole.is_empty() {
             ops.push(PhysOp {
-                path: Arc::clone(&path),
+                target,
                 range: ReadRange::Whole,
                 parts: whole_parts(&mut f.whole.into_iter(), ReadRange::Whole),
-                sink: Arc::clone(sink),
             });
         }
         let mut suffix = f.suffix;
@@ -684,14 +679,39 @@ fn plan(
         for group in suffix.chunk_by(|a, b| a.0 == b.0) {
             let range = ReadRange::Suffix(group[0].0);
             ops.push(PhysOp {
-                path: Arc::clone(&path),
+                target,
                 range,
                 parts: whole_parts(&mut group.iter().map(|&(_, id)| id), range),
-                sink: Arc::clone(sink),
             });
         }
     }
-    ops
+    // Cut into runs; each run gets one target per file it reads (its reads of a file are
+    // consecutive) and its reads index those.
+    let mut runs = Vec::with_capacity(ops.len().div_ceil(run_len));
+    let mut ops = ops.into_iter().peekable();
+    while ops.peek().is_some() {
+        let mut targets: Vec<Target> = Vec::new();
+        let mut file = usize::MAX;
+        let mut requests = 0;
+        let run: Vec<PhysOp> = ops
+            .by_ref()
+            .take(run_len)
+            .map(|mut op| {
+                if op.target != file {
+                    file = op.target;
+                    targets.push(Target {
+                        path: Arc::clone(&paths[file]),
+                        sink: Arc::clone(sink),
+                    });
+                }
+                op.target = targets.len() - 1;
+                requests += op.parts.as_slice().len();
+                op
+            })
+            .collect();
+        runs.push((Run { targets, ops: run }, requests));
+    }
+    runs
 }
 
 /// Rings started on a machine of `cores` cores when the caller does not say. The threads that
@@ -727,7 +747,7 @@ pub struct Batch {
     /// Requests planned so far.
     sent: usize,
     /// Planned runs not yet handed to the workers, with the requests each serves.
-    planned: VecDeque<(Vec<PhysOp>, usize)>,
+    planned: VecDeque<(Run, usize)>,
     /// Requests handed to the workers so far.
     queued: usize,
     /// Requests handed out but not yet returned, at most (see [`READ_AHEAD_DEPTHS`]).
@@ -778,15 +798,8 @@ impl Batch {
                 }
                 let group: Vec<ReadRequest> = self.unsent.by_ref().take(PLAN_GROUP).collect();
                 self.sent += group.len();
-                let mut ops = plan(group, inner.coalesce, &self.sink).into_iter();
-                loop {
-                    let run: Vec<PhysOp> = ops.by_ref().take(inner.run_len).collect();
-                    if run.is_empty() {
-                        break;
-                    }
-                    let requests = run.iter().map(|op| op.parts.as_slice().len()).sum();
-                    self.planned.push_back((run, requests));
-                }
+                self.planned
+                    .extend(plan(group, inner.coalesce, &self.sink, inner.run_len));
                 continue;
             };
             self.queued += requests;
@@ -796,7 +809,7 @@ impl Batch {
                 None => Err(Work::Fresh(run)),
             };
             if let Err(w) = sent {
-                fail_work(w, &mut self.local);
+                w.fail_shutdown(&mut self.local);
             }
         }
         if handed_out {
@@ -873,13 +886,16 @@ impl Batch {
             }
         };
         let ctx = &inner.ctx;
-        let mut ops = run.into_iter();
+        let Run { targets, ops } = run;
+        let mut ops = ops.into_iter();
         while let Some(op) = ops.next() {
-            if let Some((handed_back, short_of_budget)) = self.help_one(op, &inner) {
+            let target = &targets[op.target];
+            if let Some((handed_back, short_of_budget)) = self.help_one(op, target, &inner) {
                 // The rest of the run goes back too, to the workers that wait for it.
                 let rest: Vec<PhysOp> = ops.collect();
                 inner.requeue(handed_back, &mut self.local);
                 if !rest.is_empty() {
+                    let rest = Run { targets, ops: rest };
                     inner.requeue(Work::Fresh(rest), &mut self.local);
                 }
                 if short_of_budget {
@@ -893,26 +909,31 @@ impl Batch {
                 self.local.flush(ctx);
             }
         }
+        // Budget taken ahead for this run must not outlive it: this thread may wait next.
+        self.local.release_credit();
         self.collect_own()
     }
 
-    /// Reads `op` from the page cache; returns what must go back to the workers when it could
-    /// not, and whether that was for lack of budget (a miss pauses or stops helping as the
-    /// outcome says).
-    fn help_one(&mut self, op: PhysOp, inner: &Inner) -> Option<(Work, bool)> {
+    /// Reads `op` (of a run for `target`) from the page cache; returns what must go back to
+    /// the workers when it could not, and whether that was for lack of budget (a miss pauses
+    /// or stops helping as the outcome says).
+    fn help_one(&mut self, op: PhysOp, target: &Target, inner: &Inner) -> Option<(Work, bool)> {
         let ctx = &inner.ctx;
         if ctx.shutting_down() {
-            op.fail_shutdown(&mut self.local);
+            op.fail_shutdown(target, &mut self.local);
             return None;
         }
-        let resolved = match resolve(op, ctx, &mut self.local) {
+        let resolved = match resolve(op, target, ctx, &mut self.local) {
             Resolution::Read(r) => r,
             Resolution::Finished => return None,
         };
-        let Some(permit) = ctx.budget.try_acquire(resolved.charge()) else {
-            return Some((Work::Resolved(resolved), true));
+        let Some(permit) = self.local.charge(&ctx.budget, resolved.charge()) else {
+            return Some((Work::Resolved(resolved, target.clone()), true));
         };
-        match resolved.activate(permit).try_cached(ctx, &mut self.local) {
+        match resolved
+            .activate(permit)
+            .try_cached(target, &mut self.local)
+        {
             Attempt::Done => {
                 self.misses_in_a_row = 0;
                 None
@@ -923,11 +944,13 @@ impl Batch {
                     self.misses_in_a_row = 0;
                     self.help_resume_at = self.returned() + HELP_PAUSE;
                 }
-                Some((Work::Missed(Box::new(active.release_budget())), false))
+                let back = Work::Missed(Box::new(active.release_budget()), target.clone());
+                Some((back, false))
             }
             Attempt::Unsupported(active) => {
                 self.helping = false;
-                Some((Work::Missed(Box::new(active.release_budget())), false))
+                let back = Work::Missed(Box::new(active.release_budget()), target.clone());
+                Some((back, false))
             }
         }
     }
@@ -965,7 +988,57 @@ impl Drop for Batch {
 
 #[cfg(test)]
 mod tests {
-    use super::default_rings;
+    use super::*;
+
+    /// Runs hold reads of several files; each read names its own file's target, and a run has
+    /// one target per file it reads.
+    #[test]
+    fn runs_index_one_target_per_file_they_read() {
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        let sink = Arc::new(Sink {
+            tx,
+            map: false,
+            dropped: AtomicBool::new(false),
+        });
+        let paths: Vec<Arc<Path>> = ["a", "b", "c"]
+            .iter()
+            .map(|p| Arc::from(Path::new(p)))
+            .collect();
+        let mut requests = Vec::new();
+        let mut named = HashMap::new();
+        for (file, reads) in [(0, 3), (1, 1), (2, 6), (0, 2)] {
+            for k in 0..reads {
+                let id = requests.len() as u64;
+                let offset = (k + 10 * u64::from(file == 0 && reads == 2)) * 100;
+                requests.push(ReadRequest::new(
+                    id,
+                    Arc::clone(&paths[file]),
+                    ReadRange::new(offset, 10),
+                ));
+                named.insert(id, Arc::clone(&paths[file]));
+            }
+        }
+        let no_merging = CoalesceLimits {
+            max_gap: 0,
+            max_merged_len: 1,
+        };
+        let runs = plan(requests, no_merging, &sink, 4);
+        let shape: Vec<(usize, usize, usize)> = runs
+            .iter()
+            .map(|(r, n)| (r.ops.len(), *n, r.targets.len()))
+            .collect();
+        // a: 5 reads, b: 1, c: 6, cut in fours: [a a a a] [a b c c] [c c c c].
+        assert_eq!(shape, vec![(4, 4, 1), (4, 4, 3), (4, 4, 1)]);
+        for (run, _) in &runs {
+            for op in &run.ops {
+                let t = &run.targets[op.target];
+                assert!(Arc::ptr_eq(&t.sink, &sink));
+                for part in op.parts.as_slice() {
+                    assert_eq!(t.path, named[&part.id], "request {}", part.id);
+                }
+            }
+        }
+    }
 
     #[test]
     fn default_rings_leave_a_core_to_helping_consumers() {

@@ -77,4 +77,7 @@ counters!(
     errors,
     /// Files that refused `O_DIRECT` and were read buffered instead.
     direct_fallbacks,
+    /// Times a thread that kept reading one file opened its own copy of it to read through
+    /// (see io-core's `OpenFile::reopen`).
+    own_files,
 );

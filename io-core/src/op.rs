@@ -102,38 +102,91 @@ impl Parts {
 /// A planned physical read.
 #[derive(Debug)]
 pub(crate) struct PhysOp {
-    pub(crate) path: Arc<Path>,
+    /// The file it reads and the batch its results go to: an index into its run's targets.
+    pub(crate) target: usize,
     pub(crate) range: ReadRange,
     pub(crate) parts: Parts,
+}
+
+/// The file a read reads and the batch its results go to. The reads of a [`Run`] share their
+/// run's targets (one per file), so a read served within its run touches no reference count of
+/// its own (on cached 4 KiB reads, two threads updating the counts of one shared path and batch
+/// for every read cost several percent of the reads per second); a read that leaves its run
+/// (to the ring, or back to the queue) takes a copy of its target along.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) path: Arc<Path>,
     pub(crate) sink: Arc<Sink>,
+}
+
+/// Planned reads of one batch, queued together: one queue operation per run instead of one per
+/// read.
+#[derive(Debug)]
+pub(crate) struct Run {
+    /// One per file the run reads, in the order of its reads.
+    pub(crate) targets: Vec<Target>,
+    /// At most [`RUN_LEN`], never empty.
+    pub(crate) ops: Vec<PhysOp>,
 }
 
 /// An item of an engine's work queue.
 #[derive(Debug)]
 pub(crate) enum Work {
-    /// A run of planned reads nobody has touched (at most [`RUN_LEN`], never empty), queued
-    /// together: one queue operation per run instead of one per read.
-    Fresh(Vec<PhysOp>),
+    /// A run of planned reads nobody has touched.
+    Fresh(Run),
     /// A read whose file is open, not yet charged to the budget.
-    Resolved(Resolved),
+    Resolved(Resolved, Target),
     /// A read whose data was not in the page cache (found by a non-blocking attempt): it needs
     /// the device, so only a backend worker may take it. It holds its buffer but no budget (a
     /// queued item must not hold budget that the workers wait for); the worker charges it again.
-    Missed(Box<Active>),
+    Missed(Box<Active>, Target),
+}
+
+impl Work {
+    /// Fails every request of the item because the engine is shutting down (or gone).
+    pub(crate) fn fail_shutdown(self, local: &mut Local) {
+        match self {
+            Work::Fresh(run) => {
+                for op in run.ops {
+                    let t = &run.targets[op.target];
+                    op.fail_shutdown(t, local);
+                }
+            }
+            Work::Resolved(r, t) => r.fail_shutdown(&t, local),
+            Work::Missed(a, t) => a.fail_shutdown(&t, local),
+        }
+    }
 }
 
 /// Planned reads per [`Work::Fresh`] run. Whoever takes a run reads all of it, so runs stay
 /// short: a run is also the unit by which IO threads and helping consumers share work.
 pub(crate) const RUN_LEN: usize = 16;
 
+/// Reads of one file in a row after which a thread reads it through its own open file
+/// ([`OpenFile::reopen`]). Opening costs a few microseconds; this many reads make that cost
+/// negligible, and a thread that hops between files never pays it.
+const OWN_FILE_AFTER: u32 = 1024;
+
+/// Reads whose budget a thread takes ahead at once ([`Local::charge`]): one update of the
+/// shared counters per this many reads instead of per read.
+const CREDIT_READS: usize = 16;
+/// Reads larger than this are charged one by one (credit for many of them would hold a large
+/// share of the byte budget idle).
+const CREDIT_MAX_READ: u64 = 64 << 10;
+
 /// Per-thread state of a worker (or a helping consumer): results not yet delivered, counters
-/// not yet published, and the last file used.
+/// not yet published, the last file used, and budget taken ahead.
 #[derive(Debug, Default)]
 pub(crate) struct Local {
     pending: Vec<(Arc<Sink>, Delivery)>,
     pending_count: usize,
     pub(crate) counters: Counters,
     last_file: Option<(Arc<Path>, Arc<OpenFile>)>,
+    /// Uses of `last_file` in a row.
+    streak: u32,
+    /// Budget taken for this thread's next reads and not yet handed to one; given back at
+    /// every flush, so a thread never sits on budget while it waits.
+    credit: Option<Permit>,
 }
 
 impl Local {
@@ -177,6 +230,7 @@ impl Local {
     /// Publishes the counters and sends every buffered delivery. Counters go first: whoever
     /// receives a delivery then also sees the counts of the reads that made it.
     pub(crate) fn flush(&mut self, ctx: &Ctx) {
+        self.release_credit();
         ctx.metrics.publish(&mut self.counters);
         for (sink, d) in self.pending.drain(..) {
             // A dropped batch no longer listens; its permits are released right here.
@@ -196,11 +250,44 @@ impl Local {
         Some(d)
     }
 
-    /// The open file for `path`, from the last one used or the engine's cache.
+    /// Budget for one read of `bytes`: from this thread's credit, which is refilled for
+    /// [`CREDIT_READS`] reads of this size when it runs short (small reads only); `None` when
+    /// the budget cannot spare even this one read now.
+    pub(crate) fn charge(&mut self, budget: &Arc<Budget>, bytes: u64) -> Option<Permit> {
+        if let Some(p) = self.credit.as_mut().and_then(|c| c.split(bytes)) {
+            return Some(p);
+        }
+        // What is left goes back before more is taken.
+        self.credit = None;
+        if bytes <= CREDIT_MAX_READ
+            && let Some(mut credit) =
+                budget.try_acquire_many(CREDIT_READS, bytes * CREDIT_READS as u64)
+        {
+            let p = credit.split(bytes);
+            self.credit = Some(credit);
+            return p;
+        }
+        budget.try_acquire(bytes)
+    }
+
+    /// Gives back the budget taken ahead and not used.
+    pub(crate) fn release_credit(&mut self) {
+        self.credit = None;
+    }
+
+    /// The open file for `path`, from the last one used or the engine's cache. After
+    /// [`OWN_FILE_AFTER`] uses in a row, this thread reads the file through its own copy.
     fn file(&mut self, path: &Arc<Path>, ctx: &Ctx) -> std::io::Result<Arc<OpenFile>> {
-        if let Some((p, f)) = &self.last_file
+        if let Some((p, f)) = &mut self.last_file
             && (Arc::ptr_eq(p, path) || **p == **path)
         {
+            self.streak = self.streak.saturating_add(1);
+            if self.streak == OWN_FILE_AFTER
+                && let Some(own) = f.reopen()
+            {
+                *f = Arc::new(own);
+                self.counters.own_files += 1;
+            }
             return Ok(Arc::clone(f));
         }
         let opened = ctx.fds.get(path, ctx.direct)?;
@@ -208,41 +295,44 @@ impl Local {
             self.counters.direct_fallbacks += 1;
         }
         self.last_file = Some((Arc::clone(path), Arc::clone(&opened.file)));
+        self.streak = 1;
         Ok(opened.file)
     }
 }
 
 impl PhysOp {
     /// Fails every request this read serves with `err`.
-    pub(crate) fn fail(self, err: &IoError, local: &mut Local) {
+    pub(crate) fn fail(self, err: &IoError, t: &Target, local: &mut Local) {
         local.counters.errors += self.parts.as_slice().len() as u64;
         let completions = self.parts.as_slice().iter().map(|p| Completion {
             id: p.id,
             result: Err(err.with_range(p.range)),
         });
-        local.deliver(&self.sink, completions, None);
+        local.deliver(&t.sink, completions, None);
     }
 
     /// Fails every request because the engine is shutting down.
-    pub(crate) fn fail_shutdown(self, local: &mut Local) {
+    pub(crate) fn fail_shutdown(self, t: &Target, local: &mut Local) {
         let err = IoError::Shutdown {
-            path: Arc::clone(&self.path),
+            path: Arc::clone(&t.path),
             range: self.range,
         };
-        self.fail(&err, local);
+        self.fail(&err, t, local);
     }
 
     /// Serves the requests wholly inside the first `got` bytes of `data` (the physical read,
     /// cut short by the end of the file) and fails the others with
     /// [`IoError::RangePastEof`]; whole-file and suffix requests count as inside only when
     /// `open_ended_fit`.
+    #[allow(clippy::too_many_arguments)]
     fn serve_within(
         self,
-        data: &Bytes,
+        data: Bytes,
         got: u64,
         open_ended_fit: bool,
         file_len: u64,
         permit: Option<Permit>,
+        t: &Target,
         local: &mut Local,
     ) {
         let fits = |p: &Part| {
@@ -250,7 +340,7 @@ impl PhysOp {
                 .map_or(open_ended_fit, |len| p.offset_in_read + len <= got)
         };
         if self.parts.as_slice().iter().all(fits) {
-            self.serve(data, permit, local);
+            self.serve(data, permit, t, local);
             return;
         }
         let mut errors = 0;
@@ -260,11 +350,11 @@ impl PhysOp {
             .iter()
             .map(|p| {
                 let result = if fits(p) {
-                    Ok(slice_part(data, p))
+                    Ok(slice_part(&data, p))
                 } else {
                     errors += 1;
                     Err(IoError::RangePastEof {
-                        path: Arc::clone(&self.path),
+                        path: Arc::clone(&t.path),
                         range: p.range,
                         file_len,
                     })
@@ -273,16 +363,30 @@ impl PhysOp {
             })
             .collect();
         local.counters.errors += errors;
-        local.deliver(&self.sink, completions.into_iter(), permit);
+        local.deliver(&t.sink, completions.into_iter(), permit);
     }
 
     /// Serves every request from `data` (the bytes of the whole physical range).
-    fn serve(self, data: &Bytes, permit: Option<Permit>, local: &mut Local) {
-        let completions = self.parts.as_slice().iter().map(|p| Completion {
-            id: p.id,
-            result: Ok(slice_part(data, p)),
-        });
-        local.deliver(&self.sink, completions, permit);
+    fn serve(self, data: Bytes, permit: Option<Permit>, t: &Target, local: &mut Local) {
+        match self.parts {
+            // The usual case: `data` itself is the result, no reference count to update.
+            Parts::One(p)
+                if p.offset_in_read == 0 && p.len.is_none_or(|l| l == data.len() as u64) =>
+            {
+                let completion = Completion {
+                    id: p.id,
+                    result: Ok(data),
+                };
+                local.deliver(&t.sink, std::iter::once(completion), permit);
+            }
+            parts => {
+                let completions = parts.as_slice().iter().map(|p| Completion {
+                    id: p.id,
+                    result: Ok(slice_part(&data, p)),
+                });
+                local.deliver(&t.sink, completions, permit);
+            }
+        }
     }
 }
 
@@ -322,8 +426,8 @@ impl Resolved {
     }
 
     /// Fails the read because the engine is shutting down.
-    pub(crate) fn fail_shutdown(self, local: &mut Local) {
-        self.op.fail_shutdown(local);
+    pub(crate) fn fail_shutdown(self, t: &Target, local: &mut Local) {
+        self.op.fail_shutdown(t, local);
     }
 
     /// Allocates the buffer under `permit`.
@@ -368,34 +472,34 @@ fn mapped_range(range: ReadRange, whole: &Bytes, policy: MapFiles) -> Option<(us
 
 /// Serves `op` from `data`, its bytes in a mapped file, without a copy (one "physical read",
 /// as reading the range would have been).
-fn serve_mapped(op: PhysOp, data: &Bytes, local: &mut Local) {
+fn serve_mapped(op: PhysOp, data: Bytes, t: &Target, local: &mut Local) {
     local.counters.physical_reads += 1;
     local.counters.mapped_reads += 1;
     local.counters.bytes_read += data.len() as u64;
-    op.serve(data, None, local);
+    op.serve(data, None, t, local);
 }
 
 /// Opens the file and fixes the byte range. Errors and empty ranges are delivered here.
-pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
-    if op.sink.dropped.load(Ordering::Acquire) {
+pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> Resolution {
+    if t.sink.dropped.load(Ordering::Acquire) {
         local.counters.skipped_reads += 1;
         return Resolution::Finished;
     }
-    let file = match local.file(&op.path, ctx) {
+    let file = match local.file(&t.path, ctx) {
         Ok(f) => f,
         Err(e) => {
-            let err = IoError::from_os(e, &op.path, op.range);
-            op.fail(&err, local);
+            let err = IoError::from_os(e, &t.path, op.range);
+            op.fail(&err, t, local);
             return Resolution::Finished;
         }
     };
     // (`sink.map` is never set on an `O_DIRECT` engine.)
-    if op.sink.map
-        && let Some(whole) = file.mapped(&op.path, ctx.map_files)
+    if t.sink.map
+        && let Some(whole) = file.mapped(&t.path, ctx.map_files)
         && let Some((start, end)) = mapped_range(op.range, whole, ctx.map_files)
     {
         let data = whole.slice(start..end);
-        serve_mapped(op, &data, local);
+        serve_mapped(op, data, t, local);
         return Resolution::Finished;
     }
     let (offset, len) = match op.range {
@@ -413,8 +517,8 @@ pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
             let file_len = match file.file.metadata() {
                 Ok(m) => m.len(),
                 Err(e) => {
-                    let err = IoError::from_os(e, &op.path, range);
-                    op.fail(&err, local);
+                    let err = IoError::from_os(e, &t.path, range);
+                    op.fail(&err, t, local);
                     return Resolution::Finished;
                 }
             };
@@ -422,18 +526,18 @@ pub(crate) fn resolve(op: PhysOp, ctx: &Ctx, local: &mut Local) -> Resolution {
                 Some(r) => r,
                 None => {
                     let err = IoError::RangePastEof {
-                        path: Arc::clone(&op.path),
+                        path: Arc::clone(&t.path),
                         range,
                         file_len,
                     };
-                    op.fail(&err, local);
+                    op.fail(&err, t, local);
                     return Resolution::Finished;
                 }
             }
         }
     };
     if len == 0 {
-        op.serve(&Bytes::new(), None, local);
+        op.serve(Bytes::new(), None, t, local);
         return Resolution::Finished;
     }
     let (read_start, read_len) = match file.direct_align {
@@ -556,12 +660,12 @@ impl Active {
     /// After a syscall returned `n` bytes (already recorded): finishes and delivers the read if
     /// it is over and returns `None`, or returns the read if more must be read (a short read:
     /// the caller issues [`Self::next_read`] again).
-    pub(crate) fn after_read(self, n: usize, ctx: &Ctx, local: &mut Local) -> Option<Self> {
+    pub(crate) fn after_read(self, n: usize, t: &Target, local: &mut Local) -> Option<Self> {
         if self.is_complete() {
-            self.finish_ok(local);
+            self.finish_ok(t, local);
             None
         } else if self.hit_eof(n) {
-            self.finish_eof(ctx, local);
+            self.finish_eof(t, local);
             None
         } else {
             local.counters.short_read_resubmits += 1;
@@ -570,11 +674,11 @@ impl Active {
     }
 
     /// One non-blocking read from the page cache (`preadv2(RWF_NOWAIT)`).
-    pub(crate) fn try_cached(mut self, ctx: &Ctx, local: &mut Local) -> Attempt {
+    pub(crate) fn try_cached(mut self, t: &Target, local: &mut Local) -> Attempt {
         match self.pread_once(true) {
             Ok(n) => {
                 local.counters.fast_path_hits += 1;
-                match self.after_read(n, ctx, local) {
+                match self.after_read(n, t, local) {
                     None => Attempt::Done,
                     // Partly cached: the device reads the rest.
                     Some(rest) => Attempt::Missed(rest),
@@ -588,7 +692,7 @@ impl Active {
                 Some(libc::EOPNOTSUPP) => Attempt::Unsupported(self),
                 Some(libc::EINTR) => Attempt::Missed(self),
                 _ => {
-                    self.finish_err(e, local);
+                    self.finish_err(e, t, local);
                     Attempt::Done
                 }
             },
@@ -596,7 +700,7 @@ impl Active {
     }
 
     /// Completes every request from the buffer.
-    fn finish_ok(self, local: &mut Local) {
+    fn finish_ok(self, t: &Target, local: &mut Local) {
         local.counters.physical_reads += 1;
         local.counters.bytes_read += self.buf.filled() as u64;
         let lead = (self.res.offset - self.res.read_start) as usize;
@@ -607,12 +711,12 @@ impl Active {
         } else {
             all.slice(lead..lead + len)
         };
-        self.res.op.serve(&data, self.permit, local);
+        self.res.op.serve(data, self.permit, t, local);
     }
 
     /// The file ended before the read did: requests wholly inside the bytes obtained succeed,
     /// the others fail with [`IoError::RangePastEof`].
-    fn finish_eof(self, _ctx: &Ctx, local: &mut Local) {
+    fn finish_eof(self, t: &Target, local: &mut Local) {
         local.counters.physical_reads += 1;
         local.counters.bytes_read += self.buf.filled() as u64;
         let lead = (self.res.offset - self.res.read_start) as usize;
@@ -628,48 +732,48 @@ impl Active {
         // A whole-file or suffix read that ended early lost bytes it was sized for.
         self.res
             .op
-            .serve_within(&data, got as u64, false, file_len, self.permit, local);
+            .serve_within(data, got as u64, false, file_len, self.permit, t, local);
     }
 
     /// Fails every request with the OS error `e`.
-    pub(crate) fn finish_err(self, e: std::io::Error, local: &mut Local) {
-        let err = IoError::from_os(e, &self.res.op.path, self.res.op.range);
+    pub(crate) fn finish_err(self, e: std::io::Error, t: &Target, local: &mut Local) {
+        let err = IoError::from_os(e, &t.path, self.res.op.range);
         let Active { res, permit, .. } = self;
-        res.op.fail(&err, local);
+        res.op.fail(&err, t, local);
         drop(permit);
     }
 
     /// Fails every request because the engine is shutting down.
-    pub(crate) fn fail_shutdown(self, local: &mut Local) {
+    pub(crate) fn fail_shutdown(self, t: &Target, local: &mut Local) {
         let Active { res, permit, .. } = self;
-        res.op.fail_shutdown(local);
+        res.op.fail_shutdown(t, local);
         drop(permit);
     }
 
     /// Fails every request with `e` and leaks the buffer instead of freeing it: for reads the
     /// kernel may still be writing into (an io_uring ring that broke mid-flight).
-    pub(crate) fn abandon(self, e: &std::io::Error, local: &mut Local) {
+    pub(crate) fn abandon(self, e: &std::io::Error, t: &Target, local: &mut Local) {
         let err = IoError::from_os(
             std::io::Error::new(e.kind(), e.to_string()),
-            &self.res.op.path,
+            &t.path,
             self.res.op.range,
         );
         let Active { res, buf, permit } = self;
         std::mem::forget(buf);
-        res.op.fail(&err, local);
+        res.op.fail(&err, t, local);
         drop(permit);
     }
 
     /// Reads to the end with blocking `pread`s.
-    pub(crate) fn run_blocking(mut self, ctx: &Ctx, local: &mut Local) {
+    pub(crate) fn run_blocking(mut self, t: &Target, local: &mut Local) {
         loop {
             match self.pread_once(false) {
-                Ok(n) => match self.after_read(n, ctx, local) {
+                Ok(n) => match self.after_read(n, t, local) {
                     None => return,
                     Some(again) => self = again,
                 },
                 Err(e) if is_retryable(&e) => local.counters.retries += 1,
-                Err(e) => return self.finish_err(e, local),
+                Err(e) => return self.finish_err(e, t, local),
             }
         }
     }

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, TryRecvError};
 
 use crate::error::EngineError;
-use crate::op::{Ctx, Local, Resolution, Resolved, Work, resolve};
+use crate::op::{Ctx, Local, Resolution, Resolved, Target, Work, resolve};
 
 /// Results a worker buffers before sending them.
 const FLUSH_AT: usize = 64;
@@ -54,34 +54,30 @@ pub(crate) fn spawn(
 
 /// Reads one item of work to the end.
 fn run(work: Work, ctx: &Ctx, local: &mut Local) {
-    let resolved = match work {
-        Work::Fresh(ops) => {
-            for op in ops {
+    match work {
+        Work::Fresh(run) => {
+            for op in run.ops {
+                let t = &run.targets[op.target];
                 if ctx.shutting_down() {
-                    op.fail_shutdown(local);
-                } else if let Resolution::Read(r) = resolve(op, ctx, local) {
-                    read(r, ctx, local);
+                    op.fail_shutdown(t, local);
+                } else if let Resolution::Read(r) = resolve(op, t, ctx, local) {
+                    read(r, t, ctx, local);
                 }
             }
-            return;
         }
-        Work::Resolved(r) => r,
-        Work::Missed(active) => {
-            let active = *active;
-            return match charge(active.charge(), ctx, local) {
-                Some(p) => active.with_budget(p).run_blocking(ctx, local),
-                None => active.fail_shutdown(local),
-            };
-        }
-    };
-    read(resolved, ctx, local);
+        Work::Resolved(r, t) => read(r, &t, ctx, local),
+        Work::Missed(active, t) => match charge(active.charge(), ctx, local) {
+            Some(p) => (*active).with_budget(p).run_blocking(&t, local),
+            None => active.fail_shutdown(&t, local),
+        },
+    }
 }
 
 /// Charges and reads a resolved read to the end.
-fn read(resolved: Resolved, ctx: &Ctx, local: &mut Local) {
+fn read(resolved: Resolved, t: &Target, ctx: &Ctx, local: &mut Local) {
     match charge(resolved.charge(), ctx, local) {
-        Some(p) => resolved.activate(p).run_blocking(ctx, local),
-        None => resolved.fail_shutdown(local),
+        Some(p) => resolved.activate(p).run_blocking(t, local),
+        None => resolved.fail_shutdown(t, local),
     }
 }
 

@@ -14,6 +14,7 @@
 //! when reads keep missing the cache.
 #![allow(unsafe_code)]
 
+use std::borrow::Cow;
 use std::io;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -24,7 +25,7 @@ use io_uring::{IoUring, opcode, squeue, types};
 use crate::engine::FastPath;
 use crate::error::{EngineError, IoError};
 use crate::op::{
-    Active, Attempt, Ctx, Local, PhysOp, Resolution, Resolved, Work, is_retryable, resolve,
+    Active, Attempt, Ctx, Local, Resolution, Resolved, Run, Target, Work, is_retryable, resolve,
 };
 use crate::sys::EventFd;
 
@@ -134,10 +135,10 @@ impl Charge {
         }
     }
 
-    fn fail_shutdown(self, local: &mut Local) {
+    fn fail_shutdown(self, t: &Target, local: &mut Local) {
         match self {
-            Charge::New(r) => r.fail_shutdown(local),
-            Charge::Missed(a) => a.fail_shutdown(local),
+            Charge::New(r) => r.fail_shutdown(t, local),
+            Charge::Missed(a) => a.fail_shutdown(t, local),
         }
     }
 }
@@ -190,13 +191,13 @@ struct Worker {
     waker_buf: Box<[u8; 8]>,
     waker_armed: bool,
     /// Reads handed to the kernel, indexed by `user_data`.
-    slots: Vec<Option<Active>>,
+    slots: Vec<Option<(Active, Target)>>,
     free: Vec<usize>,
     in_flight: usize,
     /// A read waiting for budget while this worker's own reads are in flight.
-    waiting: Option<Charge>,
+    waiting: Option<(Charge, Target)>,
     /// The rest of the last run taken from the queue, last op first.
-    fresh: Vec<PhysOp>,
+    fresh: Option<Run>,
     fast: FastPathState,
     local: Local,
     ctx: Arc<Ctx>,
@@ -223,7 +224,7 @@ impl Worker {
             free: Vec::new(),
             in_flight: 0,
             waiting: None,
-            fresh: Vec::new(),
+            fresh: None,
             fast: FastPathState {
                 // O_DIRECT reads bypass the page cache; RWF_NOWAIT would only add a syscall.
                 mode: if direct { FastPath::Never } else { fast_path },
@@ -247,7 +248,7 @@ impl Worker {
             if self.in_flight == 0 && !self.waker_armed {
                 if shutting_down
                     && self.waiting.is_none()
-                    && self.fresh.is_empty()
+                    && self.fresh.is_none()
                     && self.queue.is_empty()
                 {
                     self.local.flush(&self.ctx);
@@ -279,41 +280,48 @@ impl Worker {
     /// Takes reads from the queue until the ring holds `depth` of them or the queue is empty.
     fn fill(&mut self) {
         let ctx = Arc::clone(&self.ctx);
+        // The run being taken apart lives here, outside `self`, so that its reads can borrow
+        // its target while `self` is busy; what is left of it goes back at the end.
+        let mut fresh = self.fresh.take();
         while self.in_flight < self.depth {
-            if self.waiting.is_none() && self.fresh.is_empty() {
+            if self.waiting.is_none() && fresh.as_ref().is_none_or(|r| r.ops.is_empty()) {
                 match self.queue.try_recv() {
                     Ok(Work::Fresh(mut run)) => {
-                        run.reverse();
-                        self.fresh = run;
+                        run.ops.reverse();
+                        fresh = Some(run);
                     }
-                    Ok(Work::Resolved(r)) => self.waiting = Some(Charge::New(r)),
-                    Ok(Work::Missed(active)) if ctx.shutting_down() => {
-                        active.fail_shutdown(&mut self.local);
+                    Ok(Work::Resolved(r, t)) => self.waiting = Some((Charge::New(r), t)),
+                    Ok(Work::Missed(active, t)) if ctx.shutting_down() => {
+                        active.fail_shutdown(&t, &mut self.local);
                         continue;
                     }
-                    Ok(Work::Missed(active)) => self.waiting = Some(Charge::Missed(*active)),
+                    Ok(Work::Missed(active, t)) => {
+                        self.waiting = Some((Charge::Missed(*active), t));
+                    }
                     Err(_) => break,
                 }
             }
-            let item = match self.waiting.take() {
-                Some(c) => c,
-                None => match self.fresh.pop() {
-                    Some(op) if ctx.shutting_down() => {
-                        op.fail_shutdown(&mut self.local);
+            let (item, t): (Charge, Cow<'_, Target>) = match self.waiting.take() {
+                Some((c, t)) => (c, Cow::Owned(t)),
+                None => {
+                    let Some(run) = fresh.as_mut() else { continue };
+                    let Some(op) = run.ops.pop() else { continue };
+                    let t = &run.targets[op.target];
+                    if ctx.shutting_down() {
+                        op.fail_shutdown(t, &mut self.local);
                         continue;
                     }
-                    Some(op) => match resolve(op, &ctx, &mut self.local) {
-                        Resolution::Read(r) => Charge::New(r),
+                    match resolve(op, t, &ctx, &mut self.local) {
+                        Resolution::Read(r) => (Charge::New(r), Cow::Borrowed(t)),
                         Resolution::Finished => continue,
-                    },
-                    None => continue,
-                },
+                    }
+                }
             };
-            let permit = match ctx.budget.try_acquire(item.bytes()) {
+            let permit = match self.local.charge(&ctx.budget, item.bytes()) {
                 Some(p) => p,
                 // Our own completions will free budget: go reap them first.
                 None if self.in_flight > 0 => {
-                    self.waiting = Some(item);
+                    self.waiting = Some((item, t.into_owned()));
                     break;
                 }
                 // Nothing of ours in flight: others hold the budget; hand over what we hold
@@ -323,7 +331,7 @@ impl Worker {
                     match ctx.budget.acquire(item.bytes(), || ctx.shutting_down()) {
                         Some(p) => p,
                         None => {
-                            item.fail_shutdown(&mut self.local);
+                            item.fail_shutdown(&t, &mut self.local);
                             continue;
                         }
                     }
@@ -333,16 +341,16 @@ impl Worker {
                 Charge::New(r) => r,
                 // Already known not to be cached: straight to the ring.
                 Charge::Missed(active) => {
-                    self.push(active.with_budget(permit));
+                    self.push(active.with_budget(permit), t.into_owned());
                     continue;
                 }
             };
             let active = resolved.activate(permit);
             if !self.fast.should_try() {
-                self.push(active);
+                self.push(active, t.into_owned());
                 continue;
             }
-            match active.try_cached(&ctx, &mut self.local) {
+            match active.try_cached(&t, &mut self.local) {
                 Attempt::Done => {
                     self.fast.record(true);
                     // Served from the page cache without the ring: deliver as we go, not only
@@ -353,19 +361,20 @@ impl Worker {
                 }
                 Attempt::Missed(rest) => {
                     self.fast.record(false);
-                    self.push(rest);
+                    self.push(rest, t.into_owned());
                 }
                 Attempt::Unsupported(rest) => {
                     // This filesystem has no RWF_NOWAIT: stop trying.
                     self.fast.mode = FastPath::Never;
-                    self.push(rest);
+                    self.push(rest, t.into_owned());
                 }
             }
         }
+        self.fresh = fresh.filter(|r| !r.ops.is_empty());
     }
 
-    /// Hands `active`'s next read to the kernel.
-    fn push(&mut self, mut active: Active) {
+    /// Hands `active`'s next read to the kernel; `t` is where its results go.
+    fn push(&mut self, mut active: Active, t: Target) {
         let slot = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
             self.slots.len() - 1
@@ -375,7 +384,7 @@ impl Worker {
             .offset(next.offset)
             .build()
             .user_data(slot as u64);
-        self.slots[slot] = Some(active);
+        self.slots[slot] = Some((active, t));
         self.in_flight += 1;
         self.push_entry(&entry);
     }
@@ -421,14 +430,13 @@ impl Worker {
             .completion()
             .map(|cqe| (cqe.user_data(), cqe.result()))
             .collect();
-        let ctx = Arc::clone(&self.ctx);
         for (token, res) in done {
             if token == EVENTFD_TOKEN {
                 self.waker_armed = false;
                 continue;
             }
             let slot = token as usize;
-            let Some(mut active) = self.slots.get_mut(slot).and_then(Option::take) else {
+            let Some((mut active, t)) = self.slots.get_mut(slot).and_then(Option::take) else {
                 log::error!("io_uring completion for unknown slot {slot}");
                 continue;
             };
@@ -438,9 +446,9 @@ impl Worker {
                 let e = io::Error::from_raw_os_error(-res);
                 if is_retryable(&e) {
                     self.local.counters.retries += 1;
-                    self.push(active);
+                    self.push(active, t);
                 } else {
-                    active.finish_err(e, &mut self.local);
+                    active.finish_err(e, &t, &mut self.local);
                 }
             } else {
                 let n = res as usize;
@@ -448,8 +456,8 @@ impl Worker {
                 // read we issued for this slot, which was `active.next_read()`'s: the start of
                 // the buffer's spare capacity.
                 unsafe { active.buf_mut().advance(n) };
-                if let Some(rest) = active.after_read(n, &ctx, &mut self.local) {
-                    self.push(rest);
+                if let Some(rest) = active.after_read(n, &t, &mut self.local) {
+                    self.push(rest, t);
                 }
             }
         }
@@ -458,15 +466,19 @@ impl Worker {
     /// The ring is unusable: fail every read. Buffers the kernel may still write are leaked,
     /// not freed, so a late write cannot land in reused memory.
     fn abandon(&mut self, e: &io::Error) {
-        for active in self.slots.drain(..).flatten() {
-            active.abandon(e, &mut self.local);
+        for (active, t) in self.slots.drain(..).flatten() {
+            active.abandon(e, &t, &mut self.local);
         }
-        if let Some(c) = self.waiting.take() {
-            c.fail_shutdown(&mut self.local);
+        if let Some((c, t)) = self.waiting.take() {
+            c.fail_shutdown(&t, &mut self.local);
         }
-        for op in self.fresh.drain(..) {
-            let err = IoError::from_os(io::Error::new(e.kind(), e.to_string()), &op.path, op.range);
-            op.fail(&err, &mut self.local);
+        if let Some(run) = self.fresh.take() {
+            for op in run.ops {
+                let t = &run.targets[op.target];
+                let err =
+                    IoError::from_os(io::Error::new(e.kind(), e.to_string()), &t.path, op.range);
+                op.fail(&err, t, &mut self.local);
+            }
         }
         // Leak the eventfd buffer for the same reason.
         std::mem::forget(std::mem::replace(&mut self.waker_buf, Box::new([0; 8])));

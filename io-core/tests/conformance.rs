@@ -344,6 +344,38 @@ fn hundred_thousand_tiny_ranges() {
     }
 }
 
+/// A thread that keeps reading one file reads it through its own open file (one shared
+/// descriptor makes every read of two threads update one reference count); results stay the
+/// same, in every configuration. (40,000 reads over at most 33 threads: one of them reads the
+/// file more than 1,024 times.)
+#[test]
+fn threads_that_keep_reading_one_file_read_their_own_copy_of_it() {
+    let f = fixture(1 << 20, 6);
+    let ranges: Vec<ReadRange> = (0..40_000u64)
+        .map(|i| ReadRange::new((i * 7919 * 32) % ((1 << 20) - 32), 16 + i % 16))
+        .collect();
+    for (name, mut c) in configs() {
+        // Every request its own read, so that one file gets tens of thousands of reads.
+        c.coalesce = CoalesceLimits {
+            max_gap: 0,
+            max_merged_len: 1,
+        };
+        let direct = c.direct;
+        let engine = Engine {
+            mapped: c.map_files == MapFiles::Always,
+            engine: IoEngine::new(c).unwrap(),
+        };
+        check(&engine, name, &f, &ranges);
+        let m = engine.metrics();
+        assert_eq!(m.physical_reads, 40_000, "{name}");
+        if direct {
+            assert_eq!(m.own_files, 0, "{name}: O_DIRECT files are not copied");
+        } else {
+            assert!(m.own_files >= 1, "{name}: {m:?}");
+        }
+    }
+}
+
 #[test]
 fn duplicate_and_overlapping_ranges() {
     let f = fixture(200_000, 6);
