@@ -168,14 +168,17 @@ def main() -> None:
             rows.append({"block_size": bs, "mode": mode, "reads_per_s": med, "cpu_cores": cpu, "runs": runs})
 
     print()
-    print("| block | mode | fio io_uring | fio psync | zcrop uring | zcrop portable | uring / fio io_uring | uring / best fio | uring CPU (cores) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| block | mode | fio io_uring | fio psync | zcrop uring | zcrop portable | uring / fio io_uring | uring / best fio "
+          "| uring CPU (cores) | CPU per read, uring / portable (µs) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         m, c = r["reads_per_s"], r["cpu_cores"]
         best = max(m["fio_io_uring"], m["fio_psync"])
+        per_read = {k: c[k] / m[k] * 1e6 for k in ("zcrop_uring", "zcrop_portable")}
         print(f"| {r['block_size'] // 1024} KiB | {r['mode']} | {m['fio_io_uring']:,.0f} | {m['fio_psync']:,.0f} | "
               f"{m['zcrop_uring']:,.0f} | {m['zcrop_portable']:,.0f} | {m['zcrop_uring'] / m['fio_io_uring']:.2f} | "
-              f"{m['zcrop_uring'] / best:.2f} | {c['zcrop_uring']:.2f} |")
+              f"{m['zcrop_uring'] / best:.2f} | {c['zcrop_uring']:.2f} | "
+              f"{per_read['zcrop_uring']:.2f} / {per_read['zcrop_portable']:.2f} |")
     print()
     print("Modes: warm = file in the page cache, every process pinned to one core (taskset -c 0; fio: "
           "1 job; zcrop: 1 ring or 1 pread thread, plus the consumer, on that core); warm2 = both cores "
