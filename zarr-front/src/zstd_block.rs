@@ -1301,11 +1301,16 @@ mod tests {
         }
     }
 
+    /// `len` bytes of imagery made from `seed`, and their zstd frame at level 1.
+    fn imagery_frame(seed: u64, len: usize) -> (Vec<u8>, Vec<u8>) {
+        let plain = imagery(len, &mut StdRng::seed_from_u64(seed));
+        let frame = zstd::bulk::compress(&plain, 1).unwrap();
+        (plain, frame)
+    }
+
     #[test]
     fn decodes_only_the_streams_a_band_needs() {
-        let mut rng = StdRng::seed_from_u64(2);
-        let plain = imagery(128 * 1024, &mut rng);
-        let frame = zstd::bulk::compress(&plain, 1).unwrap();
+        let (plain, frame) = imagery_frame(2, 128 * 1024);
         let mut out = vec![0u8; plain.len()];
         let mut scratch = Vec::new();
         // A band in the third quarter: only the third literal stream is decoded, and only up
@@ -1321,9 +1326,7 @@ mod tests {
 
     #[test]
     fn several_blocks_and_dictionaries_are_left_to_libzstd() {
-        let mut rng = StdRng::seed_from_u64(3);
-        let plain = imagery(300 * 1024, &mut rng);
-        let frame = zstd::bulk::compress(&plain, 1).unwrap();
+        let (plain, frame) = imagery_frame(3, 300 * 1024);
         let mut out = vec![0u8; plain.len()];
         let r = decode_range(&frame, &mut out, 0..10, &mut Vec::new(), 1.0);
         assert_eq!(r, Err(Error::Unsupported("frame of several blocks")));
