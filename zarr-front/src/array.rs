@@ -1221,6 +1221,22 @@ impl Array {
             }
             return Ok(stats);
         }
+        // A blosc chunk unshuffles just the bytes each crop needs, straight into it.
+        if ctx.transform.is_none()
+            && let Some(opened) =
+                core.decoder
+                    .with_blosc_chunk(bytes, leaf.needed.clone(), |chunk| {
+                        for c in plan.copies(leaf) {
+                            ctx.out
+                                .copy_with(plan, c, |src, run| chunk.gather(src, run));
+                            ctx.copy_done(c.index);
+                        }
+                    })
+        {
+            let ((), cost) = opened?;
+            stats.bytes_decoded = cost.bytes_decoded;
+            return Ok(stats);
+        }
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
             let ((), cost) =

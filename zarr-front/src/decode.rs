@@ -6,7 +6,10 @@
 //! thread, and only as far as the crops need where the codec allows stopping early: zstd chunks
 //! of one block through [`crate::zstd_block`], which decodes only the literal streams holding
 //! the needed bytes (several chunks interleaved, see [`LeafDecoder::with_decoded_group`]),
-//! blosc by blocks, gzip and zlib by prefix. Every other
+//! blosc through [`crate::blosc_block`] (raw splits read in place, LZ4 splits decoded only up to
+//! the needed bytes, and only those bytes unshuffled: straight into the crops where no
+//! transform applies, see [`LeafDecoder::with_blosc_chunk`]; other blosc chunks by c-blosc's
+//! blocks), gzip and zlib by prefix. Every other
 //! chain (transpose, filters, ...) goes through zarrs' `CodecChain::decode`.
 
 use std::borrow::Cow;
@@ -25,6 +28,7 @@ use zarrs::array::{
 use zarrs::metadata::{ConfigurationSerialize, Endianness};
 use zarrs::plugin::ExtensionName;
 
+use crate::blosc_block;
 use crate::ffi;
 use crate::zstd_block;
 
@@ -80,6 +84,29 @@ thread_local! {
     static ZSTD_BLOCK_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// Per-thread buffers of grouped decodes: (chunk, literals) per member.
     static GROUP: RefCell<Vec<(Vec<u8>, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
+    /// Decompressed splits of blosc chunks read through [`blosc_block`].
+    static BLOSC_SCRATCH: RefCell<blosc_block::Scratch> = RefCell::new(blosc_block::Scratch::default());
+}
+
+/// Opens the blosc chunk `data` (of `full` decoded bytes) for the bytes `range` through
+/// [`blosc_block`] and calls `f` with it; `None` where c-blosc must decode it (see there).
+fn with_blosc_block<R>(
+    data: &[u8],
+    full: usize,
+    range: Range<usize>,
+    f: impl FnOnce(&blosc_block::Chunk<'_>) -> R,
+) -> Option<(R, DecodeCost)> {
+    if blosc_block::decoded_size(data) != Some(full) {
+        return None;
+    }
+    BLOSC_SCRATCH.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let chunk = blosc_block::open(data, range, &mut scratch).ok()?;
+        let cost = DecodeCost {
+            bytes_decoded: chunk.decoded_bytes() as u64,
+        };
+        Some((f(&chunk), cost))
+    })
 }
 
 fn with_zstd<R>(f: impl FnOnce(&mut zstd::zstd_safe::DCtx<'static>) -> R) -> R {
@@ -496,6 +523,8 @@ impl LeafDecoder {
         };
         let data = self.strip_crc32c(encoded, *crc32c)?;
         let full = self.chunk_bytes;
+        // What a blosc chunk read through `blosc_block` cost (its splits' needed prefixes).
+        let mut blosc_cost = None;
         let decoded: Range<usize> = match compressor {
             Compressor::None => {
                 self.check_raw_len(data)?;
@@ -533,23 +562,30 @@ impl LeafDecoder {
                 }
             }
             Compressor::Blosc => {
-                let h = ffi::blosc_header(data)?;
-                if h.nbytes != full {
-                    return Err(format!(
-                        "blosc chunk decodes to {} bytes, expected {full}",
-                        h.nbytes
-                    ));
-                }
-                // Only decode a sub-range when it skips at least one whole block.
-                let ts = h.typesize;
-                let start = range.start / ts * ts;
-                let end = range.end.div_ceil(ts) * ts;
-                if h.blocksize > 0 && end - start + h.blocksize <= full && end <= full {
-                    ffi::blosc_getitem(data, &h, start, &mut out[start..end])?;
-                    start..end
+                if let Some(((), cost)) = with_blosc_block(data, full, range.clone(), |chunk| {
+                    chunk.gather(range.start, &mut out[range.clone()]);
+                }) {
+                    blosc_cost = Some(cost);
+                    range.clone()
                 } else {
-                    ffi::blosc_decompress(data, &h, out)?;
-                    0..full
+                    let h = ffi::blosc_header(data)?;
+                    if h.nbytes != full {
+                        return Err(format!(
+                            "blosc chunk decodes to {} bytes, expected {full}",
+                            h.nbytes
+                        ));
+                    }
+                    // Only decode a sub-range when it skips at least one whole block.
+                    let ts = h.typesize;
+                    let start = range.start / ts * ts;
+                    let end = range.end.div_ceil(ts) * ts;
+                    if h.blocksize > 0 && end - start + h.blocksize <= full && end <= full {
+                        ffi::blosc_getitem(data, &h, start, &mut out[start..end])?;
+                        start..end
+                    } else {
+                        ffi::blosc_decompress(data, &h, out)?;
+                        0..full
+                    }
                 }
             }
             Compressor::Gzip | Compressor::Zlib => {
@@ -589,9 +625,34 @@ impl LeafDecoder {
                 el.reverse();
             }
         }
-        Ok(DecodeCost {
+        Ok(blosc_cost.unwrap_or(DecodeCost {
             bytes_decoded: decoded.len() as u64,
-        })
+        }))
+    }
+
+    /// For blosc chunks [`blosc_block`] reads (native byte order): opens `encoded` for the
+    /// bytes `range` and calls `f` with it, to unshuffle the needed bytes straight into the
+    /// crops ([`blosc_block::Chunk::gather`]) instead of into a decoded chunk first. `None`
+    /// for other chains and chunks (decode those with [`Self::with_decoded`]).
+    pub(crate) fn with_blosc_chunk<R>(
+        &self,
+        encoded: &[u8],
+        range: Range<usize>,
+        f: impl FnOnce(&blosc_block::Chunk<'_>) -> R,
+    ) -> Option<Result<(R, DecodeCost), String>> {
+        let Kind::Fast {
+            compressor: Compressor::Blosc,
+            crc32c,
+            swap_unit: None,
+        } = &self.kind
+        else {
+            return None;
+        };
+        let data = match self.strip_crc32c(encoded, *crc32c) {
+            Ok(data) => data,
+            Err(e) => return Some(Err(e)),
+        };
+        with_blosc_block(data, self.chunk_bytes, self.element_range(&range), f).map(Ok)
     }
 }
 

@@ -1,8 +1,9 @@
-//! C-blosc calls: the unsafe module of zarr-front besides `stitch`.
+//! C-blosc and liblz4 calls: the unsafe module of zarr-front besides `stitch`.
 //!
 //! zarrs decodes blosc into a fresh `Vec` and then copies; zcrop decodes straight into the
 //! caller's buffer (a reused scratch buffer, or the crop itself), and can decode only the blocks
-//! that hold a prefix of the chunk.
+//! that hold a prefix of the chunk. Most blosc chunks do not come here at all:
+//! [`crate::blosc_block`] reads them, calling only [`lz4_decompress`] for their LZ4 splits.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -117,4 +118,86 @@ pub(crate) fn blosc_getitem(
         return Err(format!("blosc partial decompression failed (code {n})"));
     }
     Ok(())
+}
+
+unsafe extern "C" {
+    /// From liblz4 (linked through `lz4-sys`), which does not bind it.
+    fn LZ4_decompress_safe_partial(
+        src: *const std::ffi::c_char,
+        dst: *mut std::ffi::c_char,
+        src_size: std::ffi::c_int,
+        target_output_size: std::ffi::c_int,
+        dst_capacity: std::ffi::c_int,
+    ) -> std::ffi::c_int;
+}
+
+/// Decompresses the LZ4 block `src` into `dst`, stopping once `want` bytes are out
+/// (`want <= dst.len()`); returns how many bytes it produced, or `None` if the block is
+/// malformed. With `want == dst.len()` the whole block is decoded (and must fill `dst`, which
+/// the caller checks).
+pub(crate) fn lz4_decompress(src: &[u8], dst: &mut [u8], want: usize) -> Option<usize> {
+    let src_size = i32::try_from(src.len()).ok()?;
+    let cap = i32::try_from(dst.len()).ok()?;
+    let target = i32::try_from(want.min(dst.len())).ok()?;
+    let n = if target == cap {
+        // SAFETY: `src` holds `src_size` readable bytes and `dst` `cap` writable ones; the safe
+        // decoder never reads or writes outside them, whatever the input.
+        unsafe {
+            lz4_sys::LZ4_decompress_safe(
+                src.as_ptr().cast(),
+                dst.as_mut_ptr().cast(),
+                src_size,
+                cap,
+            )
+        }
+    } else {
+        // SAFETY: as above; the partial decoder also stays within `cap` and stops at `target`
+        // (<= `cap`).
+        unsafe {
+            LZ4_decompress_safe_partial(
+                src.as_ptr().cast(),
+                dst.as_mut_ptr().cast(),
+                src_size,
+                target,
+                cap,
+            )
+        }
+    };
+    usize::try_from(n).ok()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// Compresses `data` with c-blosc (clevel 5; `shuffle` 0 none, 1 byte, 2 bit; `blocksize`
+    /// 0 for c-blosc's choice), into `data.len() + 16` bytes as numcodecs and zarrs do, so data
+    /// that does not compress is stored (the memcpyed flag).
+    pub(crate) fn blosc_compress(
+        data: &[u8],
+        typesize: usize,
+        shuffle: i32,
+        cname: &str,
+        blocksize: usize,
+    ) -> Vec<u8> {
+        let mut out = vec![0u8; data.len() + 16];
+        let cname = std::ffi::CString::new(cname).unwrap();
+        // SAFETY: `data` and `out` are valid for their lengths; c-blosc writes at most
+        // `out.len()` bytes (>= data.len() + BLOSC_MAX_OVERHEAD) and reads `data.len()`.
+        let n = unsafe {
+            blosc_src::blosc_compress_ctx(
+                5,
+                shuffle,
+                typesize,
+                data.len(),
+                data.as_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                out.len(),
+                cname.as_ptr(),
+                blocksize,
+                1,
+            )
+        };
+        assert!(n > 0, "blosc compression failed ({n})");
+        out.truncate(n as usize);
+        out
+    }
 }

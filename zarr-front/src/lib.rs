@@ -28,10 +28,11 @@
 //! ## Unsafe code
 //!
 //! Two modules hold `unsafe`: `stitch` (many decode tasks writing disjoint parts of one output
-//! buffer, as the planner guarantees) and `ffi` (C-blosc). Every block has a `// SAFETY:`
+//! buffer, as the planner guarantees) and `ffi` (C-blosc and liblz4). Every block has a `// SAFETY:`
 //! comment.
 
 mod array;
+mod blosc_block;
 mod cache;
 mod decode;
 pub mod error;

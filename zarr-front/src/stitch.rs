@@ -60,9 +60,43 @@ impl<'a> DisjointOut<'a> {
         transform: Option<&dyn StitchTransform>,
     ) {
         let axis = transform.and_then(StitchTransform::axis);
+        self.for_each_target(plan, copy, axis, |src, to, axis_index| {
+            let from = &chunk[src..src + to.len() / plan.out_elsize * plan.elsize];
+            match transform {
+                None => to.copy_from_slice(from),
+                Some(t) => t.convert(from, to, axis_index),
+            }
+        });
+    }
+
+    /// Writes `copy` run by run with `fill(src, run)`: `run` is a run's output bytes and `src`
+    /// where its first byte is in the decoded chunk (C order, the plan's leaf shape). For a
+    /// chunk that is not decoded whole into a buffer, e.g. a blosc chunk unshuffled straight
+    /// into the crops. Elements are copied as they are (`plan.out_elsize == plan.elsize`).
+    pub(crate) fn copy_with(
+        &self,
+        plan: &Plan,
+        copy: Copy<'_>,
+        mut fill: impl FnMut(usize, &mut [u8]),
+    ) {
+        assert_eq!(
+            plan.out_elsize, plan.elsize,
+            "copy_with converts no elements"
+        );
+        self.for_each_target(plan, copy, None, |src, to, _| fill(src, to));
+    }
+
+    /// Calls `write(src_byte, run, axis_index)` with the output bytes of each run of `copy`
+    /// (see [`for_each_run`]).
+    fn for_each_target(
+        &self,
+        plan: &Plan,
+        copy: Copy<'_>,
+        axis: Option<usize>,
+        mut write: impl FnMut(usize, &mut [u8], u64),
+    ) {
         let mut last_dst = None::<usize>;
         for_each_run(plan, copy, axis, |src, dst, n, axis_index| {
-            let from = &chunk[src..src + n * plan.elsize];
             let len = n * plan.out_elsize;
             self.check(&(dst..dst + len));
             // Runs of a copy are evenly spaced rows, each usually a few cache lines the CPU
@@ -75,18 +109,12 @@ impl<'a> DisjointOut<'a> {
                 self.prefetch_for_write(dst.saturating_add((dst - prev).saturating_mul(4)), len);
             }
             last_dst = Some(dst);
-            match transform {
-                // SAFETY: `dst..dst+len` lies inside the buffer (checked) and belongs to this
-                // copy alone (the plan's disjointness); `from` is a different allocation.
-                None => unsafe {
-                    std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr.add(dst), len);
-                },
-                Some(t) => {
-                    // SAFETY: as above; the slice lives only for this call.
-                    let to = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(dst), len) };
-                    t.convert(from, to, axis_index);
-                }
-            }
+            // SAFETY: `dst..dst+len` lies inside the buffer (checked) and belongs to this copy
+            // alone (the plan's disjointness); the slice lives only for this call, and what
+            // `write` reads from (a decoded chunk, or another copy's region of this buffer read
+            // through `written`) does not overlap it.
+            let to = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(dst), len) };
+            write(src, to, axis_index);
         });
     }
 
@@ -124,7 +152,7 @@ impl<'a> DisjointOut<'a> {
         for_each_run(plan, copy, axis, |_, dst, n, axis_index| {
             let len = n * plan.out_elsize;
             self.check(&(dst..dst + len));
-            // SAFETY: as in `copy_from_chunk`: in bounds and owned by this copy alone.
+            // SAFETY: as in `for_each_target`: in bounds and owned by this copy alone.
             let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(dst), len) };
             match transform {
                 None if zero => out.fill(0),
@@ -181,7 +209,7 @@ impl<'a> DisjointOut<'a> {
         Some(f(target))
     }
 
-    /// Reads back the output bytes of a copy written by [`Self::whole_chunk_target`], to copy
+    /// Reads back the output bytes of a copy written by [`Self::with_whole_chunk_target`], to copy
     /// them into the chunk's other copies.
     pub(crate) fn written(&self, range: Range<usize>) -> &[u8] {
         self.check(&range);
