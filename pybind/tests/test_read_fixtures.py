@@ -30,7 +30,7 @@ def pair(request):
 
 
 def test_manifest_covers_every_fixture():
-    assert len(ENTRIES) == 51
+    assert len(ENTRIES) == 53
 
 
 def test_metadata_matches_zarr_python(pair):
