@@ -2,8 +2,14 @@
 """io-core against fio, on the same file, block size and queue depth, in one run.
 
 For each block size (4 KiB, 64 KiB) and page-cache state, runs fio's io_uring and psync engines
-and `zcrop bench io` with the io_uring and the portable backend, interleaved and repeated;
-prints a markdown table of medians and the ratios the targets of issue 3 are about.
+(and, on warm runs, its mmap engine) and `zcrop bench io` with the io_uring and the portable
+backend, interleaved and repeated; prints a markdown table of medians and the ratios the targets
+of issue 3 are about.
+
+zcrop runs with its defaults, as zarr-front reads chunks: ranges whose pages are in the page
+cache are served from a mapping of the file, without a copy (`--mmap=cached`). So that the
+table also shows the copying reads, warm runs add zcrop's io_uring backend with `--mmap=never`,
+and fio's mmap engine (which copies out of a mapping) is the reference for mapped reads.
 
     python3 benches/io_vs_fio.py                 # warm, cold and O_DIRECT, 3 repeats
     python3 benches/io_vs_fio.py --modes warm --repeat 5
@@ -92,15 +98,17 @@ def run_fio(fio: str, path: str, engine: str, bs: int, qd: int, jobs: int, direc
     return {"reads_per_s": iops, "cpu_cores": cpu}
 
 
-def run_zcrop(zcrop: str, path: str, backend: str, bs: int, qd: int, reads: int, direct: bool, threads: int, one_core: bool) -> dict:
+def run_zcrop(zcrop: str, path: str, backend: str, bs: int, qd: int, reads: int, direct: bool, threads: int, one_core: bool,
+              mmap: str = "cached") -> dict:
     cmd = pinned(one_core) + [zcrop, "bench", "io", path, "--json", "--no-progress", "--no-prewarm", "--backend", backend,
-           "--block-size", str(bs), "--queue-depth", str(qd), "--reads", str(reads)]
+           "--block-size", str(bs), "--queue-depth", str(qd), "--reads", str(reads), f"--mmap={mmap}"]
     if direct:
         cmd.append("--direct")
     if threads:
         cmd += ["--io-threads", str(threads)]
     r = json.loads(sh(cmd).stdout)
-    return {"reads_per_s": r["reads_per_s"], "cpu_cores": r["cpu_cores_used"] or float("nan")}
+    return {"reads_per_s": r["reads_per_s"], "cpu_cores": r["cpu_cores_used"] or float("nan"),
+            "mapped_share": r["mapped_reads"] / max(1, r["reads"])}
 
 
 def main() -> None:
@@ -140,7 +148,10 @@ def main() -> None:
                 expect = min(expect, 200_000 if mode.startswith("warm") else 17_000)
             blocks = made["file_bytes"] // bs
             reads = int(min(blocks, expect * args.seconds))
-            runs: dict[str, list[dict]] = {k: [] for k in ("fio_io_uring", "fio_psync", "zcrop_uring", "zcrop_portable")}
+            names = ["fio_io_uring", "fio_psync", "zcrop_uring", "zcrop_portable"]
+            if mode.startswith("warm"):
+                names += ["fio_mmap", "zcrop_uring_copy"]
+            runs: dict[str, list[dict]] = {k: [] for k in names}
             for _ in range(args.repeat):
                 for name in runs:
                     if mode.startswith("warm"):
@@ -155,10 +166,13 @@ def main() -> None:
                     elif name == "fio_psync":
                         pjobs = jobs if mode.startswith("warm") else args.queue_depth
                         r = run_fio(fio, path, "psync", bs, 1, pjobs, direct, args.seconds, one, distinct)
-                    elif name == "zcrop_uring":
+                    elif name == "fio_mmap":
+                        r = run_fio(fio, path, "mmap", bs, 1, jobs, direct, args.seconds, one, distinct)
+                    elif name in ("zcrop_uring", "zcrop_uring_copy"):
                         # warm2: the engine's default rings (one per core but one), since the consumer
                         # reads cached data itself: two busy threads on two cores, as fio's two jobs.
-                        r = run_zcrop(zcrop, path, "uring", bs, args.queue_depth, reads, direct, 0 if one or mode == "warm2" else 1, one)
+                        r = run_zcrop(zcrop, path, "uring", bs, args.queue_depth, reads, direct, 0 if one or mode == "warm2" else 1, one,
+                                      "never" if name == "zcrop_uring_copy" else "cached")
                     else:
                         pthreads = jobs if mode.startswith("warm") else args.queue_depth
                         r = run_zcrop(zcrop, path, "portable", bs, args.queue_depth, reads, direct, pthreads, one)
@@ -168,18 +182,32 @@ def main() -> None:
             rows.append({"block_size": bs, "mode": mode, "reads_per_s": med, "cpu_cores": cpu, "runs": runs})
 
     print()
-    print("| block | mode | fio io_uring | fio psync | zcrop uring | zcrop portable | uring / fio io_uring | uring / best fio "
-          "| uring CPU (cores) | CPU per read, uring / portable (µs) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| block | mode | fio io_uring | fio psync | fio mmap | zcrop uring | zcrop uring, copying | zcrop portable "
+          "| uring / fio io_uring | uring / best of fio io_uring, psync | uring / fio mmap | copying / best of fio io_uring, psync "
+          "| mapped share | uring CPU (cores) | CPU per read, uring / copying / portable (µs) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    nan = float("nan")
     for r in rows:
         m, c = r["reads_per_s"], r["cpu_cores"]
         best = max(m["fio_io_uring"], m["fio_psync"])
-        per_read = {k: c[k] / m[k] * 1e6 for k in ("zcrop_uring", "zcrop_portable")}
-        print(f"| {r['block_size'] // 1024} KiB | {r['mode']} | {m['fio_io_uring']:,.0f} | {m['fio_psync']:,.0f} | "
-              f"{m['zcrop_uring']:,.0f} | {m['zcrop_portable']:,.0f} | {m['zcrop_uring'] / m['fio_io_uring']:.2f} | "
-              f"{m['zcrop_uring'] / best:.2f} | {c['zcrop_uring']:.2f} | "
-              f"{per_read['zcrop_uring']:.2f} / {per_read['zcrop_portable']:.2f} |")
+        per_read = {k: c[k] / m[k] * 1e6 if k in m else nan for k in ("zcrop_uring", "zcrop_uring_copy", "zcrop_portable")}
+        mapped = statistics.median(x["mapped_share"] for x in r["runs"]["zcrop_uring"])
+
+        def cell(k: str) -> str:
+            return f"{m[k]:,.0f}" if k in m else "-"
+
+        def ratio(a: str, b: float | None) -> str:
+            return f"{m[a] / b:.2f}" if a in m and b else "-"
+
+        cells = [f"{r['block_size'] // 1024} KiB", r["mode"]]
+        cells += [cell(k) for k in ("fio_io_uring", "fio_psync", "fio_mmap", "zcrop_uring", "zcrop_uring_copy", "zcrop_portable")]
+        cells += [ratio("zcrop_uring", m["fio_io_uring"]), ratio("zcrop_uring", best), ratio("zcrop_uring", m.get("fio_mmap")),
+                  ratio("zcrop_uring_copy", best), f"{mapped:.2f}", f"{c['zcrop_uring']:.2f}",
+                  " / ".join(f"{per_read[k]:.2f}" for k in ("zcrop_uring", "zcrop_uring_copy", "zcrop_portable"))]
+        print("| " + " | ".join(cells) + " |")
     print()
+    print("zcrop uring and portable: defaults (cached ranges served from a mapping, no copy; 'mapped share' is the share "
+          "of zcrop uring's reads so served); copying = zcrop uring with --mmap=never. fio mmap copies out of a mapping.")
     print("Modes: warm = file in the page cache, every process pinned to one core (taskset -c 0; fio: "
           "1 job; zcrop: 1 ring or 1 pread thread, plus the consumer, on that core); warm2 = both cores "
           "(fio: 2 jobs, zcrop: its default of 1 ring plus the consumer, which reads cached data itself / 2 pread threads); cold = page cache dropped before each run, "

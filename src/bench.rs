@@ -689,6 +689,8 @@ pub struct IoBenchReport {
     pub cpu_cores_used: Option<f64>,
     /// Reads served by the `RWF_NOWAIT` page-cache fast path.
     pub fast_path_hits: u64,
+    /// Reads served from a mapping of the file, without a copy (`IoConfig::map_files`).
+    pub mapped_reads: u64,
     /// `io_uring_enter` calls.
     pub ring_enters: u64,
     /// Whether the page cache was dropped first.
@@ -762,14 +764,14 @@ pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchRe
         }
     };
     let start_block = rng.below(blocks);
+    let offset_of = |i: u64| (start_block + i * step) % blocks * opts.block_size;
     let p: Arc<std::path::Path> = Arc::from(path);
     let requests: Vec<ReadRequest> = (0..reads)
         .map(|i| {
-            let b = (start_block + i * step) % blocks;
             ReadRequest::new(
                 i,
                 Arc::clone(&p),
-                ReadRange::new(b * opts.block_size, opts.block_size),
+                ReadRange::new(offset_of(i), opts.block_size),
             )
         })
         .collect();
@@ -787,9 +789,14 @@ pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchRe
     let cpu0 = cpu_time();
     let start = Instant::now();
     let mut done = 0u64;
-    for c in engine.submit(requests) {
-        c.result
+    // As zarr-front reads chunks: ranges may be served from a mapping of the file when the
+    // engine's `map_files` says so (the default: when their pages are in memory), and every
+    // result is checked for pages lost to a truncation once read.
+    for c in engine.submit_mapped(requests) {
+        let bytes = c
+            .result
             .with_context(|| format!("read {} of {}", c.id, path.display()))?;
+        zcrop_io::check_mapped(&bytes, &p, ReadRange::new(offset_of(c.id), opts.block_size))?;
         done += 1;
         if let Some(b) = &bar
             && done.is_multiple_of(4096)
@@ -820,6 +827,7 @@ pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchRe
         cpu_us_per_read: cpu.map(|c| c * 1e6 / done as f64),
         cpu_cores_used: cpu.map(|c| c / wall),
         fast_path_hits: m.fast_path_hits,
+        mapped_reads: m.mapped_reads,
         ring_enters: m.ring_enters,
         cold,
         cold_note,

@@ -325,8 +325,8 @@ fn bench_loader_rejects_bad_crops() {
 #[test]
 fn bench_io_reports_stable_json_fields() {
     let dir = tempfile::tempdir().unwrap();
-    for backend in ["uring", "portable"] {
-        let v = json_of(
+    let run = |extra: &[&str]| {
+        json_of(
             &zcrop()
                 .args([
                     "bench",
@@ -336,16 +336,16 @@ fn bench_io_reports_stable_json_fields() {
                     "4M",
                     "--reads",
                     "500",
-                    "--queue-depth",
-                    "8",
-                    "--backend",
-                    backend,
                 ])
+                .args(extra)
                 .arg("--data-dir")
                 .arg(dir.path())
                 .output()
                 .unwrap(),
-        );
+        )
+    };
+    for (backend, name) in [("uring", "io_uring"), ("portable", "portable")] {
+        let v = run(&["--queue-depth", "8", "--backend", backend]);
         for key in [
             "backend",
             "block_size",
@@ -357,13 +357,12 @@ fn bench_io_reports_stable_json_fields() {
             assert!(v.get(key).is_some(), "no {key} in {v}");
         }
         assert_eq!(v["reads"], 500);
-        let name = if backend == "uring" {
-            "io_uring"
-        } else {
-            "portable"
-        };
         assert_eq!(v["backend"], name);
+        // The file was just read through (pre-read), so its ranges are served from a mapping.
+        let mapped = v["mapped_reads"].as_u64().expect("mapped_reads");
+        assert!(mapped > 0, "{v}");
     }
+    assert_eq!(run(&["--mmap=never"])["mapped_reads"], 0);
 }
 
 /// `zcrop bench s3://...` against a moto server on loopback: the same crops as the local run

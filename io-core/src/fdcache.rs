@@ -23,7 +23,7 @@ pub(crate) struct OpenFile {
     /// mapping failed (the file is then read normally).
     mapped: OnceLock<Option<Bytes>>,
     /// For a thread's own copy ([`OpenFile::reopen`]): the engine's cached file it was opened
-    /// from, whose mapping it shares.
+    /// from, whose mapping it shares (through a `Bytes` of its own).
     origin: Option<Arc<OpenFile>>,
 }
 
@@ -32,11 +32,15 @@ impl OpenFile {
     /// mapped under `policy` (too small for [`MapFiles::WhenCached`]) or cannot be (reads
     /// then go to the engine's backend).
     pub(crate) fn mapped(&self, path: &Path, policy: MapFiles) -> Option<&Bytes> {
-        if let Some(origin) = &self.origin {
-            return origin.mapped(path, policy);
-        }
         self.mapped
             .get_or_init(|| {
+                if let Some(origin) = &self.origin {
+                    // The thread's own `Bytes` over the same mapping: the views it cuts count
+                    // references in an owner of its own, not in one all threads update.
+                    return origin
+                        .mapped(path, policy)
+                        .map(|whole| Bytes::from_owner(whole.clone()));
+                }
                 if policy == MapFiles::WhenCached {
                     let len = self.file.metadata().map_or(0, |m| m.len());
                     if len < MAP_MIN_FILE_BYTES {

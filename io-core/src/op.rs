@@ -454,7 +454,12 @@ pub(crate) enum Resolution {
 /// says to serve it from the mapping: bounded ranges inside an intact mapping, and for
 /// [`MapFiles::WhenCached`] only ranges whose pages are all in memory (the file's size was
 /// checked when it was mapped).
-fn mapped_range(range: ReadRange, whole: &Bytes, policy: MapFiles) -> Option<(usize, usize)> {
+fn mapped_range(
+    range: ReadRange,
+    file: &std::fs::File,
+    whole: &Bytes,
+    policy: MapFiles,
+) -> Option<(usize, usize)> {
     let ReadRange::Bounded { offset, len } = range else {
         return None;
     };
@@ -466,7 +471,7 @@ fn mapped_range(range: ReadRange, whole: &Bytes, policy: MapFiles) -> Option<(us
     match policy {
         MapFiles::Never => None,
         MapFiles::Always => Some((start, end)),
-        MapFiles::WhenCached => sys::resident(whole, start, end).then_some((start, end)),
+        MapFiles::WhenCached => sys::resident(file, whole, start, end).then_some((start, end)),
     }
 }
 
@@ -496,7 +501,7 @@ pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> R
     // (`sink.map` is never set on an `O_DIRECT` engine.)
     if t.sink.map
         && let Some(whole) = file.mapped(&t.path, ctx.map_files)
-        && let Some((start, end)) = mapped_range(op.range, whole, ctx.map_files)
+        && let Some((start, end)) = mapped_range(op.range, &file.file, whole, ctx.map_files)
     {
         let data = whole.slice(start..end);
         serve_mapped(op, data, t, local);
