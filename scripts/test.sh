@@ -22,6 +22,22 @@ step() { printf '\n==> %s  (%ds)\n' "$*" $((SECONDS - START)); }
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
+# --- disk space --------------------------------------------------------------------------------
+# The build (a few GB under $CARGO_TARGET_DIR) and the tests' temporary arrays (a few hundred MB
+# under ${TMPDIR:-/tmp}) need room; a full disk otherwise shows up as some test's ENOSPC. When
+# either has less than 3 GiB free, say so and drop cargo's incremental caches (they only speed
+# up rebuilds).
+free_gib() { local n; n="$(df -Pk "$1" 2>/dev/null | awk 'NR == 2 { printf "%d", $4 / 1048576 }')"; echo "${n:-999}"; }
+mkdir -p "$CARGO_TARGET_DIR"
+for d in "$CARGO_TARGET_DIR" "${TMPDIR:-/tmp}"; do
+    if [ "$(free_gib "$d")" -lt 3 ]; then
+        step "low disk space: $(free_gib "$d") GiB free under $d"
+        rm -rf "$CARGO_TARGET_DIR"/*/incremental
+        echo "after dropping cargo's incremental caches: $(free_gib "$d") GiB free" \
+            "(zcrop's benchmark data, if any: ${ZCROP_BENCH_DATA:-${TMPDIR:-/tmp}/zcrop-bench-data})"
+    fi
+done
+
 # --- system packages ---------------------------------------------------------------------------
 missing=()
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)

@@ -729,7 +729,8 @@ pub fn ensure_io_file(dir: &std::path::Path, bytes: u64) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Random reads of `block_size` at block-aligned offsets (each block at most once) of `path`.
+/// Random reads of `block_size` at block-aligned offsets of `path` (each block at most once in
+/// a cold run; warm runs of more reads than blocks go round the same permutation again).
 pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchReport> {
     let file_bytes = std::fs::metadata(path)
         .with_context(|| format!("{}", path.display()))?
@@ -742,7 +743,13 @@ pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchRe
             opts.block_size
         );
     }
-    let reads = opts.reads.min(blocks);
+    // Cold runs read each block at most once (a block read twice would be cached); warm runs
+    // may go round the file again, so that fast reads of a small file still last long enough.
+    let reads = if opts.cold {
+        opts.reads.min(blocks)
+    } else {
+        opts.reads
+    };
     if opts.prewarm && !opts.cold {
         read_through(path)?;
     }
