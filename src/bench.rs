@@ -194,6 +194,15 @@ pub struct ArrayBenchReport {
     /// Chunks per second all `threads` decode together (decode only, each thread its own copy
     /// of the sample): what the machine really gives when every core decodes at once.
     pub parallel_decode_chunks_per_s: Option<f64>,
+    /// Like `parallel_decode_chunks_per_s`, on a sample of at least twice the last-level CPU
+    /// cache per thread, so the encoded bytes come from memory as they do in a crop read of a
+    /// large array, while the in-cache figures above keep them in the CPU's caches.
+    pub memory_decode_chunks_per_s: Option<f64>,
+    /// Encoded bytes of that sample per thread (256 random chunks, repeated until they reach
+    /// twice the cache).
+    pub memory_decode_sample_bytes: Option<u64>,
+    /// The last-level CPU cache the sample is sized by (bytes).
+    pub last_level_cache_bytes: u64,
     /// Totals over the timed batches.
     pub totals: TotalsReport,
     /// For a URL: the GETs the timed batches cost.
@@ -202,14 +211,17 @@ pub struct ArrayBenchReport {
 
 /// Decode rate (chunks/s, all threads together) of `sample` random stored chunks of `a` on
 /// `threads` threads at once, each decoding its own copy for at least `min_time`; `None` if
-/// none of the sampled chunks is stored.
+/// none of the sampled chunks is stored. With `min_bytes`, each thread's copy repeats the
+/// sample until its encoded bytes reach that (every repetition a copy of its own, in memory of
+/// its own, so a sample larger than the CPU caches is decoded from memory).
 pub fn decode_rate(
     a: &Array,
     sample: usize,
+    min_bytes: u64,
     seed: u64,
     min_time: Duration,
     threads: usize,
-) -> Result<Option<f64>> {
+) -> Result<Option<DecodeRate>> {
     let grid: Vec<u64> = a
         .shape()
         .iter()
@@ -225,9 +237,11 @@ pub fn decode_rate(
         .into_iter()
         .flatten()
         .collect();
-    if chunks.is_empty() {
+    let bytes: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+    if chunks.is_empty() || bytes == 0 {
         return Ok(None);
     }
+    let copies = usize::try_from(min_bytes.div_ceil(bytes).max(1))?;
     let threads = threads.max(1);
     // Every thread copies its sample first; the clocks start together once all have.
     let ready = std::sync::Barrier::new(threads);
@@ -247,9 +261,8 @@ pub fn decode_rate(
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 // Each thread decodes its own copy, so no two share cache lines of input.
-                let own: Vec<bytes::Bytes> = chunks
-                    .iter()
-                    .map(|c| bytes::Bytes::copy_from_slice(c))
+                let own: Vec<bytes::Bytes> = (0..copies)
+                    .flat_map(|_| chunks.iter().map(|c| bytes::Bytes::copy_from_slice(c)))
                     .collect();
                 let decode_for = &decode_for;
                 scope.spawn(move || decode_for(&own))
@@ -263,7 +276,42 @@ pub fn decode_rate(
             })
             .collect::<Result<Vec<_>>>()
     })?;
-    Ok(Some(per_thread.iter().map(|(n, s)| *n as f64 / s).sum()))
+    Ok(Some(DecodeRate {
+        chunks_per_s: per_thread.iter().map(|(n, s)| *n as f64 / s).sum(),
+        sample_chunks: chunks.len() * copies,
+        sample_bytes: bytes * copies as u64,
+    }))
+}
+
+/// What [`decode_rate`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeRate {
+    /// Chunks per second, all threads together.
+    pub chunks_per_s: f64,
+    /// Chunks in the sample, repetitions counted (each thread decodes its own copy).
+    pub sample_chunks: usize,
+    /// Their encoded bytes.
+    pub sample_bytes: u64,
+}
+
+/// The size of the last-level CPU cache (sysfs on Linux; 32 MiB where it cannot be read).
+fn last_level_cache_bytes() -> u64 {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    (0..8)
+        .filter_map(|i| std::fs::read_to_string(dir.join(format!("index{i}/size"))).ok())
+        .filter_map(|s| {
+            let s = s.trim();
+            let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+            let n: u64 = n.parse().ok()?;
+            Some(match unit {
+                "K" => n << 10,
+                "M" => n << 20,
+                "G" => n << 30,
+                _ => n,
+            })
+        })
+        .max()
+        .unwrap_or(32 << 20)
 }
 
 /// Totals of [`ReadStats`] over the timed batches.
@@ -473,13 +521,27 @@ pub fn run_array(
     }
     latencies.sort_by(f64::total_cmp);
     let crops = (latencies.len() * opts.batch_size) as f64;
-    let single = decode_rate(&a, 256, opts.seed, Duration::from_millis(700), 1)?;
+    let rate = |min_bytes, threads| {
+        decode_rate(
+            &a,
+            256,
+            min_bytes,
+            opts.seed,
+            Duration::from_millis(700),
+            threads,
+        )
+    };
     let threads = rayon::current_num_threads();
+    let single = rate(0, 1)?.map(|r| r.chunks_per_s);
     let parallel = if threads > 1 {
-        decode_rate(&a, 256, opts.seed, Duration::from_millis(700), threads)?
+        rate(0, threads)?.map(|r| r.chunks_per_s)
     } else {
         single
     };
+    // The same on all threads, with samples twice the size of the last-level cache: chunks
+    // whose bytes come from memory, as a crop's chunks of a large array do.
+    let llc = last_level_cache_bytes();
+    let from_memory = rate(2 * llc, threads)?;
     let chunks_per_s = totals.chunks_decoded as f64 / wall;
     Ok(ArrayBenchReport {
         backend: engine
@@ -532,6 +594,9 @@ pub fn run_array(
         single_core_chunks_per_s: single,
         decode_efficiency: single.map(|s| chunks_per_s / (s * threads as f64)),
         parallel_decode_chunks_per_s: parallel,
+        memory_decode_chunks_per_s: from_memory.map(|r| r.chunks_per_s),
+        memory_decode_sample_bytes: from_memory.map(|r| r.sample_bytes),
+        last_level_cache_bytes: llc,
         totals: TotalsReport {
             chunks: totals.chunks,
             chunks_decoded: totals.chunks_decoded,

@@ -493,6 +493,18 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
             ),
         );
     }
+    if let (Some(mem), Some(bytes)) = (r.memory_decode_chunks_per_s, r.memory_decode_sample_bytes) {
+        row(
+            &mut t,
+            "decode from memory",
+            format!(
+                "{mem:.0} chunks/s, all threads, samples of {} per thread (CPU cache {}); reached {:.0}%",
+                info::human_bytes(bytes),
+                info::human_bytes(r.last_level_cache_bytes),
+                r.chunks_per_s / mem * 100.0
+            ),
+        );
+    }
     row(
         &mut t,
         "decoded/output bytes",

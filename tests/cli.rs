@@ -163,6 +163,14 @@ fn bench_reports_stable_json_fields() {
     assert!(v["crops_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["single_core_chunks_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["parallel_decode_chunks_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["memory_decode_chunks_per_s"].as_f64().unwrap() > 0.0);
+    // The from-memory sample outgrows the CPU cache (this fixture's chunks repeat in it, but
+    // every one is a copy of its own).
+    let (sample, llc) = (
+        v["memory_decode_sample_bytes"].as_u64().unwrap(),
+        v["last_level_cache_bytes"].as_u64().unwrap(),
+    );
+    assert!(llc > 0 && sample >= 2 * llc, "{v}");
     let share = v["decoded_share_of_chunks"].as_f64().unwrap();
     assert!(share > 0.0 && share <= 1.0, "{v}");
     // A warm run of a local store reads all of it first.
