@@ -290,21 +290,27 @@ impl Huffman {
                 return corrupt("Huffman weights: no bit stream");
             };
             let mut bits = Backward::new(stream, "Huffman weights")?;
-            let first = bits.read(fse.log) as usize;
-            let mut states = [first, bits.read(fse.log) as usize];
-            // Two interleaved states; when the stream runs out the other state gives the
-            // final symbol.
-            for turn in (0..2).cycle() {
-                let e = fse.table[states[turn]];
+            let mut state = bits.read(fse.log) as usize;
+            let mut other = bits.read(fse.log) as usize;
+            // Two interleaved states, taking turns (swapped, so both stay in registers); when
+            // the stream runs out the other state gives the final symbol.
+            loop {
+                let Some(&e) = fse.table.get(state) else {
+                    return corrupt("Huffman weights: FSE state out of its table");
+                };
                 weights.push(e.symbol);
-                states[turn] = usize::from(e.new_state) + bits.read(u32::from(e.nb_bits)) as usize;
+                state = usize::from(e.new_state) + bits.read(u32::from(e.nb_bits)) as usize;
                 if bits.overflowed() {
-                    weights.push(fse.table[states[1 - turn]].symbol);
+                    let Some(last) = fse.table.get(other) else {
+                        return corrupt("Huffman weights: FSE state out of its table");
+                    };
+                    weights.push(last.symbol);
                     break;
                 }
                 if weights.len() > 255 {
                     break;
                 }
+                std::mem::swap(&mut state, &mut other);
             }
             if weights.len() > 255 {
                 return corrupt("Huffman weights: more than 255");
@@ -332,30 +338,65 @@ impl Huffman {
             return corrupt("Huffman weights do not complete a prefix code");
         }
         weights.push((rest.trailing_zeros() + 1) as u8);
-        let mut rank_count = [0u32; HUF_MAX_LOG as usize + 2];
-        for &w in &weights {
-            rank_count[w as usize] += 1;
+        // Weights never exceed 12 from here (each at most HUF_MAX_LOG, the implied last at most
+        // log + 1), so `w & 15` indexes without changing them.
+        //
+        // The table lists symbols by weight, and by symbol within a weight. Their places are
+        // counted in four quarters of the symbols at once, each with counters of its own:
+        // neighbouring symbols often share a weight, and one set of counters would make every
+        // step wait for the previous one's store.
+        let quarter = weights.len().div_ceil(4);
+        let mut counts = [[0u16; 16]; 4];
+        for i in 0..quarter {
+            for (q, c) in counts.iter_mut().enumerate() {
+                if let Some(&w) = weights.get(q * quarter + i) {
+                    c[usize::from(w & 15)] += 1;
+                }
+            }
+        }
+        let mut rank_count = [0usize; 16];
+        for c in &counts {
+            for (r, &n) in rank_count.iter_mut().zip(c) {
+                *r += usize::from(n);
+            }
         }
         if rank_count[1] < 2 || rank_count[1] % 2 == 1 {
             return corrupt("Huffman weights: odd count of the longest codes");
         }
-        let mut start = [0usize; HUF_MAX_LOG as usize + 2];
+        // Where each quarter's symbols of each weight go in `sorted`.
+        let mut slots = [[0usize; 16]; 4];
         let mut next = 0usize;
         for w in 1..=log as usize {
-            start[w] = next;
-            next += rank_count[w] as usize * (1 << (w - 1));
-        }
-        let mut entries = Box::new([0u16; 1 << HUF_MAX_LOG]);
-        for (symbol, &w) in weights.iter().enumerate() {
-            if w == 0 {
-                continue;
+            for (q, c) in counts.iter().enumerate() {
+                slots[q][w] = next;
+                next += usize::from(c[w]);
             }
-            let w = w as usize;
+        }
+        let mut sorted = [0u8; 256];
+        for i in 0..quarter {
+            for (q, slot) in slots.iter_mut().enumerate() {
+                let symbol = q * quarter + i;
+                if let Some(&w) = weights.get(symbol)
+                    && w != 0
+                {
+                    let at = &mut slot[usize::from(w & 15)];
+                    sorted[*at & 255] = symbol as u8;
+                    *at += 1;
+                }
+            }
+        }
+        // Each weight's symbols fill runs of 2^(w-1) entries, weight 1 first.
+        let mut entries = Box::new([0u16; 1 << HUF_MAX_LOG]);
+        let (mut symbol_at, mut entry_at) = (0usize, 0usize);
+        for w in 1..=log as usize {
             let len = 1usize << (w - 1);
-            let bits = log as usize + 1 - w;
-            let entry = (symbol as u16) | ((bits as u16) << 8);
-            entries[start[w]..start[w] + len].fill(entry);
-            start[w] += len;
+            let bits = (log as usize + 1 - w) as u16;
+            for &symbol in &sorted[symbol_at..symbol_at + rank_count[w]] {
+                let entry = u16::from(symbol) | (bits << 8);
+                entries[entry_at..entry_at + len].fill(entry);
+                entry_at += len;
+            }
+            symbol_at += rank_count[w];
         }
         Ok((Huffman { log, entries }, used))
     }
