@@ -827,16 +827,11 @@ pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchRe
                 false
             }
         };
-    // Distinct blocks: a random walk through a full-period affine permutation of 0..blocks.
+    // Distinct blocks in a uniformly random order (warm runs longer than the file go round it
+    // again in the same order).
     let mut rng = SplitMix::new(opts.seed);
-    let step = loop {
-        let s = rng.below(blocks).max(1) | 1;
-        if gcd(s, blocks) == 1 {
-            break s;
-        }
-    };
-    let start_block = rng.below(blocks);
-    let offset_of = |i: u64| (start_block + i * step) % blocks * opts.block_size;
+    let order = shuffled_prefix(blocks, reads.min(blocks), &mut rng);
+    let offset_of = |i: u64| order[(i % order.len() as u64) as usize] * opts.block_size;
     let p: Arc<std::path::Path> = Arc::from(path);
     let requests: Vec<ReadRequest> = (0..reads)
         .map(|i| {
@@ -907,8 +902,21 @@ pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchRe
     })
 }
 
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
+/// The first `n` values of a uniformly random permutation of `0..len` (`n <= len`): a partial
+/// Fisher-Yates shuffle that keeps only the positions it moved, so it costs O(n), not O(len).
+/// Uniformly random offsets, as fio's random reads are (an affine walk `start + i * step`, used
+/// before, reads an arithmetic progression of offsets).
+fn shuffled_prefix(len: u64, n: u64, rng: &mut SplitMix) -> Vec<u64> {
+    let mut moved: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    (0..n)
+        .map(|i| {
+            let j = i + rng.below(len - i);
+            let at_j = moved.get(&j).copied().unwrap_or(j);
+            let at_i = moved.get(&i).copied().unwrap_or(i);
+            moved.insert(j, at_i);
+            at_j
+        })
+        .collect()
 }
 
 /// The fast-path setting for a backend choice on the command line.
@@ -1064,6 +1072,22 @@ pub fn run_loader(path: &std::path::Path, opts: &LoaderBenchOptions) -> Result<L
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shuffled_prefixes_are_distinct_and_whole_ones_are_permutations() {
+        let mut rng = SplitMix::new(3);
+        let whole = shuffled_prefix(1000, 1000, &mut rng);
+        let mut sorted = whole.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1000).collect::<Vec<u64>>());
+        assert_ne!(whole, sorted, "shuffled");
+        let part = shuffled_prefix(1 << 40, 5000, &mut rng);
+        let distinct: std::collections::HashSet<u64> = part.iter().copied().collect();
+        assert_eq!(distinct.len(), 5000);
+        assert!(part.iter().all(|&b| b < 1 << 40));
+        // Spread over the range, not bunched at its start.
+        assert!(part.iter().filter(|&&b| b >= 1 << 39).count() > 2000);
+    }
 
     #[test]
     #[allow(clippy::float_cmp)] // exact: the values are small integers

@@ -49,7 +49,9 @@ pub enum MapFiles {
     /// Never: every read is a read.
     Never,
     /// Files of at least [`MAP_MIN_FILE_BYTES`], for ranges whose pages are all in memory
-    /// (one `mincore` call per read; the default). Cold ranges are read through the backend,
+    /// (one `cachestat` call per read on Linux 6.5 and later, else one `mincore`; while a
+    /// thread's recent ranges were mostly not in memory, only one read in 32 asks; the
+    /// default). Cold ranges are read through the backend,
     /// so they keep its queue depth instead of faulting in one page at a time. For a file this
     /// process neither owns nor may write, Linux reports only the pages already mapped into
     /// the process, so cached pages not yet touched through the mapping are read.

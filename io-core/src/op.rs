@@ -174,6 +174,46 @@ const CREDIT_READS: usize = 16;
 /// share of the byte budget idle).
 const CREDIT_MAX_READ: u64 = 64 << 10;
 
+/// Whether asking the page cache about a thread's reads keeps paying off: while at least half
+/// of the last [`CacheProbe::WINDOW`] answers were "cached", every read asks; otherwise (a
+/// cold file) only one read in [`CacheProbe::PROBE_EVERY`] does, and the others go straight to
+/// the backend, sparing a system call each. Used for the `RWF_NOWAIT` fast path and for the
+/// residency check before serving a read from a mapping.
+#[derive(Debug, Default)]
+pub(crate) struct CacheProbe {
+    cold: bool,
+    tries: u32,
+    hits: u32,
+    skipped: u32,
+}
+
+impl CacheProbe {
+    /// Answers per verdict.
+    const WINDOW: u32 = 64;
+    /// While cold, one read in this many asks.
+    const PROBE_EVERY: u32 = 32;
+
+    /// Whether this read should ask (and then [`CacheProbe::record`] the answer).
+    pub(crate) fn should_ask(&mut self) -> bool {
+        if !self.cold {
+            return true;
+        }
+        self.skipped += 1;
+        self.skipped.is_multiple_of(Self::PROBE_EVERY)
+    }
+
+    /// Records an answer.
+    pub(crate) fn record(&mut self, hit: bool) {
+        self.tries += 1;
+        self.hits += u32::from(hit);
+        if self.tries >= Self::WINDOW {
+            self.cold = self.hits * 2 < self.tries;
+            self.tries = 0;
+            self.hits = 0;
+        }
+    }
+}
+
 /// Per-thread state of a worker (or a helping consumer): results not yet delivered, counters
 /// not yet published, the last file used, and budget taken ahead.
 #[derive(Debug, Default)]
@@ -187,6 +227,8 @@ pub(crate) struct Local {
     /// Budget taken for this thread's next reads and not yet handed to one; given back at
     /// every flush, so a thread never sits on budget while it waits.
     credit: Option<Permit>,
+    /// Whether ranges of mapped files keep being found in memory ([`MapFiles::WhenCached`]).
+    map_probe: CacheProbe,
 }
 
 impl Local {
@@ -453,12 +495,13 @@ pub(crate) enum Resolution {
 /// The part of `whole` (a mapped file) that serves a read of `range`, if the engine's policy
 /// says to serve it from the mapping: bounded ranges inside an intact mapping, and for
 /// [`MapFiles::WhenCached`] only ranges whose pages are all in memory (the file's size was
-/// checked when it was mapped).
+/// checked when it was mapped), asked only as often as `probe` says.
 fn mapped_range(
     range: ReadRange,
     file: &std::fs::File,
     whole: &Bytes,
     policy: MapFiles,
+    probe: &mut CacheProbe,
 ) -> Option<(usize, usize)> {
     let ReadRange::Bounded { offset, len } = range else {
         return None;
@@ -471,7 +514,14 @@ fn mapped_range(
     match policy {
         MapFiles::Never => None,
         MapFiles::Always => Some((start, end)),
-        MapFiles::WhenCached => sys::resident(file, whole, start, end).then_some((start, end)),
+        MapFiles::WhenCached => {
+            if !probe.should_ask() {
+                return None;
+            }
+            let cached = sys::resident(file, whole, start, end);
+            probe.record(cached);
+            cached.then_some((start, end))
+        }
     }
 }
 
@@ -501,7 +551,13 @@ pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> R
     // (`sink.map` is never set on an `O_DIRECT` engine.)
     if t.sink.map
         && let Some(whole) = file.mapped(&t.path, ctx.map_files)
-        && let Some((start, end)) = mapped_range(op.range, &file.file, whole, ctx.map_files)
+        && let Some((start, end)) = mapped_range(
+            op.range,
+            &file.file,
+            whole,
+            ctx.map_files,
+            &mut local.map_probe,
+        )
     {
         let data = whole.slice(start..end);
         serve_mapped(op, data, t, local);
@@ -787,4 +843,37 @@ impl Active {
 /// `EINTR` and `EAGAIN`: try the same read again.
 pub(crate) fn is_retryable(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CacheProbe;
+
+    /// Asks of `n` reads, each answered `hit`.
+    fn asks(p: &mut CacheProbe, n: u32, hit: bool) -> u32 {
+        let mut asked = 0;
+        for _ in 0..n {
+            if p.should_ask() {
+                p.record(hit);
+                asked += 1;
+            }
+        }
+        asked
+    }
+
+    #[test]
+    fn a_cold_probe_asks_one_read_in_32_and_warms_up_again() {
+        let mut p = CacheProbe::default();
+        assert_eq!(asks(&mut p, 1024, true), 1024, "warm: every read asks");
+        assert_eq!(asks(&mut p, 64, false), 64, "a window of misses");
+        assert_eq!(asks(&mut p, 2048, false), 64, "cold: one read in 32");
+        // Hits come back: a window of 64 answers (64 * 32 reads) turns it warm again.
+        let n = 64 * CacheProbe::PROBE_EVERY;
+        assert_eq!(asks(&mut p, n, true), 64);
+        assert_eq!(asks(&mut p, 500, true), 500, "warm again");
+        // Half hits keep it warm.
+        for _ in 0..10 {
+            assert_eq!(asks(&mut p, 32, true) + asks(&mut p, 32, false), 64);
+        }
+    }
 }

@@ -25,7 +25,8 @@ use io_uring::{IoUring, opcode, squeue, types};
 use crate::engine::FastPath;
 use crate::error::{EngineError, IoError};
 use crate::op::{
-    Active, Attempt, Ctx, Local, Resolution, Resolved, Run, Target, Work, is_retryable, resolve,
+    Active, Attempt, CacheProbe, Ctx, Local, Resolution, Resolved, Run, Target, Work, is_retryable,
+    resolve,
 };
 use crate::sys::EventFd;
 
@@ -146,39 +147,20 @@ impl Charge {
 /// Tracks whether `RWF_NOWAIT` reads keep finding data in the page cache.
 struct FastPathState {
     mode: FastPath,
-    /// Reads mostly miss the cache: only probe now and then.
-    cold: bool,
-    tries: u32,
-    hits: u32,
-    skipped: u32,
+    probe: CacheProbe,
 }
 
 impl FastPathState {
-    /// Attempts per verdict.
-    const WINDOW: u32 = 64;
-    /// In cold mode, one read in this many probes the cache.
-    const PROBE_EVERY: u32 = 32;
-
     fn should_try(&mut self) -> bool {
         match self.mode {
             FastPath::Never => false,
             FastPath::Always => true,
-            FastPath::Auto if !self.cold => true,
-            FastPath::Auto => {
-                self.skipped += 1;
-                self.skipped.is_multiple_of(Self::PROBE_EVERY)
-            }
+            FastPath::Auto => self.probe.should_ask(),
         }
     }
 
     fn record(&mut self, hit: bool) {
-        self.tries += 1;
-        self.hits += u32::from(hit);
-        if self.tries >= Self::WINDOW {
-            self.cold = self.hits * 2 < self.tries;
-            self.tries = 0;
-            self.hits = 0;
-        }
+        self.probe.record(hit);
     }
 }
 
@@ -228,10 +210,7 @@ impl Worker {
             fast: FastPathState {
                 // O_DIRECT reads bypass the page cache; RWF_NOWAIT would only add a syscall.
                 mode: if direct { FastPath::Never } else { fast_path },
-                cold: false,
-                tries: 0,
-                hits: 0,
-                skipped: 0,
+                probe: CacheProbe::default(),
             },
             local: Local::default(),
             ctx,
