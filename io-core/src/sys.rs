@@ -439,10 +439,10 @@ fn cached(file: &File, offset: u64, len: u64) -> Option<bool> {
     let r = unsafe {
         libc::syscall(
             SYS_CACHESTAT,
-            file.as_raw_fd(),
+            libc::c_long::from(file.as_raw_fd()),
             &raw const range,
             stat.as_mut_ptr(),
-            0u32,
+            0 as libc::c_long,
         )
     };
     if r != 0 {
