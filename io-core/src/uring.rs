@@ -104,6 +104,15 @@ pub(crate) fn spawn(
     }
 }
 
+/// Reads queued in the ring are handed to the kernel as soon as this many wait, not all at
+/// once when the worker next waits for completions. A batch of reads submitted together
+/// reaches the disk as one plugged batch; on this project's virtual disk, cold 4 KiB reads at
+/// queue depth 64 ran at 79-81k/s submitted as the worker refilled the ring (one enter per
+/// 16 reads) and 94-97k/s submitted every 1 or 4 (fio: 84k/s submitting one at a time, 75-77k
+/// in batches of 64). Reads served from the page cache never reach the ring, so the extra
+/// system calls are paid only by reads that wait for the disk.
+const SUBMIT_EVERY: usize = 4;
+
 /// A ring with room for `depth` reads plus the eventfd read, with the cheapest task-running
 /// mode the kernel offers.
 fn build_ring(depth: usize) -> io::Result<IoUring> {
@@ -366,6 +375,22 @@ impl Worker {
         self.slots[slot] = Some((active, t));
         self.in_flight += 1;
         self.push_entry(&entry);
+        if self.ring.submission().len() >= SUBMIT_EVERY {
+            self.submit_queued();
+        }
+    }
+
+    /// Hands the queued entries to the kernel now, without waiting.
+    fn submit_queued(&mut self) {
+        if let Err(e) = self.ring.submit()
+            && !matches!(
+                e.raw_os_error(),
+                Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+            )
+        {
+            log::error!("io_uring submit failed: {e}");
+        }
+        self.local.counters.ring_enters += 1;
     }
 
     fn arm_waker(&mut self) {
@@ -390,15 +415,7 @@ impl Worker {
             }
             // Queue full: hand the queued entries to the kernel and retry. The ring has room
             // for `depth + 1` entries and at most that many are outstanding, so this is rare.
-            if let Err(e) = self.ring.submit()
-                && !matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                )
-            {
-                log::error!("io_uring submit failed: {e}");
-            }
-            self.local.counters.ring_enters += 1;
+            self.submit_queued();
         }
     }
 
