@@ -278,7 +278,6 @@ pub fn decode_rate(
     })?;
     Ok(Some(DecodeRate {
         chunks_per_s: per_thread.iter().map(|(n, s)| *n as f64 / s).sum(),
-        sample_chunks: chunks.len() * copies,
         sample_bytes: bytes * copies as u64,
     }))
 }
@@ -288,8 +287,6 @@ pub fn decode_rate(
 pub struct DecodeRate {
     /// Chunks per second, all threads together.
     pub chunks_per_s: f64,
-    /// Chunks in the sample, repetitions counted (each thread decodes its own copy).
-    pub sample_chunks: usize,
     /// Their encoded bytes.
     pub sample_bytes: u64,
 }

@@ -167,10 +167,6 @@ impl FastPathState {
             FastPath::Auto => self.probe.should_ask(),
         }
     }
-
-    fn record(&mut self, hit: bool) {
-        self.probe.record(hit);
-    }
 }
 
 struct Worker {
@@ -340,7 +336,7 @@ impl Worker {
             }
             match active.try_cached(&t, &mut self.local) {
                 Attempt::Done => {
-                    self.fast.record(true);
+                    self.fast.probe.record(true);
                     // Served from the page cache without the ring: deliver as we go, not only
                     // when the queue runs dry (consumers wait for these; they hold buffers).
                     if self.local.pending() >= FLUSH_AT {
@@ -348,7 +344,7 @@ impl Worker {
                     }
                 }
                 Attempt::Missed(rest) => {
-                    self.fast.record(false);
+                    self.fast.probe.record(false);
                     self.push(rest, t.into_owned());
                 }
                 Attempt::Unsupported(rest) => {
