@@ -268,6 +268,10 @@ enum Cursor {
 /// cost ~10% more per chunk, measured on the benchmark's v2 chunks).
 const DECODE_GROUP: usize = 4;
 
+/// Chunks of at most this many decoded bytes are decoded in groups of [`DECODE_GROUP`] with the
+/// next chunk's bytes prefetched (see `Array::decode_and_stitch_each`).
+const PREFETCHED_CHUNK_BYTES: usize = 64 << 10;
+
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
@@ -1017,7 +1021,11 @@ impl Array {
             }
             // zstd chunks decode their needed parts faster several at a time (their literal
             // streams interleave): completions go to tasks in groups.
-            let group_size = if core.chunk_cache.is_none() && core.decoder.decodes_in_groups() {
+            // Small chunks go to tasks in groups too, decoded one after the other, each with
+            // the next one's bytes asked for meanwhile (see `decode_and_stitch_each`).
+            let grouped = core.decoder.decodes_in_groups()
+                || core.decoder.chunk_bytes <= PREFETCHED_CHUNK_BYTES;
+            let group_size = if core.chunk_cache.is_none() && grouped {
                 DECODE_GROUP
             } else {
                 1
@@ -1037,8 +1045,10 @@ impl Array {
                     }
                     let decoded = if group.len() == 1 {
                         vec![self.decode_and_stitch(ctx, group[0].0, &group[0].1, grid)]
-                    } else {
+                    } else if core.decoder.decodes_in_groups() {
                         self.decode_and_stitch_group(ctx, &group, grid)
+                    } else {
+                        self.decode_and_stitch_each(ctx, &group, grid)
                     };
                     for ((i, bytes), decoded) in group.iter().zip(decoded) {
                         let Source::Read { storage, range } = &sources[*i] else {
@@ -1139,6 +1149,9 @@ impl Array {
                 members.push(k);
             }
         }
+        for &k in &members {
+            crate::stitch::prefetch_read(&group[k].1);
+        }
         let items: Vec<(&[u8], Range<usize>)> = members
             .iter()
             .map(|&k| {
@@ -1160,6 +1173,31 @@ impl Array {
         results
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err("chunk left undecoded".into())))
+            .collect()
+    }
+
+    /// Decodes the leaves of `group` one after the other ([`Self::decode_and_stitch`]); while
+    /// one decodes, the next one's encoded bytes are asked for, so that they come from memory
+    /// (a mapping of the page cache, which the CPU has not seen) in parallel rather than one
+    /// cache miss at a time as the decoder reaches them.
+    fn decode_and_stitch_each(
+        &self,
+        ctx: &StitchCtx<'_, '_>,
+        group: &[(usize, Bytes)],
+        grid: &[u64],
+    ) -> Vec<Result<ReadStats, String>> {
+        if let Some((_, first)) = group.first() {
+            crate::stitch::prefetch_read(first);
+        }
+        group
+            .iter()
+            .enumerate()
+            .map(|(k, (i, bytes))| {
+                if let Some((_, next)) = group.get(k + 1) {
+                    crate::stitch::prefetch_read(next);
+                }
+                self.decode_and_stitch(ctx, *i, bytes, grid)
+            })
             .collect()
     }
 
