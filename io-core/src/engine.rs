@@ -1,6 +1,6 @@
 //! [`IoEngine`]: the batch API, backend selection and the planning of physical reads.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
+use rustc_hash::FxHashMap;
 
 use crate::budget::Budget;
 use crate::coalesce::{CoalesceLimits, coalesce};
@@ -609,7 +610,7 @@ fn plan(
         suffix: Vec<(u64, u64)>, // (n, id)
     }
     let mut files: Vec<(Arc<Path>, FileReqs)> = Vec::new();
-    let mut index: HashMap<Arc<Path>, usize> = HashMap::new();
+    let mut index: FxHashMap<Arc<Path>, usize> = FxHashMap::default();
     for r in requests {
         // Runs of requests usually share one path (often the same `Arc`): skip the hashing.
         let i = match files.last() {
@@ -991,6 +992,7 @@ impl Drop for Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     /// Runs hold reads of several files; each read names its own file's target, and a run has
     /// one target per file it reads.

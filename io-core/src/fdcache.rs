@@ -1,6 +1,5 @@
 //! A bounded least-recently-used cache of open files.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::Path;
@@ -9,6 +8,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 use crate::engine::{MAP_MIN_FILE_BYTES, MapFiles};
 use crate::sys;
@@ -101,7 +101,7 @@ pub(crate) struct FdCache {
 
 #[derive(Debug, Default)]
 struct Inner {
-    map: HashMap<(Arc<Path>, bool), (Arc<OpenFile>, u64)>,
+    map: FxHashMap<(Arc<Path>, bool), (Arc<OpenFile>, u64)>,
     tick: u64,
 }
 

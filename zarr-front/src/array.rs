@@ -9,6 +9,8 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -231,7 +233,7 @@ struct Core {
     options: OpenOptions,
     verify_checksums: bool,
     index_cache: LruCache<(Arc<Path>, usize, u64), Arc<[u64]>>,
-    chunk_cache: Option<LruCache<u64, Arc<[u8]>>>,
+    chunk_cache: Option<ChunkCache>,
 }
 
 /// Where a leaf chunk's bytes are.
@@ -262,6 +264,9 @@ enum Cursor {
         len: Option<u64>,
     },
 }
+
+/// Decoded chunks by their leaf coordinates.
+type ChunkCache = LruCache<Box<[u64]>, Arc<[u8]>>;
 
 /// Chunks decoded per task where the decoder gains from decoding several together: four
 /// interleave enough independent zstd literal streams to keep a core busy (grouped by two
@@ -913,7 +918,7 @@ impl Array {
 
     fn plan_error(&self, e: &PlanError) -> ZarrError {
         match e {
-            PlanError::TooLarge => {
+            PlanError::TooLarge | PlanError::TooManyChunks => {
                 ZarrError::InvalidArgument(format!("array {:?}: {e}", self.core.name))
             }
             _ => ZarrError::OutOfBounds {
@@ -931,11 +936,6 @@ impl Array {
             key: key.to_string(),
             range,
         })
-    }
-
-    /// Linear index of a leaf chunk in the leaf grid (decoded-chunk cache key).
-    fn leaf_linear(coords: &[u64], grid: &[u64]) -> u64 {
-        coords.iter().zip(grid).fold(0, |acc, (c, g)| acc * g + c)
     }
 
     /// Runs a plan: locate, fetch, decode and stitch.
@@ -976,11 +976,10 @@ impl Array {
     fn fetch_and_stitch(&self, ctx: &StitchCtx<'_, '_>, stats: &mut ReadStats) -> Result<()> {
         let core = &*self.core;
         let plan = ctx.plan;
-        let grid = core.layout.leaf_grid();
         let mut sources: Vec<Option<Source>> = vec![None; plan.num_leaves()];
         if let Some(cache) = &core.chunk_cache {
             for (i, leaf) in plan.leaves.iter().enumerate() {
-                if let Some(chunk) = cache.get(&Self::leaf_linear(&leaf.coords, &grid)) {
+                if let Some(chunk) = cache.get(&leaf.coords.clone().into_boxed_slice()) {
                     sources[i] = Some(Source::Cached(chunk));
                     stats.chunks_cached += 1;
                 }
@@ -1005,7 +1004,6 @@ impl Array {
             })
             .collect();
         let sharded = !core.layout.levels.is_empty();
-        let grid = &grid;
         let throttle = Throttle::for_current_pool();
         let throttle = &throttle;
         rayon::in_place_scope(|scope| {
@@ -1044,11 +1042,11 @@ impl Array {
                         return;
                     }
                     let decoded = if group.len() == 1 {
-                        vec![self.decode_and_stitch(ctx, group[0].0, &group[0].1, grid)]
+                        vec![self.decode_and_stitch(ctx, group[0].0, &group[0].1)]
                     } else if core.decoder.decodes_in_groups() {
-                        self.decode_and_stitch_group(ctx, &group, grid)
+                        self.decode_and_stitch_group(ctx, &group)
                     } else {
-                        self.decode_and_stitch_each(ctx, &group, grid)
+                        self.decode_and_stitch_each(ctx, &group)
                     };
                     for ((i, bytes), decoded) in group.iter().zip(decoded) {
                         let Source::Read { storage, range } = &sources[*i] else {
@@ -1135,7 +1133,6 @@ impl Array {
         &self,
         ctx: &StitchCtx<'_, '_>,
         group: &[(usize, Bytes)],
-        grid: &[u64],
     ) -> Vec<Result<ReadStats, String>> {
         let core = &*self.core;
         let plan = ctx.plan;
@@ -1144,7 +1141,7 @@ impl Array {
         let mut members = Vec::with_capacity(group.len());
         for (k, (i, bytes)) in group.iter().enumerate() {
             if plan.leaves[*i].needed.len() >= full {
-                results[k] = Some(self.decode_and_stitch(ctx, *i, bytes, grid));
+                results[k] = Some(self.decode_and_stitch(ctx, *i, bytes));
             } else {
                 members.push(k);
             }
@@ -1184,7 +1181,6 @@ impl Array {
         &self,
         ctx: &StitchCtx<'_, '_>,
         group: &[(usize, Bytes)],
-        grid: &[u64],
     ) -> Vec<Result<ReadStats, String>> {
         if let Some((_, first)) = group.first() {
             crate::stitch::prefetch_read(first);
@@ -1196,7 +1192,7 @@ impl Array {
                 if let Some((_, next)) = group.get(k + 1) {
                     crate::stitch::prefetch_read(next);
                 }
-                self.decode_and_stitch(ctx, *i, bytes, grid)
+                self.decode_and_stitch(ctx, *i, bytes)
             })
             .collect()
     }
@@ -1207,7 +1203,6 @@ impl Array {
         ctx: &StitchCtx<'_, '_>,
         i: usize,
         bytes: &Bytes,
-        grid: &[u64],
     ) -> Result<ReadStats, String> {
         let core = &*self.core;
         let plan = ctx.plan;
@@ -1228,7 +1223,7 @@ impl Array {
                 return Ok(stats);
             }
             cache.insert(
-                Self::leaf_linear(&leaf.coords, grid),
+                leaf.coords.clone().into_boxed_slice(),
                 Arc::clone(&chunk),
                 chunk.len(),
             );
@@ -1298,7 +1293,7 @@ impl Array {
         let core = &*self.core;
         let layout = &core.layout;
         let mut storages: Vec<Storage> = Vec::new();
-        let mut storage_index: HashMap<Vec<u64>, usize> = HashMap::new();
+        let mut storage_index: FxHashMap<Vec<u64>, usize> = FxHashMap::default();
         let mut inner_of: Vec<Vec<usize>> = Vec::with_capacity(plan.num_leaves());
         let mut cursors: Vec<Cursor> = Vec::with_capacity(plan.num_leaves());
         for (leaf, known) in plan.leaves.iter().zip(&known) {
@@ -1327,7 +1322,7 @@ impl Array {
 
         for (level_no, level) in layout.levels.iter().enumerate() {
             // The indexes this level needs: one per distinct (file, shard start).
-            let mut wanted: HashMap<(usize, u64), Option<Arc<[u64]>>> = HashMap::new();
+            let mut wanted: FxHashMap<(usize, u64), Option<Arc<[u64]>>> = FxHashMap::default();
             for c in &cursors {
                 if let Cursor::In { storage, base, .. } = *c {
                     wanted.entry((storage, base)).or_insert(None);

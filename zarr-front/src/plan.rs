@@ -14,7 +14,7 @@
 //! stitcher write copies from many threads at once (`crate::stitch`). Each leaf chunk appears
 //! once in the plan however many requests touch it, so it is read and decoded once.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// What a read selects along one dimension.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +146,8 @@ pub enum PlanError {
     },
     /// The output would not fit in memory's address space.
     TooLarge,
+    /// The array has more chunks than a 128-bit number counts (the planner numbers them).
+    TooManyChunks,
 }
 
 impl std::error::Error for PlanError {}
@@ -166,6 +168,9 @@ impl std::fmt::Display for PlanError {
                 )
             }
             PlanError::TooLarge => f.write_str("the selection is too large to hold in memory"),
+            PlanError::TooManyChunks => {
+                f.write_str("the array has more than 2^128 chunks, more than zcrop can number")
+            }
         }
     }
 }
@@ -206,7 +211,7 @@ fn split_dim(
         }
         DimSelection::Points(points) => {
             let mut by_chunk: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
-            let mut index: HashMap<u64, usize> = HashMap::new();
+            let mut index: FxHashMap<u64, usize> = FxHashMap::default();
             for (out, &p) in points.iter().enumerate() {
                 if p >= extent {
                     return Err(PlanError::OutOfBounds {
@@ -308,8 +313,17 @@ impl Plan {
             .zip(leaf_shape)
             .map(|(s, c)| s.div_ceil(*c))
             .collect();
-        let mut leaf_index: HashMap<u64, usize> = HashMap::new();
-        let mut per_leaf: Vec<(Vec<u64>, Vec<u32>)> = Vec::new();
+        // Leaves are found and sorted by their C-order index in the grid.
+        if grid
+            .iter()
+            .try_fold(1u128, |n, &g| n.checked_mul(u128::from(g)))
+            .is_none()
+        {
+            return Err(PlanError::TooManyChunks);
+        }
+        let mut leaf_index: FxHashMap<u128, usize> = FxHashMap::default();
+        // (linear index in the grid, coordinates, copy records)
+        let mut per_leaf: Vec<(u128, Vec<u64>, Vec<u32>)> = Vec::new();
         let mut coords = vec![0u64; ndim];
         let mut idx = vec![0usize; ndim];
         for (r, req) in planned.iter().enumerate() {
@@ -319,24 +333,24 @@ impl Plan {
             if ndim == 0 {
                 // A 0-d array has one chunk.
                 let slot = *leaf_index.entry(0).or_insert_with(|| {
-                    per_leaf.push((Vec::new(), Vec::new()));
+                    per_leaf.push((0, Vec::new(), Vec::new()));
                     per_leaf.len() - 1
                 });
-                per_leaf[slot].1.push(r as u32);
+                per_leaf[slot].2.push(r as u32);
                 continue;
             }
             idx.fill(0);
             'odometer: loop {
-                let mut linear = 0u64;
+                let mut linear = 0u128;
                 for d in 0..ndim {
                     coords[d] = req.dims[d][idx[d]].0;
-                    linear = linear * grid[d] + coords[d];
+                    linear = linear * u128::from(grid[d]) + u128::from(coords[d]);
                 }
                 let slot = *leaf_index.entry(linear).or_insert_with(|| {
-                    per_leaf.push((coords.clone(), Vec::new()));
+                    per_leaf.push((linear, coords.clone(), Vec::new()));
                     per_leaf.len() - 1
                 });
-                let rec = &mut per_leaf[slot].1;
+                let rec = &mut per_leaf[slot].2;
                 rec.push(r as u32);
                 rec.extend(idx.iter().map(|&i| i as u32));
                 // Next combination of pieces.
@@ -354,14 +368,14 @@ impl Plan {
                 }
             }
         }
-        // Storage order: leaves sorted by their position in the grid.
-        per_leaf.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        // Storage order: leaves sorted by their position in the grid (C order, as `linear`).
+        per_leaf.sort_unstable_by_key(|l| l.0);
 
         let mut copies = Vec::new();
         let mut copies_per_request = vec![0u32; planned.len()];
         let mut leaves = Vec::with_capacity(per_leaf.len());
         let strides = c_strides(leaf_shape);
-        for (coords, recs) in per_leaf {
+        for (_, coords, recs) in per_leaf {
             let start = copies.len();
             copies.extend_from_slice(&recs);
             for rec in recs.chunks_exact(1 + ndim) {
@@ -542,6 +556,26 @@ mod tests {
         ));
         assert!(Plan::new(&[10], &[4], 1, &[vec![DimSelection::Points(vec![10])]]).is_err());
         assert!(Plan::new(&[u64::MAX], &[1 << 40], 8, &[vec![range(0, u64::MAX)]]).is_err());
+    }
+
+    #[test]
+    fn chunk_grids_past_64_bits_number_their_chunks_apart() {
+        // 2^63 x 2^63 chunks: a 64-bit C-order number of chunk (2, 0) wraps to that of (0, 0).
+        let n = 1u64 << 63;
+        let plan = Plan::new(
+            &[n, n],
+            &[1, 1],
+            1,
+            &[vec![DimSelection::Points(vec![0, 2]), range(0, 1)]],
+        )
+        .unwrap();
+        let coords: Vec<_> = plan.leaves.iter().map(|l| l.coords.clone()).collect();
+        assert_eq!(coords, [vec![0, 0], vec![2, 0]]);
+        // More chunks than 128 bits number is a clear error, not wrong data.
+        assert_eq!(
+            Plan::new(&[n, n, n], &[1, 1, 1], 1, &[vec![range(0, 1); 3]]).unwrap_err(),
+            PlanError::TooManyChunks
+        );
     }
 
     #[test]
