@@ -656,7 +656,15 @@ impl Array {
     /// array the inner chunks its shard indexes list (all indexes read in one submission).
     pub fn storage_summary(&self) -> Result<StorageSummary> {
         let grid = self.storage_grid_shape();
-        let total: u64 = grid.iter().product();
+        let total = grid
+            .iter()
+            .try_fold(1u64, |n, &g| n.checked_mul(g))
+            .ok_or_else(|| {
+                ZarrError::InvalidArgument(format!(
+                    "array {:?}: its grid {grid:?} has more than 2^64 storage chunks to count",
+                    self.core.name
+                ))
+            })?;
         let mut summary = StorageSummary {
             storage_chunks: total,
             ..StorageSummary::default()

@@ -308,6 +308,33 @@ fn out_of_bounds_and_malformed_reads() {
 }
 
 #[test]
+fn chunk_grids_too_large_to_number_or_count() {
+    // 2^62 x 2^62 chunks of one element: reads work (each chunk is missing: fill value).
+    let (_d, store) = copy_store("v3_bytes_le_raw");
+    set_json(&store.join("zarr.json"), |v| {
+        v["shape"] = serde_json::json!([1u64 << 62, 1u64 << 62]);
+        v["chunk_grid"]["configuration"]["chunk_shape"] = serde_json::json!([1, 1]);
+    });
+    let a = open(&store);
+    let got = a.read_region(&[(1 << 62) - 2, 0], &[2, 2]).unwrap();
+    assert_eq!(got.len(), 4 * a.element_size());
+    match a.storage_summary() {
+        Err(ZarrError::InvalidArgument(msg)) => assert!(msg.contains("2^64"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+    // 2^60 x 2^60 x 2^60 chunks: more than 128 bits number.
+    let (_d3, store3) = copy_store("v3_crc32c_i1");
+    set_json(&store3.join("zarr.json"), |v| {
+        v["shape"] = serde_json::json!([1u64 << 60, 1u64 << 60, 1u64 << 60]);
+        v["chunk_grid"]["configuration"]["chunk_shape"] = serde_json::json!([1, 1, 1]);
+    });
+    match open(&store3).read_region(&[0, 0, 0], &[1, 1, 1]) {
+        Err(ZarrError::InvalidArgument(msg)) => assert!(msg.contains("2^128"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn missing_store_and_wrong_node_type() {
     let dir = tempfile::tempdir().unwrap();
     let err = zcrop_zarr::open(dir.path().join("nope.zarr")).unwrap_err();
