@@ -364,6 +364,8 @@ impl Array {
                 "range {range:?} outside a chunk of {full} bytes"
             )));
         }
+        // As a read does before decoding a chunk (here it exercises its header parsing).
+        self.core.decoder.prefetch(encoded, &range);
         let mut scratch = Vec::new();
         let (bytes, _) = self
             .core
@@ -1190,15 +1192,23 @@ impl Array {
         ctx: &StitchCtx<'_, '_>,
         group: &[(usize, Bytes)],
     ) -> Vec<Result<ReadStats, String>> {
-        if let Some((_, first)) = group.first() {
-            crate::stitch::prefetch_read(first);
+        let decoder = &self.core.decoder;
+        // Two steps ahead, the first cache line (a blosc header); one step ahead, what the
+        // decoder reads from there.
+        let first_line =
+            |bytes: &Bytes| crate::stitch::prefetch_read(&bytes[..bytes.len().min(64)]);
+        for (_, bytes) in group.iter().take(2) {
+            first_line(bytes);
         }
         group
             .iter()
             .enumerate()
             .map(|(k, (i, bytes))| {
-                if let Some((_, next)) = group.get(k + 1) {
-                    crate::stitch::prefetch_read(next);
+                if let Some((_, later)) = group.get(k + 2) {
+                    first_line(later);
+                }
+                if let Some((j, next)) = group.get(k + 1) {
+                    decoder.prefetch(next, &ctx.plan.leaves[*j].needed);
                 }
                 self.decode_and_stitch(ctx, *i, bytes)
             })

@@ -313,6 +313,54 @@ pub(crate) fn open<'a>(
     Ok(chunk)
 }
 
+/// Asks the CPU for the bytes of `src`, a blosc chunk, that [`open`] reads for `want`: the
+/// header's line must have been asked for earlier (it is read here). For a chunk of one block of
+/// two splits (16-bit samples, shuffled), the first split's needed range if it is stored raw
+/// and the second split (its needed range if raw, whole if compressed); for others, all of
+/// `src`. Bad or short headers ask for nothing: [`open`] reports them.
+pub(crate) fn prefetch(src: &[u8], want: Range<usize>) {
+    let prefetch_range = |r: Range<usize>| {
+        if let Some(bytes) = src.get(r) {
+            stitch::prefetch_read(bytes);
+        }
+    };
+    let two_splits = || -> Option<()> {
+        let (flags, typesize) = (*src.get(2)?, usize::from(*src.get(3)?));
+        let nbytes = le_usize(src, 4, "").ok()?;
+        let blocksize = le_usize(src, 8, "").ok()?;
+        if flags & (MEMCPYED | DOBITSHUFFLE | DONT_SPLIT) != 0
+            || flags & DOSHUFFLE == 0
+            || typesize != 2
+            || blocksize != nbytes
+            || blocksize / 2 < MIN_BUFFERSIZE
+            || want.end > nbytes
+        {
+            return None;
+        }
+        let seg_len = nbytes / 2;
+        let (e0, e1) = (want.start / 2, want.end.div_ceil(2).min(seg_len));
+        let at0 = le_usize(src, HEADER, "").ok()?;
+        let csize0 = le_usize(src, at0, "").ok()?;
+        let at1 = at0.checked_add(4)?.checked_add(csize0)?;
+        if csize0 == seg_len {
+            prefetch_range(at0 + 4 + e0..at0 + 4 + e1);
+        } else {
+            prefetch_range(at0 + 4..at1);
+        }
+        // The second split's size sits after the first split: raw if the rest holds exactly it.
+        if src.len().checked_sub(at1)? == 4 + seg_len {
+            prefetch_range(at1..at1 + 4);
+            prefetch_range(at1 + 4 + e0..at1 + 4 + e1);
+        } else {
+            prefetch_range(at1..src.len());
+        }
+        Some(())
+    };
+    if two_splits().is_none() {
+        stitch::prefetch_read(src);
+    }
+}
+
 /// For the block bytes `range` of a block of `size` bytes shuffled by `shuffle` (1: not) and
 /// stored in `nsplits` equal splits: the bytes of each split they need (empty: none). An LZ4
 /// split decodes its prefix up to the range's end.
@@ -527,6 +575,7 @@ mod tests {
                     (a, rng.random_range(a..=len))
                 }
             };
+            prefetch(encoded, a..b);
             let chunk =
                 open(encoded, a..b, &mut scratch).unwrap_or_else(|e| panic!("{what}: {e:?}"));
             let mut out = vec![0xAAu8; b - a];
@@ -648,6 +697,8 @@ mod tests {
             }
             let a = rng.random_range(0..data.len());
             let b = rng.random_range(a..=data.len());
+            // Prefetching reads the header too, and must not trip over damage either.
+            prefetch(&bad, a..b);
             match open(&bad, a..b, &mut Scratch::default()) {
                 Ok(chunk) => {
                     let mut out = vec![0; b - a];

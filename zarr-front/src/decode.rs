@@ -630,6 +630,27 @@ impl LeafDecoder {
         }))
     }
 
+    /// Asks the CPU for the bytes of `encoded` that decoding `range` reads (the blosc header's
+    /// cache line must have been asked for earlier; see [`blosc_block::prefetch`]); all of
+    /// `encoded` for other chains.
+    pub(crate) fn prefetch(&self, encoded: &[u8], range: &Range<usize>) {
+        if let Kind::Fast {
+            compressor: Compressor::Blosc,
+            swap_unit: None,
+            crc32c,
+        } = &self.kind
+        {
+            let data = if *crc32c {
+                &encoded[..encoded.len().saturating_sub(4)]
+            } else {
+                encoded
+            };
+            blosc_block::prefetch(data, self.element_range(range));
+        } else {
+            crate::stitch::prefetch_read(encoded);
+        }
+    }
+
     /// For blosc chunks [`blosc_block`] reads (native byte order): opens `encoded` for the
     /// bytes `range` and calls `f` with it, to unshuffle the needed bytes straight into the
     /// crops ([`blosc_block::Chunk::gather`]) instead of into a decoded chunk first. `None`
