@@ -1058,6 +1058,8 @@ impl Array {
                     } else {
                         self.decode_and_stitch_each(ctx, &group)
                     };
+                    // Summed here, added to the shared total once per group.
+                    let mut group_stats = ReadStats::default();
                     for ((i, bytes), decoded) in group.iter().zip(decoded) {
                         let Source::Read { storage, range } = &sources[*i] else {
                             continue;
@@ -1073,13 +1075,14 @@ impl Array {
                             return;
                         }
                         match decoded {
-                            Ok(s) => *ctx.stats.lock() += s,
+                            Ok(s) => group_stats += s,
                             Err(reason) => ctx.fail(ZarrError::Codec {
                                 at: self.location(key, Some(*range)),
                                 reason,
                             }),
                         }
                     }
+                    *ctx.stats.lock() += group_stats;
                 });
             };
             // Mapped results are checked below, once decoded.
