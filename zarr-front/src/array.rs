@@ -9,8 +9,6 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-
-use rustc_hash::FxHashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use zcrop_io::{IoEngine, IoError, ObjectEngine, ReadRange, ReadRequest};
 
 use crate::cache::LruCache;
