@@ -265,7 +265,7 @@ enum Cursor {
 }
 
 /// Decoded chunks by their leaf coordinates.
-type ChunkCache = LruCache<Box<[u64]>, Arc<[u8]>>;
+type ChunkCache = LruCache<Vec<u64>, Arc<[u8]>>;
 
 /// Chunks decoded per task where the decoder gains from decoding several together: four
 /// interleave enough independent zstd literal streams to keep a core busy (grouped by two
@@ -988,7 +988,7 @@ impl Array {
         let mut sources: Vec<Option<Source>> = vec![None; plan.num_leaves()];
         if let Some(cache) = &core.chunk_cache {
             for (i, leaf) in plan.leaves.iter().enumerate() {
-                if let Some(chunk) = cache.get(&leaf.coords.clone().into_boxed_slice()) {
+                if let Some(chunk) = cache.get(&leaf.coords) {
                     sources[i] = Some(Source::Cached(chunk));
                     stats.chunks_cached += 1;
                 }
@@ -1242,11 +1242,7 @@ impl Array {
                 // The caller reports it; a chunk decoded from lost bytes is not kept.
                 return Ok(stats);
             }
-            cache.insert(
-                leaf.coords.clone().into_boxed_slice(),
-                Arc::clone(&chunk),
-                chunk.len(),
-            );
+            cache.insert(leaf.coords.clone(), Arc::clone(&chunk), chunk.len());
             return Ok(stats);
         }
         // A copy that takes the whole chunk contiguously: decode straight into the output, then

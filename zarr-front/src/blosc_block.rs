@@ -248,11 +248,7 @@ pub(crate) fn open<'a>(
                     return Err(Error::Corrupt("split past the end"));
                 }
                 if !r.is_empty() {
-                    if csize == seg_len {
-                        stitch::prefetch_read(&src[data.start + r.start..data.start + r.end]);
-                    } else {
-                        stitch::prefetch_read(&src[data.clone()]);
-                    }
+                    prefetch_split(src, data.clone(), r, seg_len);
                 }
                 found[s] = data;
                 at += 4 + csize;
@@ -315,15 +311,13 @@ pub(crate) fn open<'a>(
 
 /// Asks the CPU for the bytes of `src`, a blosc chunk, that [`open`] reads for `want`: the
 /// header's line must have been asked for earlier (it is read here). For a chunk of one block of
-/// two splits (16-bit samples, shuffled), the first split's needed range if it is stored raw
-/// and the second split (its needed range if raw, whole if compressed); for others, all of
-/// `src`. Bad or short headers ask for nothing: [`open`] reports them.
+/// two splits (16-bit samples, shuffled), each split's needed range if it is stored raw and
+/// all of it if compressed; for other chunks (and headers this cannot read), all of `src`;
+/// nothing for an empty range.
 pub(crate) fn prefetch(src: &[u8], want: Range<usize>) {
-    let prefetch_range = |r: Range<usize>| {
-        if let Some(bytes) = src.get(r) {
-            stitch::prefetch_read(bytes);
-        }
-    };
+    if want.is_empty() {
+        return;
+    }
     let two_splits = || -> Option<()> {
         let (flags, typesize) = (*src.get(2)?, usize::from(*src.get(3)?));
         let nbytes = le_usize(src, 4, "").ok()?;
@@ -338,26 +332,37 @@ pub(crate) fn prefetch(src: &[u8], want: Range<usize>) {
             return None;
         }
         let seg_len = nbytes / 2;
-        let (e0, e1) = (want.start / 2, want.end.div_ceil(2).min(seg_len));
+        let need = needed_ranges(want.clone(), nbytes, 2, 2);
         let at0 = le_usize(src, HEADER, "").ok()?;
         let csize0 = le_usize(src, at0, "").ok()?;
         let at1 = at0.checked_add(4)?.checked_add(csize0)?;
-        if csize0 == seg_len {
-            prefetch_range(at0 + 4 + e0..at0 + 4 + e1);
-        } else {
-            prefetch_range(at0 + 4..at1);
-        }
+        prefetch_split(src, at0 + 4..at1, &need[0], seg_len);
         // The second split's size sits after the first split: raw if the rest holds exactly it.
-        if src.len().checked_sub(at1)? == 4 + seg_len {
-            prefetch_range(at1..at1 + 4);
-            prefetch_range(at1 + 4 + e0..at1 + 4 + e1);
+        let rest = src.len().checked_sub(at1)?;
+        let csize1 = if rest == 4 + seg_len {
+            seg_len
         } else {
-            prefetch_range(at1..src.len());
-        }
+            rest.saturating_sub(4)
+        };
+        stitch::prefetch_read(src.get(at1..at1 + 4)?);
+        prefetch_split(src, at1 + 4..at1 + 4 + csize1, &need[1], seg_len);
         Some(())
     };
     if two_splits().is_none() {
         stitch::prefetch_read(src);
+    }
+}
+
+/// Asks for the bytes of the split stored at `data` in `src` that reading its needed bytes
+/// `need` takes: those alone if it is stored raw (`seg_len` bytes), all of it if compressed.
+fn prefetch_split(src: &[u8], data: Range<usize>, need: &Range<usize>, seg_len: usize) {
+    let r = if data.len() == seg_len {
+        data.start + need.start..data.start + need.end
+    } else {
+        data
+    };
+    if let Some(bytes) = src.get(r) {
+        stitch::prefetch_read(bytes);
     }
 }
 

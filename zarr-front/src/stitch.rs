@@ -20,19 +20,21 @@ use crate::transform::StitchTransform;
 /// other architectures.
 pub(crate) fn prefetch_read(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // One hint per cache line the slice touches, from the line of its first byte.
-        let skew = bytes.as_ptr().addr() & 63;
-        let first = bytes.as_ptr().wrapping_sub(skew);
-        for off in (0..skew + bytes.len()).step_by(64) {
-            // SAFETY: a prefetch only hints the cache: it neither reads nor writes memory and
-            // never faults, whatever the address (here always a line `bytes` touches).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(off).cast::<i8>()) };
-        }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes.as_ptr(), bytes.len());
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
+}
+
+/// Issues the prefetch `HINT` for every cache line of the `len` bytes at `start`.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_lines<const HINT: i32>(start: *const u8, len: usize) {
+    let skew = start.addr() & 63;
+    let first = start.wrapping_sub(skew);
+    for off in (0..skew + len).step_by(64) {
+        // SAFETY: a prefetch only hints the cache: it neither reads nor writes memory and
+        // never faults, whatever the address.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(first.wrapping_add(off).cast::<i8>()) };
+    }
 }
 
 /// The output buffer of one planned read, shared by the decode tasks.
@@ -143,6 +145,10 @@ impl<'a> DisjointOut<'a> {
     /// nothing if that range is not inside the buffer (or not on x86-64).
     #[allow(clippy::unused_self)]
     fn prefetch_for_write(&self, start: usize, len: usize) {
+        // Not `prefetch_lines`: a run's first and last cache lines can be shared with runs of
+        // neighbouring chunks that other threads write. Stepping 64 bytes from `start` skips
+        // the last line when the run ends early in it; asking for every line measured 1.5-2%
+        // slower on blosc-lz4 (two sets of 5 alternating runs).
         #[cfg(target_arch = "x86_64")]
         if start.checked_add(len).is_some_and(|end| end <= self.len) {
             use std::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
