@@ -23,7 +23,7 @@ pub(crate) const MAX_SEQUENCES: usize = 512;
 /// Decoding here pays when the needed literal streams hold at most this share of a block's
 /// literals: per literal this decoder costs about twice libzstd's four-stream assembly loop,
 /// and building its Huffman table about 2 µs more per chunk (measured on the benchmark's
-/// imagery chunks, crops' bands grouped by four; from 0.5 to 0.7 the total barely moves).
+/// imagery chunks, crops' bands grouped by four; from 0.5 to 0.9 the total barely moves).
 pub(crate) const MAX_SHARE: f64 = 0.6;
 
 const MAGIC: u32 = 0xFD2F_B528;
@@ -254,7 +254,9 @@ impl Fse {
     }
 }
 
-/// Huffman decoding table of up to 11 bits: entry = symbol | bits << 8.
+/// Huffman decoding table, always indexed by 11 bits (a code of `log` bits or fewer fills
+/// 2^(11 - log) times the entries it would in a table of `log` bits), so a lookup needs no
+/// mask: entry = bits | symbol << 8.
 struct Huffman {
     log: u32,
     entries: Box<[u16; 1 << HUF_MAX_LOG]>,
@@ -385,14 +387,16 @@ impl Huffman {
                 }
             }
         }
-        // Each weight's symbols fill runs of 2^(w-1) entries, weight 1 first.
+        // Each weight's symbols fill runs of 2^(w-1) entries of a table of `log` bits, weight 1
+        // first (scaled to 11 bits).
         let mut entries = Box::new([0u16; 1 << HUF_MAX_LOG]);
         let (mut symbol_at, mut entry_at) = (0usize, 0usize);
+        let scale = HUF_MAX_LOG - log;
         for w in 1..=log as usize {
-            let len = 1usize << (w - 1);
+            let len = 1usize << (w - 1 + scale as usize);
             let bits = (log as usize + 1 - w) as u16;
             for &symbol in &sorted[symbol_at..symbol_at + rank_count[w]] {
-                let entry = u16::from(symbol) | (bits << 8);
+                let entry = bits | u16::from(symbol) << 8;
                 entries[entry_at..entry_at + len].fill(entry);
                 entry_at += len;
             }
@@ -436,13 +440,12 @@ impl Stream<'_> {
 
     /// Decodes the rest one symbol at a time, reading past the start as zeros.
     fn finish(&mut self) -> Result<()> {
-        let log = self.table.log;
         while self.done < self.out.len() {
-            let idx = bits_at(self.src, self.pos - i64::from(log), log) as usize;
+            let idx = bits_at(self.src, self.pos - i64::from(HUF_MAX_LOG), HUF_MAX_LOG) as usize;
             let e = self.table.entries[idx & ((1 << HUF_MAX_LOG) - 1)];
-            self.out[self.done] = e as u8;
+            self.out[self.done] = (e >> 8) as u8;
             self.done += 1;
-            self.pos -= i64::from(e >> 8);
+            self.pos -= i64::from(e & 0xFF);
             if self.pos < 0 {
                 return corrupt("Huffman stream ends before its last literal");
             }
@@ -508,7 +511,6 @@ fn run_group<const N: usize>(mut group: [&mut Stream<'_>; N]) {
         }
         let mut pos: [i64; N] = std::array::from_fn(|k| group[k].pos);
         let mut done: [usize; N] = std::array::from_fn(|k| group[k].done);
-        let shifts: [u32; N] = std::array::from_fn(|k| 64 - group[k].table.log);
         let tables: [&[u16; 1 << HUF_MAX_LOG]; N] =
             std::array::from_fn(|k| &*group[k].table.entries);
         let srcs: [&[u8]; N] = std::array::from_fn(|k| group[k].src);
@@ -525,9 +527,9 @@ fn run_group<const N: usize>(mut group: [&mut Stream<'_>; N]) {
                     .try_into()
                     .expect("ROUND bytes");
                 for slot in out.iter_mut() {
-                    let e = tables[k][(bits >> shifts[k]) as usize & ((1 << HUF_MAX_LOG) - 1)];
-                    *slot = e as u8;
-                    let n = u32::from(e >> 8);
+                    let e = tables[k][(bits >> (64 - HUF_MAX_LOG)) as usize];
+                    *slot = (e >> 8) as u8;
+                    let n = u32::from(e & 0xFF);
                     bits <<= n;
                     used += n;
                 }
