@@ -338,14 +338,21 @@ impl Array {
     /// elements: C order, native endian, the full chunk shape ([`Array::chunk_shape`]).
     pub fn decode_chunk(&self, encoded: &[u8]) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.core.decoder.chunk_bytes];
+        self.decode_chunk_into(encoded, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Array::decode_chunk`] into `out`, which must be exactly one decoded chunk long (an
+    /// error otherwise): for callers that decode many chunks into one reused buffer.
+    pub fn decode_chunk_into(&self, encoded: &[u8], out: &mut [u8]) -> Result<()> {
         self.core
             .decoder
-            .decode_full_into(encoded, &mut out)
+            .decode_full_into(encoded, out)
             .map_err(|reason| ZarrError::Codec {
                 at: self.location("", None),
                 reason,
             })?;
-        Ok(out)
+        Ok(())
     }
 
     /// The bytes `range` of one decoded chunk (as [`Array::decode_chunk`] lays it out), decoding
