@@ -199,8 +199,19 @@ fn encoded_chunks_decode_to_the_array() {
     let a = Array::open(f.store_path()).unwrap();
     let coords = vec![vec![0, 0, 0, 0], vec![5, 2, 4, 5], vec![2, 1, 3, 0]];
     let raw = a.read_encoded_chunks(&coords).unwrap();
+    // One reused buffer, whatever it held before.
+    let mut reused = vec![0xEEu8; 16 * 16 * es];
     for (c, bytes) in coords.iter().zip(raw) {
-        let chunk = a.decode_chunk(&bytes.unwrap()).unwrap();
+        let bytes = bytes.unwrap();
+        let chunk = a.decode_chunk(&bytes).unwrap();
+        a.decode_chunk_into(&bytes, &mut reused).unwrap();
+        assert_eq!(reused, chunk, "chunk {c:?} into a reused buffer");
+        // A buffer of the wrong size is an error, not a partial decode.
+        let mut short = vec![0u8; reused.len() - 1];
+        assert!(matches!(
+            a.decode_chunk_into(&bytes, &mut short),
+            Err(zcrop_zarr::ZarrError::Codec { .. })
+        ));
         // Compare the part of the chunk inside the array.
         let origin: Vec<u64> = c.iter().map(|x| x * 16).collect();
         let origin = [c[0], c[1], origin[2], origin[3]];
