@@ -579,7 +579,10 @@ impl LeafDecoder {
                     let ts = h.typesize;
                     let start = range.start / ts * ts;
                     let end = range.end.div_ceil(ts) * ts;
-                    if h.blocksize > 0 && end - start + h.blocksize <= full && end <= full {
+                    let skips_a_block = (end - start)
+                        .checked_add(h.blocksize)
+                        .is_some_and(|n| n <= full);
+                    if h.blocksize > 0 && skips_a_block && end <= full {
                         ffi::blosc_getitem(data, &h, start, &mut out[start..end])?;
                         start..end
                     } else {

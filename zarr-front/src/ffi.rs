@@ -48,6 +48,13 @@ pub(crate) fn blosc_header(src: &[u8]) -> Result<BloscHeader, String> {
             src.len()
         ));
     }
+    // c-blosc writes blocks of at most the buffer's size; a larger (or negative, read as
+    // nearly `usize::MAX`) block size is a damaged header.
+    if blocksize > nbytes.max(1) {
+        return Err(format!(
+            "blosc header claims blocks of {blocksize} bytes in a buffer of {nbytes}"
+        ));
+    }
     Ok(BloscHeader {
         nbytes,
         typesize: typesize.max(1),

@@ -359,3 +359,28 @@ fn empty_chunk_file() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A blosc header's block size is not trusted: one that reads as nearly `usize::MAX` (a
+/// negative 32-bit field; fuzzing found it overflowed the partial-read arithmetic) is an
+/// error, not a panic.
+#[test]
+fn blosc_header_with_a_huge_block_size_is_an_error() {
+    let f = zcrop_fixtures::get("v3_blosc_zlib_bitshuffle_u2");
+    let a = Array::open(f.store_path()).unwrap();
+    let chunk = a
+        .read_encoded_chunks(&[vec![0, 0]])
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let mut bad = chunk.to_vec();
+    bad[8..12].copy_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
+    for range in [0..2, 0..200, 50..120] {
+        assert!(
+            a.decode_chunk_range(&bad, range.clone()).is_err(),
+            "{range:?}"
+        );
+    }
+    assert!(a.decode_chunk(&bad).is_err());
+    // The chunk as stored decodes.
+    assert_eq!(a.decode_chunk(&chunk).unwrap().len(), 200);
+}
