@@ -268,8 +268,10 @@ enum Cursor {
 type ChunkCache = LruCache<Vec<u64>, Arc<[u8]>>;
 
 /// Chunks decoded per task where the decoder gains from decoding several together: four
-/// interleave enough independent zstd literal streams to keep a core busy (grouped by two
-/// cost ~10% more per chunk, measured on the benchmark's v2 chunks).
+/// zstd chunks of more than 64 KiB interleave enough independent literal streams to keep a
+/// core busy (grouped by two cost ~10% more per chunk, measured on the benchmark's v2 chunks;
+/// smaller zstd chunks go by [`SMALL_ZSTD_DECODE_GROUP`]), and small chunks of other codecs
+/// go four at a time for their prefetches.
 const DECODE_GROUP: usize = 4;
 
 /// Chunks of at most this many decoded bytes are decoded in groups of [`DECODE_GROUP`] with the
