@@ -264,30 +264,22 @@ struct Huffman {
 }
 
 impl Huffman {
-    /// Reads the Huffman tree description at the start of `src`; returns the table and the
-    /// bytes the description took.
-    fn read(src: &[u8]) -> Result<(Huffman, usize)> {
-        let Some(&header) = src.first() else {
-            return corrupt("Huffman tree description missing");
+    /// Reads the Huffman tree description at the start of `src` (its length is
+    /// [`Self::description_len`]) and builds the table.
+    fn read(src: &[u8]) -> Result<Huffman> {
+        let len = Self::description_len(src)?;
+        let Some(body) = src.get(1..len) else {
+            return corrupt("Huffman weights truncated");
         };
+        let header = src[0];
         let mut weights = Vec::with_capacity(256);
-        let used;
         if header >= 128 {
             let n = usize::from(header) - 127;
-            let bytes = n.div_ceil(2);
-            let Some(packed) = src.get(1..1 + bytes) else {
-                return corrupt("Huffman weights truncated");
-            };
             for i in 0..n {
-                let b = packed[i / 2];
+                let b = body[i / 2];
                 weights.push(if i % 2 == 0 { b >> 4 } else { b & 15 });
             }
-            used = 1 + bytes;
         } else {
-            let size = usize::from(header);
-            let Some(body) = src.get(1..1 + size) else {
-                return corrupt("Huffman weights truncated");
-            };
             let (fse, head) = Fse::read(body, 255, 6, "Huffman weights")?;
             let Some(stream) = body.get(head..) else {
                 return corrupt("Huffman weights: no bit stream");
@@ -318,7 +310,6 @@ impl Huffman {
             if weights.len() > 255 {
                 return corrupt("Huffman weights: more than 255");
             }
-            used = 1 + size;
         }
         let mut total: u32 = 0;
         for &w in &weights {
@@ -403,7 +394,7 @@ impl Huffman {
             }
             symbol_at += rank_count[w];
         }
-        Ok((Huffman { log, entries }, used))
+        Ok(Huffman { log, entries })
     }
 
     /// The size of the tree description at the start of `src` (without reading it).
@@ -1196,7 +1187,7 @@ pub(crate) fn decode_many(jobs: &mut [Job<'_>], max_share: f64) -> Vec<Result<Ra
             Ok(Parsed {
                 literals: Literals::Huffman { tree, .. },
                 ..
-            }) => Some(Huffman::read(tree).map(|(table, _)| table)),
+            }) => Some(Huffman::read(tree)),
             _ => None,
         })
         .collect();
