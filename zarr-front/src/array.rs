@@ -130,7 +130,8 @@ struct StitchCtx<'p, 'o> {
     plan: &'p Plan,
     out: &'p DisjointOut<'o>,
     transform: Option<&'p dyn StitchTransform>,
-    /// Copies still to write, per request; the task that writes a block's last copy finishes it.
+    /// Copies still to write, per request; the task that writes a block's last copy finishes it
+    /// (counted only with a transform, the only one that finishes blocks).
     remaining: Vec<AtomicU32>,
     failed: AtomicBool,
     error: Mutex<Option<ZarrError>>,
@@ -167,6 +168,11 @@ impl StitchCtx<'_, '_> {
 
     /// Records one finished copy of `request`; the last one finishes the block.
     fn copy_done(&self, request: usize) {
+        // Only a transform finishes blocks; without one, counting would only bounce the
+        // counters' cache lines between the threads.
+        if self.transform.is_none() {
+            return;
+        }
         if self.remaining[request].fetch_sub(1, Ordering::AcqRel) == 1 {
             self.finish_block(request);
         }

@@ -345,14 +345,21 @@ fn for_each_run(
         (0, 0)
     };
 
-    // Iterate the outer dimensions 0..run_dim.
+    // Iterate the outer dimensions 0..run_dim. The innermost of them, when a run of the
+    // chunk, is stepped by its strides alone: a crop's copy is mostly rows of one 2-D slab,
+    // and recomputing every dimension's offset per row was most of the cost of a short row.
     let at = |d: usize, i: usize| -> (u64, u64) {
         match copy.piece(d) {
             Piece::Run { src, dst, .. } => (src + i as u64, dst + i as u64),
             Piece::Gather(p) => p[i],
         }
     };
-    let mut idx = vec![0usize; run_dim];
+    let stepped = match run_dim.checked_sub(1).map(|d| (d, copy.piece(d))) {
+        Some((d, Piece::Run { len, .. })) => Some((d, *len)),
+        _ => None,
+    };
+    let outer = stepped.map_or(run_dim, |(d, _)| d);
+    let mut idx = vec![0usize; outer];
     loop {
         let (mut src, mut dst) = (run_src, run_dst);
         let mut axis_index = 0;
@@ -364,14 +371,24 @@ fn for_each_run(
                 axis_index = b;
             }
         }
-        emit(
-            src as usize * es,
-            req.out_offset + dst as usize * oes,
-            run_elems as usize,
-            axis_index,
-        );
+        let (mut src, mut dst) = (src as usize * es, req.out_offset + dst as usize * oes);
+        match stepped {
+            Some((d, len)) => {
+                let (a, b) = at(d, 0);
+                src += a as usize * src_strides[d] as usize * es;
+                dst += b as usize * dst_strides[d] as usize * oes;
+                let (ss, ds) = (src_strides[d] as usize * es, dst_strides[d] as usize * oes);
+                for i in 0..len {
+                    let axis_index = if axis == Some(d) { b + i } else { axis_index };
+                    emit(src, dst, run_elems as usize, axis_index);
+                    src += ss;
+                    dst += ds;
+                }
+            }
+            None => emit(src, dst, run_elems as usize, axis_index),
+        }
         // Next index of the outer dimensions.
-        let mut d = run_dim;
+        let mut d = outer;
         loop {
             if d == 0 {
                 return;
