@@ -321,39 +321,30 @@ impl Plan {
         {
             return Err(PlanError::TooManyChunks);
         }
-        let mut leaf_index: FxHashMap<u128, usize> = FxHashMap::default();
-        // (linear index in the grid, coordinates, copy records)
-        let mut per_leaf: Vec<(u128, Vec<u64>, Vec<u32>)> = Vec::new();
-        let mut coords = vec![0u64; ndim];
+        // Every (request, chunk) intersection as a record (request, piece index per
+        // dimension), keyed by the chunk's linear index and the record's number: one sort then
+        // groups them by chunk, in storage order, each chunk's copies in request order. (A hash
+        // map of chunks with a vector of records each cost an allocation or two per chunk, and
+        // planning is serial: it ran while the decoders waited.)
+        let rec_len = 1 + ndim;
+        let mut recs: Vec<u32> = Vec::new();
+        let mut keys: Vec<(u128, u32)> = Vec::new();
         let mut idx = vec![0usize; ndim];
         for (r, req) in planned.iter().enumerate() {
             if req.dims.iter().any(Vec::is_empty) {
                 continue; // selects nothing
             }
-            if ndim == 0 {
-                // A 0-d array has one chunk.
-                let slot = *leaf_index.entry(0).or_insert_with(|| {
-                    per_leaf.push((0, Vec::new(), Vec::new()));
-                    per_leaf.len() - 1
-                });
-                per_leaf[slot].2.push(r as u32);
-                continue;
-            }
             idx.fill(0);
             'odometer: loop {
                 let mut linear = 0u128;
                 for d in 0..ndim {
-                    coords[d] = req.dims[d][idx[d]].0;
-                    linear = linear * u128::from(grid[d]) + u128::from(coords[d]);
+                    linear = linear * u128::from(grid[d]) + u128::from(req.dims[d][idx[d]].0);
                 }
-                let slot = *leaf_index.entry(linear).or_insert_with(|| {
-                    per_leaf.push((linear, coords.clone(), Vec::new()));
-                    per_leaf.len() - 1
-                });
-                let rec = &mut per_leaf[slot].2;
-                rec.push(r as u32);
-                rec.extend(idx.iter().map(|&i| i as u32));
-                // Next combination of pieces.
+                let k = u32::try_from(keys.len()).map_err(|_| PlanError::TooLarge)?;
+                keys.push((linear, k));
+                recs.push(r as u32);
+                recs.extend(idx.iter().map(|&i| i as u32));
+                // Next combination of pieces (a 0-d request has exactly one).
                 let mut d = ndim;
                 loop {
                     if d == 0 {
@@ -368,26 +359,30 @@ impl Plan {
                 }
             }
         }
-        // Storage order: leaves sorted by their position in the grid (C order, as `linear`).
-        per_leaf.sort_unstable_by_key(|l| l.0);
+        keys.sort_unstable();
 
-        let mut copies = Vec::new();
+        let mut copies = Vec::with_capacity(recs.len());
         let mut copies_per_request = vec![0u32; planned.len()];
-        let mut leaves = Vec::with_capacity(per_leaf.len());
+        let mut leaves = Vec::new();
         let strides = c_strides(leaf_shape);
-        for (_, coords, recs) in per_leaf {
+        for group in keys.chunk_by(|x, y| x.0 == y.0) {
             let start = copies.len();
-            copies.extend_from_slice(&recs);
-            for rec in recs.chunks_exact(1 + ndim) {
+            for &(_, k) in group {
+                let rec = &recs[k as usize * rec_len..(k as usize + 1) * rec_len];
+                copies.extend_from_slice(rec);
                 copies_per_request[rec[0] as usize] += 1;
             }
-            let mut plan_leaf = Leaf {
+            let first = &copies[start..start + rec_len];
+            let req = &planned[first[0] as usize];
+            let coords = (0..ndim)
+                .map(|d| req.dims[d][first[1 + d] as usize].0)
+                .collect();
+            let needed = needed_range(&planned, &copies[start..], ndim, &strides, elsize);
+            leaves.push(Leaf {
                 coords,
                 copies: start..copies.len(),
-                needed: 0..0,
-            };
-            plan_leaf.needed = needed_range(&planned, &recs, ndim, &strides, elsize);
-            leaves.push(plan_leaf);
+                needed,
+            });
         }
         Ok(Plan {
             ndim,
