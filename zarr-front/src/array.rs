@@ -1338,25 +1338,35 @@ impl Array {
         let layout = &core.layout;
         let mut storages: Vec<Storage> = Vec::new();
         let mut storage_index: FxHashMap<Vec<u64>, usize> = FxHashMap::default();
-        let mut inner_of: Vec<Vec<usize>> = Vec::with_capacity(plan.num_leaves());
+        // Per leaf, its inner chunk's index in each level's shard: a row of `row` slots (at
+        // least one, so that every leaf has a row when there are no levels).
+        let levels = layout.levels.len();
+        let row = levels.max(1);
+        let mut inner_of: Vec<usize> = vec![0; plan.num_leaves() * row];
         let mut cursors: Vec<Cursor> = Vec::with_capacity(plan.num_leaves());
-        for (leaf, known) in plan.leaves.iter().zip(&known) {
+        let mut coords = Vec::new();
+        for ((leaf, known), inner) in plan
+            .leaves
+            .iter()
+            .zip(&known)
+            .zip(inner_of.chunks_exact_mut(row))
+        {
             if known.is_some() {
-                inner_of.push(Vec::new());
                 cursors.push(Cursor::Missing);
                 continue;
             }
-            let (coords, inner) = layout.locate(&leaf.coords);
-            let next = storages.len();
-            let s = *storage_index.entry(coords.clone()).or_insert(next);
-            if s == next {
+            layout.locate(&leaf.coords, &mut coords, &mut inner[..levels]);
+            let s = if let Some(&s) = storage_index.get(coords.as_slice()) {
+                s
+            } else {
                 let rel = core.meta.chunk_key(&coords).to_string();
                 storages.push(Storage {
                     key: format!("{}{rel}", core.key_prefix),
                     path: Arc::from(core.dir.join(&rel).as_path()),
                 });
-            }
-            inner_of.push(inner);
+                storage_index.insert(coords.clone(), storages.len() - 1);
+                storages.len() - 1
+            };
             cursors.push(Cursor::In {
                 storage: s,
                 base: 0,
@@ -1442,7 +1452,7 @@ impl Array {
                 }
             }
             // Step every leaf one level in.
-            for (c, inner) in cursors.iter_mut().zip(&inner_of) {
+            for (c, inner) in cursors.iter_mut().zip(inner_of.chunks_exact(row)) {
                 let Cursor::In { storage, base, len } = *c else {
                     continue;
                 };

@@ -294,28 +294,22 @@ impl Layout {
             .collect()
     }
 
-    /// Where leaf chunk `leaf` lives: the coordinates of its storage chunk, and its C-order index
-    /// within the shard of each sharding level.
-    pub(crate) fn locate(&self, leaf: &[u64]) -> (Vec<u64>, Vec<usize>) {
-        let element: Vec<u64> = leaf.iter().zip(&self.leaf).map(|(c, s)| c * s).collect();
-        let storage: Vec<u64> = element
-            .iter()
-            .zip(&self.storage_chunk)
-            .map(|(e, s)| e / s)
-            .collect();
-        let inner = self
-            .levels
-            .iter()
-            .map(|lvl| {
-                let mut linear = 0u64;
-                for (d, e) in element.iter().enumerate() {
-                    let within = (e % lvl.shard_shape[d]) / lvl.inner_shape[d];
-                    linear = linear * lvl.per_shard[d] + within;
-                }
-                linear as usize
-            })
-            .collect();
-        (storage, inner)
+    /// Where leaf chunk `leaf` lives: the coordinates of its storage chunk (into `storage`), and
+    /// its C-order index within the shard of each sharding level (into `inner`, one slot per
+    /// level). Into the caller's buffers, without allocating: reads locate every chunk of a
+    /// batch.
+    pub(crate) fn locate(&self, leaf: &[u64], storage: &mut Vec<u64>, inner: &mut [usize]) {
+        let element = |d: usize| leaf[d] * self.leaf[d];
+        storage.clear();
+        storage.extend((0..leaf.len()).map(|d| element(d) / self.storage_chunk[d]));
+        for (lvl, slot) in self.levels.iter().zip(inner) {
+            let mut linear = 0u64;
+            for d in 0..leaf.len() {
+                let within = (element(d) % lvl.shard_shape[d]) / lvl.inner_shape[d];
+                linear = linear * lvl.per_shard[d] + within;
+            }
+            *slot = linear as usize;
+        }
     }
 }
 
