@@ -276,12 +276,12 @@ type ChunkCache = LruCache<Vec<u64>, Arc<[u8]>>;
 /// Chunks decoded per task where the decoder gains from decoding several together: four
 /// zstd chunks of more than 64 KiB interleave enough independent literal streams to keep a
 /// core busy (grouped by two cost ~10% more per chunk, measured on the benchmark's v2 chunks;
-/// smaller zstd chunks go by [`SMALL_ZSTD_DECODE_GROUP`]), and small chunks of other codecs
-/// go four at a time for their prefetches.
+/// smaller zstd chunks go by [`SMALL_ZSTD_DECODE_GROUP`]); small chunks of other codecs go at
+/// least this many at a time for their prefetches (see [`SMALL_DECODE_GROUP`]).
 const DECODE_GROUP: usize = 4;
 
-/// Chunks of at most this many decoded bytes are decoded in groups of [`DECODE_GROUP`] with the
-/// next chunk's bytes prefetched (see `Array::decode_and_stitch_each`).
+/// Chunks of at most this many decoded bytes are decoded in groups (see [`SMALL_DECODE_GROUP`])
+/// with the next chunk's bytes prefetched (see `Array::decode_and_stitch_each`).
 const PREFETCHED_CHUNK_BYTES: usize = 64 << 10;
 
 /// zstd chunks of at most [`PREFETCHED_CHUNK_BYTES`] decode in groups of this many: a crop's
@@ -289,6 +289,14 @@ const PREFETCHED_CHUNK_BYTES: usize = 64 << 10;
 /// lockstep with ~2.6 streams. Measured on the benchmark's 32 KiB chunks, 3 alternating runs:
 /// groups of 4, 8, 16 gave 569-585, 586-598, 587-602 crops/s; 8 keeps tasks finer.
 const SMALL_ZSTD_DECODE_GROUP: usize = 8;
+
+/// Small chunks of codecs other than zstd (see [`PREFETCHED_CHUNK_BYTES`]) decode in groups of
+/// up to this many, fewer where a read has too few chunks to give every thread 8 groups (but at
+/// least [`DECODE_GROUP`]). Longer groups spawn fewer tasks and break the prefetch of the next
+/// chunk's bytes less often. `zcrop bench --codec blosc-lz4` (32 KiB chunks, about 6000 a
+/// batch), alternating runs: groups of 4 -> 16 gave 1572 -> 1676 crops/s (4 rounds); 16 -> 32
+/// 1670 -> 1695 (3 rounds, within the noise), so 16 keeps tasks finer.
+const SMALL_DECODE_GROUP: usize = 16;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -1061,7 +1069,9 @@ impl Array {
                     DECODE_GROUP
                 }
             } else if small {
-                DECODE_GROUP
+                // Larger groups for large reads, but at least 8 tasks per thread.
+                (requests.len() / (8 * rayon::current_num_threads()))
+                    .clamp(DECODE_GROUP, SMALL_DECODE_GROUP)
             } else {
                 1
             };
