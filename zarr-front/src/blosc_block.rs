@@ -21,6 +21,7 @@
 
 use std::ops::Range;
 
+use crate::unshuffle::interleave;
 use crate::{ffi, stitch};
 
 /// Bytes of a blosc header.
@@ -550,17 +551,6 @@ impl<'a> Chunk<'a> {
         if end > main {
             let from = p.max(main);
             out[from - lp..].copy_from_slice(self.seg_slice(j, from, end - from));
-        }
-    }
-}
-
-/// `out[i * T + k] = streams[k][i]`.
-fn interleave<const T: usize>(streams: [&[u8]; T], out: &mut [u8]) {
-    let n = out.len() / T;
-    let streams = streams.map(|s| &s[..n]);
-    for (i, o) in out.chunks_exact_mut(T).enumerate() {
-        for k in 0..T {
-            o[k] = streams[k][i];
         }
     }
 }

@@ -27,9 +27,9 @@
 //!
 //! ## Unsafe code
 //!
-//! Two modules hold `unsafe`: `stitch` (many decode tasks writing disjoint parts of one output
-//! buffer, as the planner guarantees) and `ffi` (C-blosc and liblz4). Every block has a `// SAFETY:`
-//! comment.
+//! Three modules hold `unsafe`: `stitch` (many decode tasks writing disjoint parts of one output
+//! buffer, as the planner guarantees), `ffi` (C-blosc and liblz4) and `unshuffle` (SSE2 loads
+//! and stores of blosc's unshuffle). Every block has a `// SAFETY:` comment.
 
 mod array;
 mod blosc_block;
@@ -44,6 +44,7 @@ mod stitch;
 mod store;
 mod throttle;
 pub mod transform;
+mod unshuffle;
 mod zstd_block;
 
 pub use array::{
