@@ -1069,7 +1069,8 @@ impl Array {
                     DECODE_GROUP
                 }
             } else if small {
-                // Larger groups for large reads, but at least 8 tasks per thread.
+                // Up to SMALL_DECODE_GROUP while every thread still gets 8 groups; never
+                // fewer than DECODE_GROUP chunks a group.
                 (requests.len() / (8 * rayon::current_num_threads()))
                     .clamp(DECODE_GROUP, SMALL_DECODE_GROUP)
             } else {
