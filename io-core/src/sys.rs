@@ -403,6 +403,26 @@ pub(crate) fn resident(file: &File, bytes: &Bytes, start: usize, end: usize) -> 
     }
 }
 
+/// Whether every page of `start..end` (non-empty) of `file` is in the page cache, by
+/// `cachestat(2)` alone: `None` where the kernel cannot say (then [`resident`] asks `mincore`,
+/// whose cost grows with the range, so callers asking about more than they read do not).
+pub(crate) fn cachestat_resident(file: &File, start: usize, end: usize) -> Option<bool> {
+    if start >= end {
+        return None;
+    }
+    cached(file, start as u64, (end - start) as u64)
+}
+
+/// Asks the kernel to drop `file`'s pages (written and synced) from the page cache (tests of
+/// residency: tmpfs keeps them).
+#[cfg(test)]
+pub(crate) fn drop_from_page_cache(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: advice on an open descriptor; no memory is passed.
+    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+}
+
 /// `cachestat(2)`'s system call number: one number on every architecture since Linux 5.1's
 /// common table (the `libc` crate does not name it for glibc targets yet).
 #[cfg(all(
@@ -491,7 +511,6 @@ mod tests {
     use super::*;
     use rand::{RngExt, SeedableRng};
     use std::io::Write;
-    use std::os::fd::AsRawFd;
 
     /// A range of many pages (more than one `mincore` call) of a file just written, so in the
     /// page cache, owned by this process: resident; ranges outside the mapping are not.
@@ -521,9 +540,7 @@ mod tests {
         f.write_all(&vec![3u8; LEN]).unwrap();
         f.as_file().sync_all().unwrap();
         let file = f.reopen().unwrap();
-        // SAFETY: advice on an open descriptor; no memory is passed.
-        let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        assert_eq!(r, 0);
+        drop_from_page_cache(&file);
         // Every other 16 KiB stretch read back in.
         for at in (0..LEN).step_by(32 << 10) {
             let mut buf = ReadBuf::new(16 << 10, None, false);
