@@ -529,9 +529,11 @@ impl IoEngine {
             helping: self.inner.consumers_help,
             misses_in_a_row: 0,
             help_resume_at: 0,
+            unwoken: false,
             engine: self.clone(),
         };
-        batch.feed();
+        // Submitting starts the reads: the workers are woken whoever iterates, and when.
+        batch.feed(false);
         batch
     }
 
@@ -739,7 +741,9 @@ fn default_rings(cores: usize, consumers_help: bool) -> usize {
 /// tries them with a non-blocking page-cache read (`preadv2(RWF_NOWAIT)`). Cached data is then
 /// read by the thread that wants it, without a hand-off; a read that misses the cache goes back
 /// to the backend's workers (a batch that keeps missing pauses helping for a while, then tries
-/// again: data that was cold may be cached by then).
+/// again: data that was cold may be cached by then). Submitting wakes the workers; reads handed
+/// out later, while the consumer keeps serving its reads from the cache, wait for the consumer
+/// instead (no wake-up of an IO thread per run), until it misses or is about to wait.
 #[derive(Debug)]
 pub struct Batch {
     rx: Receiver<Delivery>,
@@ -762,6 +766,8 @@ pub struct Batch {
     misses_in_a_row: u32,
     /// After a run of misses, helping resumes once this many results have been returned.
     help_resume_at: usize,
+    /// Runs were handed out without waking the workers (see [`Batch::feed`]).
+    unwoken: bool,
     engine: IoEngine,
 }
 
@@ -791,7 +797,7 @@ impl Batch {
 
     /// Hands planned runs to the workers while fewer than `read_ahead` requests are out, and
     /// plans the next group of requests when the runs planned so far are all out.
-    fn feed(&mut self) {
+    fn feed(&mut self, iterating: bool) {
         let returned = self.returned();
         let inner = Arc::clone(&self.engine.inner);
         let mut handed_out = false;
@@ -817,8 +823,27 @@ impl Batch {
             }
         }
         if handed_out {
-            inner.wake();
+            // While the consumer iterating serves the runs it hands out itself (its last try
+            // was cached), waking an IO thread too only costs an eventfd write here and a
+            // thread switch there, for reads this thread would have served as soon: they wait
+            // unwoken until it misses (the runs it gives back wake the workers), is about to
+            // wait, or returns without a result.
+            if iterating
+                && self.helping
+                && self.misses_in_a_row == 0
+                && returned >= self.help_resume_at
+            {
+                self.unwoken = true;
+            } else {
+                self.wake_workers();
+            }
         }
+    }
+
+    /// Wakes the workers for runs handed out unwoken.
+    fn wake_workers(&mut self) {
+        self.unwoken = false;
+        self.engine.inner.wake();
     }
 
     fn take(&mut self, d: Delivery) {
@@ -835,7 +860,7 @@ impl Batch {
     fn next_inner(&mut self, block: bool) -> Option<Completion> {
         loop {
             if !self.planned.is_empty() || self.unsent.len() > 0 {
-                self.feed();
+                self.feed(true);
             }
             if let Some(c) = self.ready.pop_front() {
                 self.remaining -= 1;
@@ -851,7 +876,11 @@ impl Batch {
             if self.help() {
                 continue;
             }
-            // Nothing to do but wait: first hand over what this thread holds for others.
+            // Nothing to do but wait: first hand over what this thread holds for others, and
+            // wake the workers for what it handed out.
+            if self.unwoken {
+                self.wake_workers();
+            }
             let ctx = &self.engine.inner.ctx;
             self.local.flush(ctx);
             if !block {
@@ -984,6 +1013,9 @@ impl Drop for Batch {
     fn drop(&mut self) {
         // Reads of this batch still queued are skipped by whoever takes them.
         self.sink.dropped.store(true, Ordering::Release);
+        if self.unwoken {
+            self.wake_workers();
+        }
         // Results held for other batches must reach them.
         let ctx = Arc::clone(&self.engine.inner.ctx);
         self.local.flush(&ctx);

@@ -899,3 +899,56 @@ fn queued_reads_of_a_dropped_batch_do_not_block_other_batches() {
     drop(held);
     assert!(e.metrics().skipped_reads >= 1);
 }
+
+/// A batch iterated only by polling (`try_next`, never waiting) gets every result, cached or
+/// cold, mapped or read: runs its consumer handed out without waking the IO threads (while it
+/// served them itself) are woken for before `try_next` comes back empty.
+#[test]
+fn a_batch_polled_with_try_next_finishes() {
+    let f = fixture(4 << 20, 27);
+    let ranges: Vec<ReadRange> = (0..3000u64)
+        .map(|i| ReadRange::new(i * 1397 % ((4 << 20) - 700), 1 + i % 700))
+        .collect();
+    for (policy, cold) in [
+        (MapFiles::Never, false),
+        (MapFiles::WhenCached, false),
+        (MapFiles::WhenCached, true),
+        (MapFiles::Never, true),
+    ] {
+        if cold {
+            evict(&f);
+        }
+        let e = IoEngine::new(IoConfig {
+            backend: BackendChoice::Uring,
+            threads: 1,
+            map_files: policy,
+            ..IoConfig::default()
+        })
+        .unwrap();
+        let requests = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, r)| ReadRequest::new(i as u64, Arc::clone(&f.path), *r));
+        let mut batch = e.submit_mapped(requests);
+        let mut got = vec![None; ranges.len()];
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while batch.remaining() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{policy:?}, cold {cold}: {} results never came",
+                batch.remaining()
+            );
+            match batch.try_next() {
+                Some(c) => got[c.id as usize] = Some(describe(&c.result)),
+                None => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
+        for (i, r) in ranges.iter().enumerate() {
+            assert_eq!(
+                got[i].as_ref(),
+                Some(&expected(&f.data, &f.path, *r)),
+                "{policy:?}, cold {cold}: {r:?}"
+            );
+        }
+    }
+}
