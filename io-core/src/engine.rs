@@ -203,6 +203,11 @@ pub struct IoConfig {
 /// Requests planned (coalesced) together by [`IoEngine::submit`].
 pub const PLAN_GROUP: usize = 4096;
 
+/// Requests of a batch planned first: its first reads go out (and its consumer starts on their
+/// results) before the rest of the first [`PLAN_GROUP`] is planned, at the cost of not
+/// coalescing reads across this one boundary.
+const FIRST_PLAN_GROUP: usize = 256;
+
 /// Requests a batch keeps handed to the workers but not yet taken by its consumer, in units of
 /// the engine's queue depth (at least [`MIN_READ_AHEAD`]). Enough to keep the device busy while
 /// the consumer works; more only makes the results pile up, and with them their buffers, which
@@ -806,7 +811,12 @@ impl Batch {
                 if self.unsent.len() == 0 {
                     break;
                 }
-                let group: Vec<ReadRequest> = self.unsent.by_ref().take(PLAN_GROUP).collect();
+                let take = if self.sent == 0 {
+                    FIRST_PLAN_GROUP
+                } else {
+                    PLAN_GROUP
+                };
+                let group: Vec<ReadRequest> = self.unsent.by_ref().take(take).collect();
                 self.sent += group.len();
                 self.planned
                     .extend(plan(group, inner.coalesce, &self.sink, inner.run_len));
