@@ -1017,7 +1017,7 @@ impl Array {
         let mut sources: Vec<Option<Source>> = vec![None; plan.num_leaves()];
         if let Some(cache) = &core.chunk_cache {
             for (i, leaf) in plan.leaves.iter().enumerate() {
-                if let Some(chunk) = cache.get(&leaf.coords) {
+                if let Some(chunk) = cache.get(leaf.coords.as_slice()) {
                     sources[i] = Some(Source::Cached(chunk));
                     stats.chunks_cached += 1;
                 }
@@ -1281,7 +1281,7 @@ impl Array {
                 // The caller reports it; a chunk decoded from lost bytes is not kept.
                 return Ok(stats);
             }
-            cache.insert(leaf.coords.clone(), Arc::clone(&chunk), chunk.len());
+            cache.insert(leaf.coords.to_vec(), Arc::clone(&chunk), chunk.len());
             return Ok(stats);
         }
         // A copy that takes the whole chunk contiguously: decode straight into the output, then

@@ -1,6 +1,7 @@
 //! A bounded least-recently-used cache with a byte budget, used for shard indexes and the
 //! optional decoded-chunk cache.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 
@@ -41,7 +42,11 @@ impl<K: Hash + Eq + Clone, V: Clone> LruCache<K, V> {
     }
 
     /// The value for `key`, marking it recently used.
-    pub(crate) fn get(&self, key: &K) -> Option<V> {
+    pub(crate) fn get<Q>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let mut inner = self.inner.lock();
         inner.tick += 1;
         let tick = inner.tick;
