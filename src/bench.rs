@@ -203,97 +203,222 @@ pub struct ArrayBenchReport {
     pub memory_decode_sample_bytes: Option<u64>,
     /// The last-level CPU cache the sample is sized by (bytes).
     pub last_level_cache_bytes: u64,
+    /// Slices of the decode-limit probes run between the timed batches: in a warm run, a
+    /// 100 ms slice of each after every second of reading, so limit and reads see the same
+    /// machine. 0 in a cold run (its samples would warm the cache; the limits are measured
+    /// after its reads) and in a run shorter than a second.
+    pub decode_probe_slices_between: usize,
+    /// Seconds each decode-limit probe ran in all.
+    pub decode_probe_seconds: f64,
     /// Totals over the timed batches.
     pub totals: TotalsReport,
     /// For a URL: the GETs the timed batches cost.
     pub object: Option<ObjectReport>,
 }
 
-/// Decode rate (chunks/s, all threads together) of `sample` random stored chunks of `a` on
-/// `threads` threads at once, each decoding its own copy for at least `min_time`; `None` if
-/// none of the sampled chunks is stored. With `min_bytes`, each thread's copy repeats the
-/// sample until its encoded bytes reach that (every repetition a copy of its own, in memory of
-/// its own, so a sample larger than the CPU caches is decoded from memory).
-pub fn decode_rate(
-    a: &Array,
-    sample: usize,
-    min_bytes: u64,
-    seed: u64,
-    min_time: Duration,
-    threads: usize,
-) -> Result<Option<DecodeRate>> {
-    let grid: Vec<u64> = a
-        .shape()
-        .iter()
-        .zip(a.chunk_shape())
-        .map(|(s, c)| s.div_ceil(*c))
-        .collect();
-    let mut rng = SplitMix::new(seed ^ 0x5eed);
-    let coords: Vec<Vec<u64>> = (0..sample)
-        .map(|_| grid.iter().map(|&g| rng.below(g)).collect())
-        .collect();
-    let chunks: Vec<bytes::Bytes> = a
-        .read_encoded_chunks(&coords)?
-        .into_iter()
-        .flatten()
-        .collect();
-    let bytes: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-    if chunks.is_empty() || bytes == 0 {
-        return Ok(None);
-    }
-    let copies = usize::try_from(min_bytes.div_ceil(bytes).max(1))?;
-    let chunk_bytes = usize::try_from(a.chunk_shape().iter().product::<u64>())? * a.element_size();
-    let threads = threads.max(1);
-    // Every thread copies its sample first; the clocks start together once all have.
-    let ready = std::sync::Barrier::new(threads);
-    let decode_for = |chunks: &[bytes::Bytes]| -> Result<(u64, f64)> {
-        ready.wait();
-        let mut decoded = 0u64;
-        // One reused output, as a decoder that keeps up would have: allocating and zeroing a
-        // chunk per decode is not decoding, and would flatter the reads measured against it.
-        let mut out = vec![0u8; chunk_bytes];
-        let start = Instant::now();
-        while start.elapsed() < min_time {
-            for c in chunks {
-                a.decode_chunk_into(c, &mut out)?;
-                std::hint::black_box(&mut out);
-                decoded += 1;
-            }
+/// A decode-rate probe: `threads` threads, each with its own copy of a random sample of an
+/// array's stored chunks, that decode them in timed slices and add up what they decoded.
+///
+/// `zcrop bench` runs its probes in short slices between the batches it times, so a limit and
+/// the reads measured against it see the same machine: on a shared VM the speed of a core can
+/// drift by a third within a minute, and a limit measured only after the reads compared two
+/// different machines.
+pub struct DecodeProbe {
+    threads: Vec<ProbeThread>,
+    sample_bytes: u64,
+    warm_first: bool,
+}
+
+/// One probe thread's sample, its reused output, where it stopped, and what it has counted.
+struct ProbeThread {
+    chunks: Vec<bytes::Bytes>,
+    out: Vec<u8>,
+    next: usize,
+    decoded: u64,
+    seconds: f64,
+}
+
+/// Chunks decoded between two looks at the clock (reading it costs about 1% of a small
+/// blosc-lz4 chunk's decode).
+const PROBE_CLOCK_EVERY: usize = 16;
+
+impl DecodeProbe {
+    /// A probe of `sample` random stored chunks of `a` on `threads` threads; `None` if none of
+    /// the sampled chunks is stored. With `min_bytes`, each thread's copy repeats the sample
+    /// until its encoded bytes reach that (every repetition a copy of its own, in memory of its
+    /// own, so a sample larger than the CPU caches is decoded from memory). A probe whose
+    /// sample is smaller (`min_bytes` 0) reads its sample through once, untimed, before each
+    /// slice, so its rate is that of chunks whose bytes are in the CPU's caches.
+    pub fn new(
+        a: &Array,
+        sample: usize,
+        min_bytes: u64,
+        seed: u64,
+        threads: usize,
+    ) -> Result<Option<Self>> {
+        let grid: Vec<u64> = a
+            .shape()
+            .iter()
+            .zip(a.chunk_shape())
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect();
+        let mut rng = SplitMix::new(seed ^ 0x5eed);
+        let coords: Vec<Vec<u64>> = (0..sample)
+            .map(|_| grid.iter().map(|&g| rng.below(g)).collect())
+            .collect();
+        let chunks: Vec<bytes::Bytes> = a
+            .read_encoded_chunks(&coords)?
+            .into_iter()
+            .flatten()
+            .collect();
+        let bytes: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+        if chunks.is_empty() || bytes == 0 {
+            return Ok(None);
         }
-        Ok((decoded, start.elapsed().as_secs_f64()))
-    };
-    let per_thread: Vec<(u64, f64)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
+        let copies = usize::try_from(min_bytes.div_ceil(bytes).max(1))?;
+        let chunk_bytes =
+            usize::try_from(a.chunk_shape().iter().product::<u64>())? * a.element_size();
+        let threads = (0..threads.max(1))
+            .map(|_| ProbeThread {
                 // Each thread decodes its own copy, so no two share cache lines of input.
-                let own: Vec<bytes::Bytes> = (0..copies)
+                chunks: (0..copies)
                     .flat_map(|_| chunks.iter().map(|c| bytes::Bytes::copy_from_slice(c)))
-                    .collect();
-                let decode_for = &decode_for;
-                scope.spawn(move || decode_for(&own))
+                    .collect(),
+                // One reused output, as a decoder that keeps up would have: allocating and
+                // zeroing a chunk per decode is not decoding, and would flatter the reads
+                // measured against it.
+                out: vec![0u8; chunk_bytes],
+                next: 0,
+                decoded: 0,
+                seconds: 0.0,
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
+        Ok(Some(DecodeProbe {
+            threads,
+            sample_bytes: bytes * copies as u64,
+            warm_first: min_bytes == 0,
+        }))
+    }
+
+    /// Decodes on all of the probe's threads at once for about `time` (each thread goes on
+    /// from where it stopped the slice before), adding to the counts.
+    pub fn run(&mut self, a: &Array, time: Duration) -> Result<()> {
+        let ready = std::sync::Barrier::new(self.threads.len());
+        let warm_first = self.warm_first;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .threads
+                .iter_mut()
+                .map(|t| {
+                    let ready = &ready;
+                    scope.spawn(move || -> Result<()> {
+                        if warm_first {
+                            // Bring the sample back into the caches the reads since the last
+                            // slice evicted.
+                            let sum = t
+                                .chunks
+                                .iter()
+                                .flat_map(|c| c.iter().step_by(64))
+                                .fold(0u8, |s, &b| s.wrapping_add(b));
+                            std::hint::black_box(sum);
+                            std::hint::black_box(&mut t.out).fill(0);
+                        }
+                        // The clocks start together once every thread is ready.
+                        ready.wait();
+                        let start = Instant::now();
+                        loop {
+                            for _ in 0..PROBE_CLOCK_EVERY {
+                                a.decode_chunk_into(&t.chunks[t.next], &mut t.out)?;
+                                std::hint::black_box(&mut t.out);
+                                t.next = (t.next + 1) % t.chunks.len();
+                                t.decoded += 1;
+                            }
+                            if start.elapsed() >= time {
+                                break;
+                            }
+                        }
+                        t.seconds += start.elapsed().as_secs_f64();
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles.into_iter().try_for_each(|h| {
                 h.join()
                     .map_err(|_| anyhow::anyhow!("a decode thread panicked"))?
             })
-            .collect::<Result<Vec<_>>>()
-    })?;
-    Ok(Some(DecodeRate {
-        chunks_per_s: per_thread.iter().map(|(n, s)| *n as f64 / s).sum(),
-        sample_bytes: bytes * copies as u64,
-    }))
+        })
+    }
+
+    /// Chunks per second, all threads together, over every slice so far (0 before any).
+    pub fn chunks_per_s(&self) -> f64 {
+        self.threads
+            .iter()
+            .filter(|t| t.seconds > 0.0)
+            .map(|t| t.decoded as f64 / t.seconds)
+            .sum()
+    }
+
+    /// Seconds each thread has decoded so far.
+    pub fn seconds(&self) -> f64 {
+        self.threads.first().map_or(0.0, |t| t.seconds)
+    }
+
+    /// Encoded bytes of each thread's sample.
+    pub fn sample_bytes(&self) -> u64 {
+        self.sample_bytes
+    }
 }
 
-/// What [`decode_rate`] measured.
-#[derive(Debug, Clone, Copy)]
-pub struct DecodeRate {
-    /// Chunks per second, all threads together.
-    pub chunks_per_s: f64,
-    /// Their encoded bytes.
-    pub sample_bytes: u64,
+/// Seconds of reading between two slices of the decode probes.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// Each probe's slice.
+const PROBE_SLICE: Duration = Duration::from_millis(100);
+/// Each probe's least time in all.
+const PROBE_MIN: Duration = Duration::from_millis(700);
+
+/// The three decode limits `zcrop bench` measures a read against: one core and all threads
+/// on samples that stay in the CPU's caches, and all threads on samples from memory.
+struct Probes {
+    single: Option<DecodeProbe>,
+    /// `None` with one thread (the single-core probe is that).
+    parallel: Option<DecodeProbe>,
+    memory: Option<DecodeProbe>,
+}
+
+impl Probes {
+    /// Samples of 256 random chunks of `a`; the from-memory one repeated to twice `llc` per
+    /// thread.
+    fn new(a: &Array, seed: u64, threads: usize, llc: u64) -> Result<Self> {
+        Ok(Probes {
+            single: DecodeProbe::new(a, 256, 0, seed, 1)?,
+            parallel: if threads > 1 {
+                DecodeProbe::new(a, 256, 0, seed, threads)?
+            } else {
+                None
+            },
+            memory: DecodeProbe::new(a, 256, 2 * llc, seed, threads)?,
+        })
+    }
+
+    /// A slice of `time` of each probe, one after the other; returns the process CPU time it
+    /// took (zero where that cannot be read).
+    fn run(&mut self, a: &Array, time: Duration) -> Result<Duration> {
+        let cpu0 = cpu_time();
+        for p in [&mut self.single, &mut self.parallel, &mut self.memory]
+            .into_iter()
+            .flatten()
+        {
+            p.run(a, time)?;
+        }
+        Ok(cpu0
+            .zip(cpu_time())
+            .map_or(Duration::ZERO, |(a, b)| b.saturating_sub(a)))
+    }
+
+    /// Seconds the single-core probe has decoded (the probes run for the same times).
+    fn seconds(&self) -> f64 {
+        self.single.as_ref().map_or(0.0, DecodeProbe::seconds)
+    }
 }
 
 /// The size of the last-level CPU cache (sysfs on Linux; 32 MiB where it cannot be read).
@@ -463,6 +588,16 @@ pub fn run_array(
         draw(&mut origins);
         a.read_batch_into(&origins, &opts.crop, &mut out)?;
     }
+    // The decode limits are measured in slices between the timed batches, on the machine the
+    // reads see. A cold run measures them after its reads instead: preparing the samples reads
+    // chunks (and shard indexes), which would warm what the run is to find cold.
+    let threads = rayon::current_num_threads();
+    let llc = last_level_cache_bytes();
+    let mut probes = if cold {
+        None
+    } else {
+        Some(Probes::new(&a, opts.seed, threads, llc)?)
+    };
     let bar = progress_bar(
         opts.progress,
         opts.batches.map(|b| b as u64),
@@ -474,35 +609,46 @@ pub fn run_array(
     let object0 = object.as_ref().map(ObjectEngine::metrics);
     let io0 = engine.as_ref().map(IoEngine::metrics);
     let cpu0 = cpu_time();
-    let start = Instant::now();
+    let mut probe_cpu = Duration::ZERO;
+    let mut read_time = Duration::ZERO;
+    let mut since_probe = Duration::ZERO;
+    let mut slices_between = 0;
     loop {
         let n = latencies.len();
         if opts.batches.is_some_and(|b| n >= b)
-            || opts.duration.is_some_and(|d| start.elapsed() >= d && n > 0)
+            || opts.duration.is_some_and(|d| read_time >= d && n > 0)
         {
             break;
         }
         draw(&mut origins);
         let t0 = Instant::now();
         let stats = a.read_batch_into(&origins, &opts.crop, &mut out)?;
-        latencies.push(t0.elapsed().as_secs_f64() * 1e3);
+        let took = t0.elapsed();
+        latencies.push(took.as_secs_f64() * 1e3);
+        read_time += took;
+        since_probe += took;
         totals += stats;
         if let Some(b) = &bar {
             if opts.batches.is_some() {
                 b.inc(1);
             } else {
-                b.set_position(start.elapsed().as_secs());
+                b.set_position(read_time.as_secs());
             }
         }
+        if let Some(p) = probes.as_mut().filter(|_| since_probe >= PROBE_EVERY) {
+            probe_cpu += p.run(&a, PROBE_SLICE)?;
+            since_probe = Duration::ZERO;
+            slices_between += 1;
+        }
     }
-    let wall = start.elapsed().as_secs_f64();
+    let wall = read_time.as_secs_f64();
+    let cpu = cpu0
+        .zip(cpu_time())
+        .map(|(a, b)| b.saturating_sub(a).saturating_sub(probe_cpu).as_secs_f64() / wall);
     let mapped_read_share = engine.as_ref().zip(io0).map(|(e, m0)| {
         let m = e.metrics() - m0;
         m.mapped_reads as f64 / m.physical_reads.max(1) as f64
     });
-    let cpu = cpu0
-        .zip(cpu_time())
-        .map(|(a, b)| b.saturating_sub(a).as_secs_f64() / wall);
     let object_report = object.as_ref().zip(object0).map(|(e, m0)| {
         let m = e.metrics() - m0;
         let limits = e.coalesce_limits();
@@ -523,27 +669,23 @@ pub fn run_array(
     }
     latencies.sort_by(f64::total_cmp);
     let crops = (latencies.len() * opts.batch_size) as f64;
-    let rate = |min_bytes, threads| {
-        decode_rate(
-            &a,
-            256,
-            min_bytes,
-            opts.seed,
-            Duration::from_millis(700),
-            threads,
-        )
+    let mut probes = match probes {
+        Some(p) => p,
+        None => Probes::new(&a, opts.seed, threads, llc)?,
     };
-    let threads = rayon::current_num_threads();
-    let single = rate(0, 1)?.map(|r| r.chunks_per_s);
-    let parallel = if threads > 1 {
-        rate(0, threads)?.map(|r| r.chunks_per_s)
-    } else {
-        single
+    // A short run, or one whose last slice was long ago, ends with a slice of its own; every
+    // probe gets at least PROBE_MIN in all.
+    let probed = probes.seconds();
+    if probed < PROBE_MIN.as_secs_f64() || since_probe >= PROBE_EVERY / 2 {
+        let rest = PROBE_MIN.saturating_sub(Duration::from_secs_f64(probed));
+        probes.run(&a, rest.max(PROBE_SLICE))?;
+    }
+    let single = probes.single.as_ref().map(DecodeProbe::chunks_per_s);
+    let parallel = match &probes.parallel {
+        Some(p) => Some(p.chunks_per_s()),
+        None => single,
     };
-    // The same on all threads, with samples twice the size of the last-level cache: chunks
-    // whose bytes come from memory, as a crop's chunks of a large array do.
-    let llc = last_level_cache_bytes();
-    let from_memory = rate(2 * llc, threads)?;
+    let from_memory = probes.memory.as_ref();
     let chunks_per_s = totals.chunks_decoded as f64 / wall;
     Ok(ArrayBenchReport {
         backend: engine
@@ -596,8 +738,10 @@ pub fn run_array(
         single_core_chunks_per_s: single,
         decode_efficiency: single.map(|s| chunks_per_s / (s * threads as f64)),
         parallel_decode_chunks_per_s: parallel,
-        memory_decode_chunks_per_s: from_memory.map(|r| r.chunks_per_s),
-        memory_decode_sample_bytes: from_memory.map(|r| r.sample_bytes),
+        memory_decode_chunks_per_s: from_memory.map(DecodeProbe::chunks_per_s),
+        memory_decode_sample_bytes: from_memory.map(DecodeProbe::sample_bytes),
+        decode_probe_slices_between: slices_between,
+        decode_probe_seconds: probes.seconds(),
         last_level_cache_bytes: llc,
         totals: TotalsReport {
             chunks: totals.chunks,
@@ -1074,6 +1218,32 @@ pub fn run_loader(path: &std::path::Path, opts: &LoaderBenchOptions) -> Result<L
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decode_probe_adds_up_its_slices() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/data/v3_workload_4d_u2.zarr");
+        let a = open_array(&path, None, &OpenOptions::default()).unwrap();
+        let mut p = DecodeProbe::new(&a, 8, 0, 1, 2).unwrap().unwrap();
+        assert!(p.chunks_per_s() <= 0.0, "nothing decoded yet");
+        p.run(&a, Duration::from_millis(20)).unwrap();
+        let (first, rate) = (p.seconds(), p.chunks_per_s());
+        assert!(first >= 0.02 && rate > 0.0, "{first} {rate}");
+        // A second slice adds to the first; each thread goes on round its own sample.
+        p.run(&a, Duration::from_millis(20)).unwrap();
+        assert!(p.seconds() >= first + 0.02, "{}", p.seconds());
+        for t in &p.threads {
+            assert_eq!(t.chunks.len(), 8);
+            assert_eq!(t.next as u64, t.decoded % 8);
+            assert!(t.decoded >= 2 * PROBE_CLOCK_EVERY as u64);
+        }
+        // Repeated to a byte count: copies of the sample until it is reached.
+        let big = DecodeProbe::new(&a, 8, 10 * p.sample_bytes(), 1, 1)
+            .unwrap()
+            .unwrap();
+        assert_eq!(big.sample_bytes(), 10 * p.sample_bytes());
+        assert_eq!(big.threads[0].chunks.len(), 80);
+    }
 
     #[test]
     fn shuffled_prefixes_are_distinct_and_whole_ones_are_permutations() {

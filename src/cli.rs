@@ -505,6 +505,24 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
             ),
         );
     }
+    if r.single_core_chunks_per_s.is_some() {
+        row(
+            &mut t,
+            "decode limits timed",
+            format!(
+                "{:.1} s each, {}",
+                r.decode_probe_seconds,
+                if r.decode_probe_slices_between > 0 {
+                    format!(
+                        "{} slices between the timed batches",
+                        r.decode_probe_slices_between
+                    )
+                } else {
+                    "after the timed batches".to_string()
+                }
+            ),
+        );
+    }
     row(
         &mut t,
         "decoded/output bytes",

@@ -164,6 +164,9 @@ fn bench_reports_stable_json_fields() {
     assert!(v["single_core_chunks_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["parallel_decode_chunks_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["memory_decode_chunks_per_s"].as_f64().unwrap() > 0.0);
+    // Under a second of reading: the limits are timed after the batches, 0.7 s each.
+    assert_eq!(v["decode_probe_slices_between"], 0, "{v}");
+    assert!(v["decode_probe_seconds"].as_f64().unwrap() >= 0.7, "{v}");
     // The from-memory sample outgrows the CPU cache (this fixture's chunks repeat in it, but
     // every one is a copy of its own).
     let (sample, llc) = (
@@ -178,6 +181,25 @@ fn bench_reports_stable_json_fields() {
     assert!(store_bytes > 0);
     assert_eq!(v["prewarmed_bytes"], store_bytes, "{v}");
     assert!(v["prewarm_note"].is_null(), "{v}");
+}
+
+#[test]
+fn bench_times_its_decode_limits_between_the_batches() {
+    let v = json_of(
+        &zcrop()
+            .args(&SMALL_BENCH[..6])
+            .args(["--duration", "2.5"])
+            .arg(fixture("v3_workload_4d_u2.zarr"))
+            .output()
+            .unwrap(),
+    );
+    // A slice of each probe after every second of reading (the last one may fall just
+    // after 2.5 s, or leave a slice for the end).
+    let slices = v["decode_probe_slices_between"].as_u64().unwrap();
+    assert!((2..=3).contains(&slices), "{v}");
+    assert!(v["seconds"].as_f64().unwrap() >= 2.5, "{v}");
+    assert!(v["decode_probe_seconds"].as_f64().unwrap() >= 0.7, "{v}");
+    assert!(v["single_core_chunks_per_s"].as_f64().unwrap() > 0.0, "{v}");
 }
 
 /// Bytes of the files under `dir`.
