@@ -397,22 +397,18 @@ impl Plan {
             });
         };
         // Records of one chunk are adjacent once sorted: each run of one linear index is a leaf.
-        let mut current: Option<(u128, usize)> = None;
+        let (mut at, mut start) = (None, 0);
         for (linear, k) in sorted {
-            if let Some((at, start)) = current
-                && at != linear
-            {
+            if at.is_some_and(|a| a != linear) {
                 close(&mut copies, start, &mut leaves);
-                current = None;
+                start = copies.len();
             }
-            if current.is_none() {
-                current = Some((linear, copies.len()));
-            }
+            at = Some(linear);
             let rec = &recs[k as usize * rec_len..(k as usize + 1) * rec_len];
             copies.extend_from_slice(rec);
             copies_per_request[rec[0] as usize] += 1;
         }
-        if let Some((_, start)) = current {
+        if at.is_some() {
             close(&mut copies, start, &mut leaves);
         }
         Ok(Plan {
