@@ -53,8 +53,8 @@ pub enum MapFiles {
     /// (asked with `cachestat` on Linux 6.5 and later, once for the next 1 MiB of the file,
     /// which then answers for up to 64 reads in it, and per read where that stretch was not
     /// all in memory; else one `mincore` per read; while a thread's recent ranges were mostly
-    /// not in memory, only one read in 32 asks; the default). Cold ranges are read through the backend,
-    /// so they keep its queue depth instead of faulting in one page at a time. For a file this
+    /// not in memory, only one read in 32 asks; the default). Cold ranges are read through the
+    /// backend, so they keep its queue depth instead of faulting in one page at a time. For a file this
     /// process neither owns nor may write, Linux reports only the pages already mapped into
     /// the process, so cached pages not yet touched through the mapping are read.
     #[default]
@@ -850,10 +850,17 @@ impl Batch {
         }
     }
 
-    /// Wakes the workers for runs handed out unwoken.
+    /// Wakes the workers.
     fn wake_workers(&mut self) {
         self.unwoken = false;
         self.engine.inner.wake();
+    }
+
+    /// Wakes the workers if runs were handed out without waking them.
+    fn wake_if_unwoken(&mut self) {
+        if self.unwoken {
+            self.wake_workers();
+        }
     }
 
     fn take(&mut self, d: Delivery) {
@@ -888,9 +895,7 @@ impl Batch {
             }
             // Nothing to do but wait: first hand over what this thread holds for others, and
             // wake the workers for what it handed out.
-            if self.unwoken {
-                self.wake_workers();
-            }
+            self.wake_if_unwoken();
             let ctx = &self.engine.inner.ctx;
             self.local.flush(ctx);
             if !block {
@@ -1023,9 +1028,7 @@ impl Drop for Batch {
     fn drop(&mut self) {
         // Reads of this batch still queued are skipped by whoever takes them.
         self.sink.dropped.store(true, Ordering::Release);
-        if self.unwoken {
-            self.wake_workers();
-        }
+        self.wake_if_unwoken();
         // Results held for other batches must reach them.
         let ctx = Arc::clone(&self.engine.inner.ctx);
         self.local.flush(&ctx);
