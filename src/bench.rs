@@ -216,6 +216,24 @@ pub struct ArrayBenchReport {
     pub object: Option<ObjectReport>,
 }
 
+/// The encoded bytes of `n` random chunks of `a` (those stored; seeded by `seed`).
+pub fn sample_chunks(a: &Array, n: usize, seed: u64) -> Result<Vec<bytes::Bytes>> {
+    let grid: Vec<u64> = a
+        .shape()
+        .iter()
+        .zip(a.chunk_shape())
+        .map(|(s, c)| s.div_ceil(*c))
+        .collect();
+    let mut rng = SplitMix::new(seed ^ 0x5eed);
+    let coords: Vec<Vec<u64>> = (0..n)
+        .map(|_| grid.iter().map(|&g| rng.below(g)).collect())
+        .collect();
+    Ok(a.read_encoded_chunks(&coords)?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
 /// A decode-rate probe: `threads` threads, each with its own copy of a random sample of an
 /// array's stored chunks, that decode them in timed slices and add up what they decoded.
 ///
@@ -243,36 +261,20 @@ struct ProbeThread {
 const PROBE_CLOCK_EVERY: usize = 16;
 
 impl DecodeProbe {
-    /// A probe of `sample` random stored chunks of `a` on `threads` threads; `None` if none of
-    /// the sampled chunks is stored. With `min_bytes`, each thread's copy repeats the sample
-    /// until its encoded bytes reach that (every repetition a copy of its own, in memory of its
-    /// own, so a sample larger than the CPU caches is decoded from memory). A probe whose
-    /// sample is smaller (`min_bytes` 0) reads its sample through once, untimed, before each
-    /// slice, so its rate is that of chunks whose bytes are in the CPU's caches.
+    /// A probe of `chunks` (encoded chunks of `a`, see [`sample_chunks`]) on `threads`
+    /// threads; `None` if they hold no bytes. With `min_bytes`, each thread's copy repeats the
+    /// sample until its encoded bytes reach that (every repetition a copy of its own, in memory
+    /// of its own, so a sample larger than the CPU caches is decoded from memory). A probe
+    /// whose sample is smaller (`min_bytes` 0) reads its sample through once, untimed, before
+    /// each slice, so its rate is that of chunks whose bytes are in the CPU's caches.
     pub fn new(
         a: &Array,
-        sample: usize,
+        chunks: &[bytes::Bytes],
         min_bytes: u64,
-        seed: u64,
         threads: usize,
     ) -> Result<Option<Self>> {
-        let grid: Vec<u64> = a
-            .shape()
-            .iter()
-            .zip(a.chunk_shape())
-            .map(|(s, c)| s.div_ceil(*c))
-            .collect();
-        let mut rng = SplitMix::new(seed ^ 0x5eed);
-        let coords: Vec<Vec<u64>> = (0..sample)
-            .map(|_| grid.iter().map(|&g| rng.below(g)).collect())
-            .collect();
-        let chunks: Vec<bytes::Bytes> = a
-            .read_encoded_chunks(&coords)?
-            .into_iter()
-            .flatten()
-            .collect();
         let bytes: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-        if chunks.is_empty() || bytes == 0 {
+        if bytes == 0 {
             return Ok(None);
         }
         let copies = usize::try_from(min_bytes.div_ceil(bytes).max(1))?;
@@ -386,17 +388,18 @@ struct Probes {
 }
 
 impl Probes {
-    /// Samples of 256 random chunks of `a`; the from-memory one repeated to twice `llc` per
-    /// thread.
+    /// One sample of 256 random chunks of `a` for all three; the from-memory probe repeats it
+    /// to twice `llc` per thread.
     fn new(a: &Array, seed: u64, threads: usize, llc: u64) -> Result<Self> {
+        let chunks = sample_chunks(a, 256, seed)?;
         Ok(Probes {
-            single: DecodeProbe::new(a, 256, 0, seed, 1)?,
+            single: DecodeProbe::new(a, &chunks, 0, 1)?,
             parallel: if threads > 1 {
-                DecodeProbe::new(a, 256, 0, seed, threads)?
+                DecodeProbe::new(a, &chunks, 0, threads)?
             } else {
                 None
             },
-            memory: DecodeProbe::new(a, 256, 2 * llc, seed, threads)?,
+            memory: DecodeProbe::new(a, &chunks, 2 * llc, threads)?,
         })
     }
 
@@ -1224,7 +1227,9 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures/data/v3_workload_4d_u2.zarr");
         let a = open_array(&path, None, &OpenOptions::default()).unwrap();
-        let mut p = DecodeProbe::new(&a, 8, 0, 1, 2).unwrap().unwrap();
+        let chunks = sample_chunks(&a, 8, 1).unwrap();
+        assert_eq!(chunks.len(), 8, "every chunk of the fixture is stored");
+        let mut p = DecodeProbe::new(&a, &chunks, 0, 2).unwrap().unwrap();
         assert!(p.chunks_per_s() <= 0.0, "nothing decoded yet");
         p.run(&a, Duration::from_millis(20)).unwrap();
         let (first, rate) = (p.seconds(), p.chunks_per_s());
@@ -1238,7 +1243,7 @@ mod tests {
             assert!(t.decoded >= 2 * PROBE_CLOCK_EVERY as u64);
         }
         // Repeated to a byte count: copies of the sample until it is reached.
-        let big = DecodeProbe::new(&a, 8, 10 * p.sample_bytes(), 1, 1)
+        let big = DecodeProbe::new(&a, &chunks, 10 * p.sample_bytes(), 1)
             .unwrap()
             .unwrap();
         assert_eq!(big.sample_bytes(), 10 * p.sample_bytes());
