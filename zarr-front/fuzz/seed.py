@@ -2,7 +2,7 @@
 """Builds seed corpora for the fuzz targets from the committed fixtures (stdlib only).
 
     python3 zarr-front/fuzz/seed.py && cd zarr-front && cargo +nightly fuzz run chunk -- -max_total_time=600
-    (targets: metadata, shard_index, chunk, chunk_range)
+    (targets: metadata, shard_index, chunk, chunk_range, lz4)
 """
 
 import json
@@ -12,10 +12,36 @@ HERE = pathlib.Path(__file__).resolve().parent
 FIXTURES = HERE.parents[1] / "fixtures"
 
 
+def lz4_splits(buf: bytes) -> list[tuple[int, bytes]]:
+    """The LZ4-compressed splits of the first block of `buf` if it is a blosc chunk compressed
+    with LZ4 (each with its decoded size), else none."""
+    if len(buf) < 20 or buf[0] != 2 or buf[2] >> 5 != 1 or buf[2] & 0x2:
+        return []
+    flags, typesize = buf[2], buf[3]
+    nbytes, blocksize = int.from_bytes(buf[4:8], "little"), int.from_bytes(buf[8:12], "little")
+    if blocksize == 0 or blocksize > nbytes:
+        return []
+    size = min(blocksize, nbytes)
+    split = not flags & 0x10 and typesize <= 16 and size // typesize >= 128 and size == blocksize
+    nsplits = typesize if split else 1
+    seg = size // nsplits
+    at = int.from_bytes(buf[16:20], "little")
+    out = []
+    for _ in range(nsplits):
+        csize = int.from_bytes(buf[at : at + 4], "little", signed=True)
+        data = buf[at + 4 : at + 4 + csize]
+        if csize <= 0 or len(data) != csize:
+            break
+        if csize != seg and seg < 1 << 16:
+            out.append((seg, data))
+        at += 4 + csize
+    return out
+
+
 def main() -> None:
     manifest = json.loads((FIXTURES / "manifest.json").read_text())
     roots = [e for e in manifest if e["array_path"] == ""]
-    corpus = {name: HERE / "corpus" / name for name in ("metadata", "shard_index", "chunk", "chunk_range")}
+    corpus = {name: HERE / "corpus" / name for name in ("metadata", "shard_index", "chunk", "chunk_range", "lz4")}
     for d in corpus.values():
         d.mkdir(parents=True, exist_ok=True)
     for i, e in enumerate(roots):
@@ -29,6 +55,12 @@ def main() -> None:
             # chunk_range: array, start (u16 LE), length (u16 LE), then the chunk.
             head = bytes([i % 256, 16, 0, 200, 0])
             (corpus["chunk_range"] / f"{e['name']}_{j}").write_bytes(head + f.read_bytes())
+        for j, f in enumerate(files):
+            for k, block in enumerate(lz4_splits(f.read_bytes())[:2]):
+                # lz4: output size (u16 LE), target (u16 LE), then the LZ4 block.
+                cap, _ = block
+                head = cap.to_bytes(2, "little") + (cap // 2).to_bytes(2, "little")
+                (corpus["lz4"] / f"{e['name']}_{j}_{k}").write_bytes(head + block[1])
     sharded = ["v3_sharded_end", "v3_sharded_start", "v3_sharded_partial_nocrc_u1", "v3_nested_sharding"]
     for i, name in enumerate(sharded):
         store = FIXTURES / f"data/{name}.zarr"

@@ -9,7 +9,7 @@
 //!
 //! This module parses the buffer itself and, for each block that holds needed bytes:
 //! - takes splits stored raw straight from the encoded bytes, without copying them;
-//! - decompresses LZ4 splits only as far as the last needed byte (`LZ4_decompress_safe_partial`);
+//! - decompresses LZ4 splits only as far as the last needed byte ([`crate::lz4`]);
 //!
 //! and [`Chunk::gather`] unshuffles just the bytes asked for, into a scratch chunk or straight
 //! into the crops (`DisjointOut::copy_with`), so the needed bytes are touched once.
@@ -22,7 +22,7 @@
 use std::ops::Range;
 
 use crate::unshuffle::interleave;
-use crate::{ffi, stitch};
+use crate::{lz4, stitch};
 
 /// Bytes of a blosc header.
 const HEADER: usize = 16;
@@ -262,16 +262,9 @@ pub(crate) fn open<'a>(
                 let (seg, n) = if data.len() == seg_len {
                     (Seg::Raw(data.start), r.end)
                 } else if compformat == LZ4_FORMAT {
-                    // liblz4 decodes a prefix 20-30% slower per byte than a whole block (its
-                    // partial decoder checks the end more often and copies the last match
-                    // byte by byte): decode the whole split when the prefix is most of it.
-                    let n = if r.end * 5 >= seg_len * 4 {
-                        seg_len
-                    } else {
-                        r.end
-                    };
+                    let n = r.end;
                     let out = &mut scratch.tmp[base + s * seg_len..base + (s + 1) * seg_len];
-                    let got = ffi::lz4_decompress(&src[data], out, n)
+                    let got = lz4::decompress(&src[data], out, n)
                         .ok_or(Error::Corrupt("damaged LZ4 split"))?;
                     if got < n || (n == seg_len && got != seg_len) {
                         return Err(Error::Corrupt("LZ4 split too short"));
@@ -677,10 +670,10 @@ mod tests {
         let mut out = [0u8];
         chunk.gather(1000, &mut out);
         assert_eq!(out[0], data[1000]);
-        // A prefix of most of the LZ4 split decodes all of it (liblz4 is faster so): 15000
-        // elements, of the raw split only those.
+        // A prefix of most of the LZ4 split decodes only that far too: 15000 elements of each
+        // split.
         let chunk = open(&encoded, 0..30000, &mut scratch).unwrap();
-        assert_eq!(chunk.decoded_bytes(), 15000 + 16384);
+        assert_eq!(chunk.decoded_bytes(), 2 * 15000);
         let mut out = vec![0u8; 30000];
         chunk.gather(0, &mut out);
         assert_eq!(out, data[..30000]);

@@ -27,9 +27,10 @@
 //!
 //! ## Unsafe code
 //!
-//! Three modules hold `unsafe`: `stitch` (many decode tasks writing disjoint parts of one output
-//! buffer, as the planner guarantees), `ffi` (C-blosc and liblz4) and `unshuffle` (SSE2 loads
-//! and stores of blosc's unshuffle). Every block has a `// SAFETY:` comment.
+//! Four modules hold `unsafe`: `stitch` (many decode tasks writing disjoint parts of one output
+//! buffer, as the planner guarantees), `ffi` (C-blosc and liblz4), `unshuffle` (SSE2 loads
+//! and stores of blosc's unshuffle) and `lz4` (the SSSE3 loads and stores of an LZ4 decoder).
+//! Every block has a `// SAFETY:` comment.
 
 mod array;
 mod blosc_block;
@@ -38,6 +39,7 @@ mod decode;
 pub mod error;
 mod ffi;
 mod layout;
+mod lz4;
 mod node;
 pub mod plan;
 mod stitch;
@@ -46,6 +48,22 @@ mod throttle;
 pub mod transform;
 mod unshuffle;
 mod zstd_block;
+
+/// Internal decoders, for the fuzz targets in `zarr-front/fuzz` only (feature `fuzzing`): not a
+/// public API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    /// zcrop's LZ4 block decoder: see `lz4::decompress`.
+    pub fn lz4(src: &[u8], out: &mut [u8], want: usize) -> Option<usize> {
+        crate::lz4::decompress(src, out, want)
+    }
+
+    /// liblz4's decoder, with the same contract as [`lz4`].
+    pub fn liblz4(src: &[u8], out: &mut [u8], want: usize) -> Option<usize> {
+        crate::ffi::lz4_decompress(src, out, want)
+    }
+}
 
 pub use array::{
     Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadStats, StorageSummary,
