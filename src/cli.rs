@@ -88,8 +88,8 @@ struct LoaderBenchArgs {
     /// Batches the loader reads ahead.
     #[arg(long, default_value_t = 4)]
     prefetch: usize,
-    /// Batches the loader reads at once.
-    #[arg(long, default_value_t = 1)]
+    /// Batches the loader reads at once (the loader's default).
+    #[arg(long, default_value_t = 2)]
     workers: usize,
     /// Milliseconds the consumer spends on each batch (a training step's stand-in).
     #[arg(long, default_value_t = 0)]

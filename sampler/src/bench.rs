@@ -196,7 +196,7 @@ impl Default for LoaderBench {
             consume: Duration::ZERO,
             rounds: 3,
             prefetch: 4,
-            workers: 1,
+            workers: 2,
             transform: Transform::none(),
             pin: PinOptions::default(),
             seed: 0,

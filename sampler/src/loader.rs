@@ -38,7 +38,10 @@ pub struct LoaderConfig {
     /// `prefetch` are read ahead). The consumer may hold up to `buffers - prefetch` batches
     /// without slowing the workers.
     pub buffers: usize,
-    /// Threads producing batches concurrently (each batch is also decoded in parallel).
+    /// Threads producing batches concurrently (each batch is also decoded in parallel). The
+    /// default, 2, keeps a second batch in flight: a batch starts with serial work (planning,
+    /// locating its chunks, submitting its reads: about 1.2 ms of an 18 ms blosc-lz4 batch of
+    /// 32 crops on 2 cores) during which one batch alone leaves the decode threads idle.
     pub workers: usize,
     /// Decode threads in a pool of the loader's own; `None` uses rayon's global pool.
     pub threads: Option<usize>,
@@ -54,7 +57,7 @@ impl Default for LoaderConfig {
             shard: Shard::SINGLE,
             prefetch: 2,
             buffers: 0,
-            workers: 1,
+            workers: 2,
             threads: None,
             pin: PinOptions::default(),
         }

@@ -278,7 +278,9 @@ class Loader:
     start_step:
         The first step.
     workers:
-        Threads producing batches (each batch is also decoded in parallel).
+        Threads producing batches (each batch is also decoded in parallel); the default, 2,
+        keeps a second batch in flight while one does its serial start (planning, locating,
+        submitting), when the decode threads would otherwise wait.
     threads:
         Decode threads of the loader's own (default: the shared pool).
     pin:
@@ -304,7 +306,7 @@ class Loader:
         region: tuple[Sequence[int], Sequence[int]] | None = None,
         steps: int | None = None,
         start_step: int = 0,
-        workers: int = 1,
+        workers: int = 2,
         threads: int | None = None,
         pin: bool = True,
         buffers: int = 0,
