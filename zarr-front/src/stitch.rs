@@ -25,6 +25,15 @@ pub(crate) fn prefetch_read(bytes: &[u8]) {
     let _ = bytes;
 }
 
+/// [`prefetch_read`] into the second-level cache (not the first): for bytes read a while later,
+/// whose lines would take the first level's room and outstanding misses from what is read now.
+pub(crate) fn prefetch_read_l2(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }>(bytes.as_ptr(), bytes.len());
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// Issues the prefetch `HINT` for every cache line of the `len` bytes at `start`.
 #[cfg(target_arch = "x86_64")]
 fn prefetch_lines<const HINT: i32>(start: *const u8, len: usize) {
