@@ -207,4 +207,34 @@ pub(crate) mod tests {
         out.truncate(n as usize);
         out
     }
+
+    /// liblz4's compression of `data` (`hc`: its high-compression mode, whose matches are
+    /// longer and overlap more).
+    pub(crate) fn lz4_compress(data: &[u8], hc: bool) -> Vec<u8> {
+        let len = i32::try_from(data.len()).unwrap();
+        // SAFETY: plain arithmetic on a size.
+        let bound = unsafe { lz4_sys::LZ4_compressBound(len) };
+        let mut out = vec![0u8; usize::try_from(bound).unwrap()];
+        // SAFETY: `data` holds `len` readable bytes and `out` `bound` writable ones.
+        let n = unsafe {
+            if hc {
+                lz4_sys::LZ4_compress_HC(
+                    data.as_ptr().cast(),
+                    out.as_mut_ptr().cast(),
+                    len,
+                    bound,
+                    9,
+                )
+            } else {
+                lz4_sys::LZ4_compress_default(
+                    data.as_ptr().cast(),
+                    out.as_mut_ptr().cast(),
+                    len,
+                    bound,
+                )
+            }
+        };
+        out.truncate(usize::try_from(n).unwrap());
+        out
+    }
 }

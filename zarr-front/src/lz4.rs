@@ -245,36 +245,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::decompress;
-
-    /// liblz4's compression of `data` (`hc`: its high-compression mode, whose matches are
-    /// longer and overlap more).
-    fn compress(data: &[u8], hc: bool) -> Vec<u8> {
-        let len = i32::try_from(data.len()).unwrap();
-        // SAFETY: plain arithmetic on a size.
-        let bound = unsafe { lz4_sys::LZ4_compressBound(len) };
-        let mut out = vec![0u8; usize::try_from(bound).unwrap()];
-        // SAFETY: `data` holds `len` readable bytes and `out` `bound` writable ones.
-        let n = unsafe {
-            if hc {
-                lz4_sys::LZ4_compress_HC(
-                    data.as_ptr().cast(),
-                    out.as_mut_ptr().cast(),
-                    len,
-                    bound,
-                    9,
-                )
-            } else {
-                lz4_sys::LZ4_compress_default(
-                    data.as_ptr().cast(),
-                    out.as_mut_ptr().cast(),
-                    len,
-                    bound,
-                )
-            }
-        };
-        out.truncate(usize::try_from(n).unwrap());
-        out
-    }
+    use crate::ffi::tests::lz4_compress as compress;
 
     /// Data that compresses with matches of every kind: runs of `period` (1 to 40) repeated
     /// bytes, noise, copies from far back, smooth 16-bit-like high bytes; chosen by `seed`.
