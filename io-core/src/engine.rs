@@ -50,11 +50,13 @@ pub enum MapFiles {
     /// Never: every read is a read.
     Never,
     /// Files of at least [`MAP_MIN_FILE_BYTES`], for ranges whose pages are all in memory
-    /// (asked with `cachestat` on Linux 6.5 and later, once for the next 1 MiB of the file,
-    /// which then answers for up to 64 reads in it, and per read where that stretch was not
-    /// all in memory; else one `mincore` per read; while a thread's recent ranges were mostly
-    /// not in memory, only one read in 32 asks; the default). Cold ranges are read through the
-    /// backend, so they keep its queue depth instead of faulting in one page at a time. For a file this
+    /// (asked with `cachestat` on Linux 6.5 and later about the aligned 1 MiB of the file
+    /// around the read, an answer every thread then uses for the reads in that 1 MiB for one
+    /// second, and per read where that stretch was not all in memory; else one `mincore` per
+    /// read; while a thread's recent ranges were mostly not in memory, only one read in 32
+    /// asks; the default). A page evicted after its stretch was found in memory is faulted
+    /// back in when read: slower, never wrong. Cold ranges are read through the backend, so
+    /// they keep its queue depth instead of faulting in one page at a time. For a file this
     /// process neither owns nor may write, Linux reports only the pages already mapped into
     /// the process, so cached pages not yet touched through the mapping are read.
     #[default]

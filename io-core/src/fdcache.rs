@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::engine::{MAP_MIN_FILE_BYTES, MapFiles};
+use crate::op::ResidentMemo;
 use crate::sys;
 
 /// An open file and what reading it needs to know.
@@ -21,25 +22,34 @@ pub(crate) struct OpenFile {
     pub(crate) direct_align: Option<(usize, u64)>,
     /// The whole file mapped, made on first use when the engine maps files; `None` when
     /// mapping failed (the file is then read normally).
-    mapped: OnceLock<Option<Bytes>>,
+    mapped: OnceLock<Option<Mapping>>,
     /// For a thread's own copy ([`OpenFile::reopen`]): the engine's cached file it was opened
     /// from, whose mapping it shares (through a `Bytes` of its own).
     origin: Option<Arc<OpenFile>>,
 }
 
+/// A whole file mapped, and what is known of which parts of it are in memory.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    pub(crate) bytes: Bytes,
+    /// Shared by every thread's copy of the file (see [`OpenFile::reopen`]).
+    pub(crate) resident: Arc<ResidentMemo>,
+}
+
 impl OpenFile {
-    /// The whole file as mapped `Bytes`, mapping it on first use; `None` if it is not to be
-    /// mapped under `policy` (too small for [`MapFiles::WhenCached`]) or cannot be (reads
-    /// then go to the engine's backend).
-    pub(crate) fn mapped(&self, path: &Path, policy: MapFiles) -> Option<&Bytes> {
+    /// The whole file mapped, mapping it on first use; `None` if it is not to be mapped under
+    /// `policy` (too small for [`MapFiles::WhenCached`]) or cannot be (reads then go to the
+    /// engine's backend).
+    pub(crate) fn mapped(&self, path: &Path, policy: MapFiles) -> Option<&Mapping> {
         self.mapped
             .get_or_init(|| {
                 if let Some(origin) = &self.origin {
                     // The thread's own `Bytes` over the same mapping: the views it cuts count
                     // references in an owner of its own, not in one all threads update.
-                    return origin
-                        .mapped(path, policy)
-                        .map(|whole| Bytes::from_owner(whole.clone()));
+                    return origin.mapped(path, policy).map(|m| Mapping {
+                        bytes: Bytes::from_owner(m.bytes.clone()),
+                        resident: Arc::clone(&m.resident),
+                    });
                 }
                 if policy == MapFiles::WhenCached {
                     let len = self.file.metadata().map_or(0, |m| m.len());
@@ -80,9 +90,12 @@ impl OpenFile {
         }
     }
 
-    fn map(file: &File, path: &Path) -> Option<Bytes> {
+    fn map(file: &File, path: &Path) -> Option<Mapping> {
         match sys::map_file(file) {
-            Ok(b) => Some(b),
+            Ok(bytes) => Some(Mapping {
+                resident: Arc::new(ResidentMemo::new(bytes.len())),
+                bytes,
+            }),
             Err(e) => {
                 log::debug!("{}: not mapped ({e}); reading it instead", path.display());
                 None
@@ -277,6 +290,14 @@ mod tests {
         assert!(own.reopen().is_none(), "copies are not copied again");
         let mapped = own.mapped(&path, MapFiles::Always).expect("mapped");
         let again = shared.mapped(&path, MapFiles::Always).expect("mapped");
-        assert_eq!(mapped.as_ptr(), again.as_ptr(), "one mapping for both");
+        assert_eq!(
+            mapped.bytes.as_ptr(),
+            again.bytes.as_ptr(),
+            "one mapping for both"
+        );
+        assert!(
+            Arc::ptr_eq(&mapped.resident, &again.resident),
+            "one record of what is in memory for both"
+        );
     }
 }

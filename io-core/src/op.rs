@@ -6,7 +6,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use crossbeam_channel::Sender;
@@ -14,7 +14,7 @@ use crossbeam_channel::Sender;
 use crate::budget::{Budget, Permit};
 use crate::engine::MapFiles;
 use crate::error::IoError;
-use crate::fdcache::{FdCache, OpenFile};
+use crate::fdcache::{FdCache, Mapping, OpenFile};
 use crate::metrics::{Counters, Metrics};
 use crate::request::{Completion, ReadRange, RequestId};
 use crate::sys::{self, ReadBuf};
@@ -214,71 +214,106 @@ impl CacheProbe {
     }
 }
 
-/// A part of one mapped file found all in memory by one `cachestat(2)` call, from which the
-/// reads after it that fall inside it are served without asking again
-/// ([`MapFiles::WhenCached`]). A run's reads of a file go forward through it, and a crop's
-/// chunks lie close together in their shard, so one call over the next [`ResidentWindow::LEN`]
-/// bytes answers for several reads: each call costs about as much as a 16 KiB read's
-/// residency check (0.22 µs for either on Linux 6.18, 0.31 µs for 4 MiB), and with one per
-/// read these checks were a quarter of the time of the thread that plans and serves a batch
-/// of blosc-lz4 crop reads. The answer is as old as the per-read check's would be when the
-/// window serves at most [`ResidentWindow::USES`] reads (microseconds): a page evicted in
-/// between is faulted back in, slower, never wrong.
+/// Which parts of one mapped file were found all in memory, and when: one `cachestat(2)`
+/// call over an aligned [`ResidentMemo::WINDOW`] of the file answers, for every thread, for
+/// the reads that fall inside it during the next [`ResidentMemo::FRESH`]
+/// ([`MapFiles::WhenCached`]). The kernel's answer costs about 30 ns per 4 KiB page of the
+/// window on top of the system call (Linux 6.18, ext4: 0.4 µs for 16 KiB, 8 µs for 1 MiB),
+/// and a crop's chunks lie a few hundred KiB apart in their shard, so neither asking per read
+/// nor asking per window and read run pays for itself: with one answer per window serving a
+/// thread's next 64 reads at most, these checks took 7% of both cores in a blosc-lz4 crop
+/// benchmark (14,600 calls a second). An answer kept for a while can be out of date: a page
+/// evicted in between is faulted back in when it is read, slower, never wrong.
+#[derive(Debug)]
+pub(crate) struct ResidentMemo {
+    /// Per window, the time ([`ResidentMemo::now`]) it was last found all in memory; 0: not
+    /// since the file was mapped.
+    found: Box<[AtomicU64]>,
+    /// The mapping's length.
+    len: usize,
+}
+
+impl ResidentMemo {
+    /// Bytes per window, as a shift: 1 MiB.
+    const WINDOW_SHIFT: u32 = 20;
+    /// Bytes per window.
+    pub(crate) const WINDOW: usize = 1 << Self::WINDOW_SHIFT;
+    /// How long an answer is kept.
+    pub(crate) const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// A memo of nothing found yet, for a mapping of `len` bytes.
+    pub(crate) fn new(len: usize) -> Self {
+        let windows = len.div_ceil(Self::WINDOW);
+        ResidentMemo {
+            found: (0..windows).map(|_| AtomicU64::new(0)).collect(),
+            len,
+        }
+    }
+
+    /// Microseconds since the process's first call (never 0, so 0 can mean "never").
+    pub(crate) fn now() -> u64 {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+        u64::try_from(epoch.elapsed().as_micros()).unwrap_or(u64::MAX) + 1
+    }
+
+    /// The windows `start..end` (non-empty, inside the mapping) touches.
+    fn windows(start: usize, end: usize) -> std::ops::RangeInclusive<usize> {
+        (start >> Self::WINDOW_SHIFT)..=((end - 1) >> Self::WINDOW_SHIFT)
+    }
+
+    /// Whether every window of `start..end` was found all in memory within
+    /// [`ResidentMemo::FRESH`] before `now`.
+    pub(crate) fn fresh(&self, start: usize, end: usize, now: u64) -> bool {
+        let fresh = Self::FRESH.as_micros() as u64;
+        Self::windows(start, end).all(|w| {
+            let at = self.found[w].load(Ordering::Relaxed);
+            at != 0 && now.saturating_sub(at) < fresh
+        })
+    }
+
+    /// Asks the kernel whether the windows of `start..end` of `file` (mapped as this memo's
+    /// mapping) are all in memory, and records a yes as of `now`. `false` on no, and where the
+    /// kernel has no `cachestat` (asking `mincore` about more than the read costs more than
+    /// it saves).
+    pub(crate) fn ask(&self, file: &std::fs::File, start: usize, end: usize, now: u64) -> bool {
+        let windows = Self::windows(start, end);
+        let from = windows.start() << Self::WINDOW_SHIFT;
+        let to = ((windows.end() + 1) << Self::WINDOW_SHIFT).min(self.len);
+        if sys::cachestat_resident(file, from, to) != Some(true) {
+            return false;
+        }
+        for w in windows {
+            self.found[w].store(now, Ordering::Relaxed);
+        }
+        true
+    }
+}
+
+/// A thread's record of how its window asks went: while a file is partly cold (a window of
+/// it was not all in memory), reads ask about their own range alone, and only one in
+/// [`WindowRetry::EVERY`] asks about its window first.
 #[derive(Debug, Default)]
-pub(crate) struct ResidentWindow {
-    /// The mapping's address (0: none yet).
-    base: usize,
-    start: usize,
-    end: usize,
-    uses_left: u32,
-    /// Reads since a window that was not all in memory (0: the last one was): while a file is
-    /// partly cold, reads ask about their own range alone, and only one in
-    /// [`ResidentWindow::RETRY_EVERY`] asks about a window first.
+pub(crate) struct WindowRetry {
+    /// Reads since a window that was not all in memory (0: the last one was).
     misses: u32,
 }
 
-impl ResidentWindow {
-    /// Bytes asked about at once.
-    const LEN: usize = 1 << 20;
-    /// Reads served from one answer.
-    const USES: u32 = 64;
-    /// See [`ResidentWindow::misses`].
-    const RETRY_EVERY: u32 = 16;
+impl WindowRetry {
+    /// See [`WindowRetry`].
+    const EVERY: u32 = 16;
 
-    /// Whether `start..end` of the mapping at `base` lies in the window (then counted as a use).
-    fn covers(&mut self, base: usize, start: usize, end: usize) -> bool {
-        let hit = self.base == base && self.uses_left > 0 && start >= self.start && end <= self.end;
-        self.uses_left -= u32::from(hit);
-        hit
+    /// Whether this read should ask about its window (then [`WindowRetry::record`] the answer).
+    fn should_ask(&mut self) -> bool {
+        if self.misses == 0 {
+            return true;
+        }
+        self.misses += 1;
+        self.misses.is_multiple_of(Self::EVERY)
     }
 
-    /// Asks whether the window from `start` of `whole` (the mapping of `file`) is all in memory,
-    /// where that is worth a call; on yes it serves `start..end` and the reads after it.
-    fn ask(&mut self, file: &std::fs::File, whole: &Bytes, start: usize, end: usize) -> bool {
-        if self.misses > 0 {
-            self.misses += 1;
-            if !self.misses.is_multiple_of(Self::RETRY_EVERY) {
-                return false;
-            }
-        }
-        let window_end = start.saturating_add(Self::LEN).min(whole.len());
-        if window_end <= end {
-            // No wider than the read itself.
-            return false;
-        }
-        if sys::cachestat_resident(file, start, window_end) == Some(true) {
-            *self = ResidentWindow {
-                base: whole.as_ptr().addr(),
-                start,
-                end: window_end,
-                uses_left: Self::USES - 1,
-                misses: 0,
-            };
-            true
-        } else {
-            self.misses = self.misses.max(1);
-            false
-        }
+    fn record(&mut self, all_in_memory: bool) {
+        self.misses = if all_in_memory { 0 } else { self.misses.max(1) };
     }
 }
 
@@ -297,8 +332,8 @@ pub(crate) struct Local {
     credit: Option<Permit>,
     /// Whether ranges of mapped files keep being found in memory ([`MapFiles::WhenCached`]).
     map_probe: CacheProbe,
-    /// The part of a mapped file last found all in memory, for the reads after it.
-    map_window: ResidentWindow,
+    /// How this thread's recent asks about whole windows of mapped files went.
+    map_window: WindowRetry,
 }
 
 impl Local {
@@ -562,18 +597,20 @@ pub(crate) enum Resolution {
     Finished,
 }
 
-/// The part of `whole` (a mapped file) that serves a read of `range`, if the engine's policy
+/// The part of `map` (a mapped file) that serves a read of `range`, if the engine's policy
 /// says to serve it from the mapping: bounded ranges inside an intact mapping, and for
 /// [`MapFiles::WhenCached`] only ranges whose pages are all in memory (the file's size was
-/// checked when it was mapped), asked only as often as `probe` says.
+/// checked when it was mapped) or lie in windows recently found so ([`ResidentMemo`]), asked
+/// only as often as `probe` and `retry` say.
 fn mapped_range(
     range: ReadRange,
     file: &std::fs::File,
-    whole: &Bytes,
+    map: &Mapping,
     policy: MapFiles,
     probe: &mut CacheProbe,
-    window: &mut ResidentWindow,
+    retry: &mut WindowRetry,
 ) -> Option<(usize, usize)> {
+    let whole = &map.bytes;
     let ReadRange::Bounded { offset, len } = range else {
         return None;
     };
@@ -586,15 +623,20 @@ fn mapped_range(
         MapFiles::Never => None,
         MapFiles::Always => Some((start, end)),
         MapFiles::WhenCached => {
-            if window.covers(whole.as_ptr().addr(), start, end) {
+            let now = ResidentMemo::now();
+            if map.resident.fresh(start, end, now) {
                 return Some((start, end));
             }
             if !probe.should_ask() {
                 return None;
             }
-            if window.ask(file, whole, start, end) {
-                probe.record(true);
-                return Some((start, end));
+            if retry.should_ask() {
+                let all = map.resident.ask(file, start, end, now);
+                retry.record(all);
+                if all {
+                    probe.record(true);
+                    return Some((start, end));
+                }
             }
             let cached = sys::resident(file, whole, start, end);
             probe.record(cached);
@@ -628,17 +670,17 @@ pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> R
     };
     // (`sink.map` is never set on an `O_DIRECT` engine.)
     if t.sink.map
-        && let Some(whole) = file.mapped(&t.path, ctx.map_files)
+        && let Some(map) = file.mapped(&t.path, ctx.map_files)
         && let Some((start, end)) = mapped_range(
             op.range,
             &file.file,
-            whole,
+            map,
             ctx.map_files,
             &mut local.map_probe,
             &mut local.map_window,
         )
     {
-        let data = whole.slice(start..end);
+        let data = map.bytes.slice(start..end);
         serve_mapped(op, data, t, local);
         return Resolution::Finished;
     }
@@ -926,10 +968,12 @@ pub(crate) fn is_retryable(e: &std::io::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{CacheProbe, MapFiles, ResidentWindow, mapped_range};
+    use super::{CacheProbe, MapFiles, Mapping, ResidentMemo, WindowRetry, mapped_range};
     use crate::request::ReadRange;
     use crate::sys;
     use std::io::Write;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     /// A temporary file of `len` bytes, its mapping, and an open descriptor.
     fn mapped_file(len: usize) -> (tempfile::NamedTempFile, std::fs::File, bytes::Bytes) {
@@ -948,42 +992,86 @@ mod tests {
         }
     }
 
-    /// On a file all in memory, one ask answers for the reads after it in its window (so long
-    /// as it has uses left), and a read past the window asks again.
+    /// The mapping of `whole` with nothing known of what is in memory.
+    fn mapping(whole: bytes::Bytes) -> Mapping {
+        Mapping {
+            resident: Arc::new(ResidentMemo::new(whole.len())),
+            bytes: whole,
+        }
+    }
+
+    /// On a file all in memory, one ask answers for every thread's reads in its aligned
+    /// window (a read across two windows asks about both) until the answer is
+    /// [`ResidentMemo::FRESH`] old.
     #[test]
-    fn one_ask_serves_the_reads_in_its_window() {
-        let (_f, file, whole) = mapped_file(4 << 20);
+    fn one_ask_serves_every_threads_reads_in_its_window() {
+        const W: usize = ResidentMemo::WINDOW;
+        let (_f, file, whole) = mapped_file(4 * W + 1000);
         if sys::cachestat_resident(&file, 0, 4096).is_none() {
             return; // No cachestat: no windows (mincore's cost grows with the range).
         }
-        let (mut probe, mut window) = (CacheProbe::default(), ResidentWindow::default());
-        let mut serve = |start: usize, end: usize, window: &mut ResidentWindow| {
+        let map = mapping(whole);
+        let stamps = |m: &Mapping| -> Vec<u64> {
+            m.resident
+                .found
+                .iter()
+                .map(|a| a.load(Ordering::Relaxed))
+                .collect()
+        };
+        assert_eq!(stamps(&map), [0; 5]);
+        let serve = |start: usize, end: usize, local: &mut (CacheProbe, WindowRetry)| {
             mapped_range(
                 range(start, end),
                 &file,
-                &whole,
+                &map,
                 MapFiles::WhenCached,
-                &mut probe,
-                window,
+                &mut local.0,
+                &mut local.1,
             )
         };
-        assert_eq!(serve(1000, 20_000, &mut window), Some((1000, 20_000)));
+        let (mut a, mut b) = Default::default();
+        let before = ResidentMemo::now();
+        assert_eq!(serve(1000, 20_000, &mut a), Some((1000, 20_000)));
+        let first = stamps(&map)[0];
+        assert!(first >= before);
         assert_eq!(
-            (window.start, window.end),
-            (1000, 1000 + ResidentWindow::LEN)
+            stamps(&map)[1..],
+            [0; 4],
+            "only the read's window was asked about"
         );
-        for k in 1..ResidentWindow::USES as usize {
-            let at = 1000 + k * 16_000;
-            assert_eq!(serve(at, at + 100, &mut window), Some((at, at + 100)));
-            assert_eq!(window.start, 1000, "read {k} served by the first window");
+        // Other reads in window 0, by either thread: no new ask (the stamp stays).
+        for k in 0..200 {
+            let at = (k * 5_003) % (W - 100);
+            let local = if k % 2 == 0 { &mut a } else { &mut b };
+            assert_eq!(serve(at, at + 100, local), Some((at, at + 100)));
         }
-        // Out of uses: the next read asks, and starts a window of its own.
-        assert_eq!(serve(2000, 3000, &mut window), Some((2000, 3000)));
-        assert_eq!(window.start, 2000);
-        // Past the window: asks again.
-        let past = 2000 + ResidentWindow::LEN;
-        assert_eq!(serve(past, past + 10, &mut window), Some((past, past + 10)));
-        assert_eq!(window.start, past);
+        assert_eq!(stamps(&map)[0], first);
+        // Across windows 1 and 2: both asked about at once.
+        assert_eq!(
+            serve(2 * W - 10, 2 * W + 10, &mut b),
+            Some((2 * W - 10, 2 * W + 10))
+        );
+        let s = stamps(&map);
+        assert!(s[1] > 0 && s[1] == s[2], "{s:?}");
+        assert_eq!(s[3..], [0; 2]);
+        // The last window, shorter than the others.
+        assert_eq!(
+            serve(4 * W, 4 * W + 1000, &mut a),
+            Some((4 * W, 4 * W + 1000))
+        );
+        assert!(stamps(&map)[4] > 0);
+        // Answers go stale.
+        let fresh = ResidentMemo::FRESH.as_micros() as u64;
+        assert!(map.resident.fresh(0, W, first + fresh - 1));
+        assert!(!map.resident.fresh(0, W, first + fresh));
+        assert!(
+            !map.resident.fresh(W - 1, W + 1, s[1] + fresh),
+            "one stale window of two"
+        );
+        assert!(
+            !map.resident.fresh(3 * W, 3 * W + 1, first),
+            "never asked about"
+        );
     }
 
     /// Served from the mapping only where every page is in memory, whatever the windows said
@@ -999,7 +1087,8 @@ mod tests {
             let mut buf = sys::ReadBuf::new(16 << 10, None, false);
             sys::pread(&file, &mut buf, at as u64, 16 << 10, false).unwrap();
         }
-        let (mut probe, mut window) = (CacheProbe::default(), ResidentWindow::default());
+        let map = mapping(whole);
+        let (mut probe, mut retry) = (CacheProbe::default(), WindowRetry::default());
         let mut rng = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = |n: usize| {
             rng = rng
@@ -1015,15 +1104,15 @@ mod tests {
                 let got = mapped_range(
                     range(at, end),
                     &file,
-                    &whole,
+                    &map,
                     MapFiles::WhenCached,
                     &mut probe,
-                    &mut window,
+                    &mut retry,
                 );
                 if let Some(r) = got {
                     assert_eq!(r, (at, end));
                     assert!(
-                        sys::resident(&file, &whole, at, end),
+                        sys::resident(&file, &map.bytes, at, end),
                         "run {run}: {at}..{end} served but not in memory"
                     );
                     served += 1;
