@@ -603,6 +603,11 @@ impl Drop for Inner {
     }
 }
 
+/// The address an `Arc<Path>` points to.
+fn arc_addr(p: &Arc<Path>) -> usize {
+    Arc::as_ptr(p).cast::<u8>().addr()
+}
+
 /// Groups requests by file and plans the physical reads: coalesced bounded ranges, one read per
 /// distinct suffix length, one read for all whole-file requests; in runs of at most `run_len`
 /// reads, each with the number of requests it serves.
@@ -621,14 +626,25 @@ fn plan(
     }
     let mut files: Vec<(Arc<Path>, FileReqs)> = Vec::new();
     let mut index: FxHashMap<Arc<Path>, usize> = FxHashMap::default();
+    // Callers usually name a file by one `Arc` in all its requests, which come interleaved
+    // with other files' (a batch of crops reads from several shards by turns): the `Arc`'s
+    // address finds the file without hashing the path. Every `Arc` seen stays alive in
+    // `by_arc`, so an address is never reused by another path meanwhile.
+    let mut by_arc: FxHashMap<usize, (Arc<Path>, usize)> = FxHashMap::default();
     for r in requests {
-        // Runs of requests usually share one path (often the same `Arc`): skip the hashing.
         let i = match files.last() {
             Some((p, _)) if Arc::ptr_eq(p, &r.path) => files.len() - 1,
-            _ => *index.entry(Arc::clone(&r.path)).or_insert_with(|| {
-                files.push((Arc::clone(&r.path), FileReqs::default()));
-                files.len() - 1
-            }),
+            _ => match by_arc.get(&arc_addr(&r.path)) {
+                Some(&(_, i)) => i,
+                None => {
+                    let i = *index.entry(Arc::clone(&r.path)).or_insert_with(|| {
+                        files.push((Arc::clone(&r.path), FileReqs::default()));
+                        files.len() - 1
+                    });
+                    by_arc.insert(arc_addr(&r.path), (Arc::clone(&r.path), i));
+                    i
+                }
+            },
         };
         let f = &mut files[i].1;
         match r.range {
@@ -1056,16 +1072,21 @@ mod tests {
             .iter()
             .map(|p| Arc::from(Path::new(p)))
             .collect();
+        // File a again through an `Arc` of its own: the same file.
+        let a_again: Arc<Path> = Arc::from(Path::new("a"));
         let mut requests = Vec::new();
         let mut named = HashMap::new();
-        for (file, reads) in [(0, 3), (1, 1), (2, 6), (0, 2)] {
-            for k in 0..reads {
+        for (group, (file, reads)) in [(0, 2), (1, 1), (2, 6), (0, 1), (0, 2)]
+            .into_iter()
+            .enumerate()
+        {
+            for _ in 0..reads {
                 let id = requests.len() as u64;
-                let offset = (k + 10 * u64::from(file == 0 && reads == 2)) * 100;
+                let path = if group == 4 { &a_again } else { &paths[file] };
                 requests.push(ReadRequest::new(
                     id,
-                    Arc::clone(&paths[file]),
-                    ReadRange::new(offset, 10),
+                    Arc::clone(path),
+                    ReadRange::new(id * 100, 10),
                 ));
                 named.insert(id, Arc::clone(&paths[file]));
             }

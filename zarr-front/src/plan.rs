@@ -328,7 +328,16 @@ impl Plan {
         // map of chunks with a vector of records each cost an allocation or two per chunk, and
         // planning is serial: it ran while the decoders waited.)
         let rec_len = 1 + ndim;
-        let mut recs: Vec<u32> = Vec::new();
+        // Intersections in all: the vectors below are sized once (growing them by doubling
+        // copied most of what they held, a few percent of the thread that plans a batch).
+        // (Capped: an absurd selection grows them as it goes, as before, instead of asking
+        // for it all at once.)
+        let pieces: usize = planned
+            .iter()
+            .map(|req| req.dims.iter().map(Vec::len).fold(1, usize::saturating_mul))
+            .fold(0, usize::saturating_add)
+            .min(1 << 22);
+        let mut recs: Vec<u32> = Vec::with_capacity(pieces.saturating_mul(rec_len));
         // Each key packed in one u64 (linear index above the record number) where every
         // linear index fits in 32 bits, as on any array of fewer than 4 billion chunks: 8
         // bytes a key to sort and compare instead of the 32 of a (u128, u32) pair.
@@ -336,8 +345,8 @@ impl Plan {
             .iter()
             .try_fold(1u64, |n, &g| n.checked_mul(g))
             .is_some_and(|n| n <= 1 << 32);
-        let mut packed: Vec<u64> = Vec::new();
-        let mut keys: Vec<(u128, u32)> = Vec::new();
+        let mut packed: Vec<u64> = Vec::with_capacity(if narrow { pieces } else { 0 });
+        let mut keys: Vec<(u128, u32)> = Vec::with_capacity(if narrow { 0 } else { pieces });
         let mut idx = vec![0usize; ndim];
         for (r, req) in planned.iter().enumerate() {
             if req.dims.iter().any(Vec::is_empty) {
@@ -381,7 +390,7 @@ impl Plan {
 
         let mut copies = Vec::with_capacity(recs.len());
         let mut copies_per_request = vec![0u32; planned.len()];
-        let mut leaves = Vec::new();
+        let mut leaves = Vec::with_capacity(pieces);
         let strides = c_strides(leaf_shape);
         let close = |copies: &mut Vec<u32>, start: usize, leaves: &mut Vec<Leaf>| {
             let first = &copies[start..start + rec_len];
