@@ -33,6 +33,8 @@
 //! temporary harness: Miri cannot run this crate's tests, which call liblz4 to compress.
 #![allow(unsafe_code)]
 
+use crate::stitch::PrefetchAlong;
+
 /// Decodes the LZ4 block `src` into `out`, stopping once `want` bytes are out
 /// (`want <= out.len()`). Returns how many bytes it produced, or `None` if the block is
 /// malformed (a length or offset outside `src` or `out`).
@@ -41,11 +43,23 @@
 /// caller checks it fills `out`). Otherwise the count is at least `want`, or less if the
 /// block ends first, and bytes of `out` past `want` may have been written with anything (the
 /// decoder stores 16 bytes at a time past the end of a sequence, within `out`).
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn decompress(src: &[u8], out: &mut [u8], want: usize) -> Option<usize> {
+    decompress_along(src, out, want, &mut PrefetchAlong::none())
+}
+
+/// [`decompress`], asking for one line of `along` per sequence decoded (see
+/// [`PrefetchAlong`]); lines left when it returns are the caller's to finish.
+pub(crate) fn decompress_along(
+    src: &[u8],
+    out: &mut [u8],
+    want: usize,
+    along: &mut PrefetchAlong<'_>,
+) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("ssse3") {
         // SAFETY: the CPU has SSSE3, the one feature `ssse3::decompress` is built with.
-        return unsafe { ssse3::decompress(src, out, want) };
+        return unsafe { ssse3::decompress(src, out, want, along) };
     }
     crate::ffi::lz4_decompress(src, out, want)
 }
@@ -53,6 +67,8 @@ pub(crate) fn decompress(src: &[u8], out: &mut [u8], want: usize) -> Option<usiz
 #[cfg(target_arch = "x86_64")]
 mod ssse3 {
     use std::arch::x86_64::{_mm_loadu_si128, _mm_shuffle_epi8, _mm_storeu_si128};
+
+    use crate::stitch::PrefetchAlong;
 
     /// `PATTERN[p]` picks byte `i % p` of a 16-byte load for lane `i`: the repeating pattern of
     /// a match at offset `p` (< 16); `PATTERN[16]` keeps every byte (offsets of 16 or more).
@@ -107,7 +123,12 @@ mod ssse3 {
 
     /// [`super::decompress`] with SSSE3.
     #[target_feature(enable = "ssse3")]
-    pub(super) fn decompress(src: &[u8], out: &mut [u8], want: usize) -> Option<usize> {
+    pub(super) fn decompress(
+        src: &[u8],
+        out: &mut [u8],
+        want: usize,
+        along: &mut PrefetchAlong<'_>,
+    ) -> Option<usize> {
         let (iend, oend) = (src.len(), out.len());
         if want == 0 {
             return Some(0);
@@ -119,6 +140,7 @@ mod ssse3 {
         // rules, as Miri checks them) by the slice writes between its uses.
         let (mut ip, mut op) = (0usize, 0usize);
         loop {
+            along.step();
             let token = *src.get(ip)?;
             ip += 1;
             let ll = usize::from(token >> 4);
@@ -281,6 +303,32 @@ mod tests {
         }
         v.truncate(len);
         v
+    }
+
+    /// Lines to ask for along the way change nothing decoded, and one goes per sequence: a
+    /// whole block of many sequences takes all of a 4 KiB range's 64 lines (its 16 KiB of
+    /// output take more than 64 sequences), a one-sequence prefix one line.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn one_line_is_asked_for_per_sequence() {
+        use super::decompress_along;
+        use crate::stitch::PrefetchAlong;
+        if !std::arch::is_x86_feature_detected!("ssse3") {
+            return; // liblz4 decodes, and leaves the lines to the caller.
+        }
+        let src = data(3, 16 << 10, 7);
+        let block = compress(&src, false);
+        let lines = vec![0u8; 4096 + 64];
+        let lines = &lines[64 - (lines.as_ptr().addr() & 63)..][..4096];
+        let mut out = vec![0u8; src.len()];
+        let mut along = PrefetchAlong::new(lines);
+        assert_eq!(along.left(), 64);
+        let n = decompress_along(&block, &mut out, src.len(), &mut along);
+        assert_eq!((n, &out), (Some(src.len()), &src));
+        assert_eq!(along.left(), 0);
+        let mut along = PrefetchAlong::new(lines);
+        assert!(decompress_along(&block, &mut out, 1, &mut along).unwrap() >= 1);
+        assert_eq!(along.left(), 63);
     }
 
     /// Decodes `block` whole into a buffer of `len` bytes.
