@@ -251,11 +251,7 @@ pub(crate) fn open<'a>(
                 if data.end > src.len() {
                     return Err(Error::Corrupt("split past the end"));
                 }
-                if r.is_empty() {
-                    // Not read.
-                } else if data.len() != seg_len {
-                    stitch::prefetch_read(&src[data.clone()]);
-                } else if let Some(raw) = src.get(data.start + r.start..data.start + r.end) {
+                if let Some(raw) = prefetch_split(src, data.clone(), r, seg_len) {
                     match along {
                         None => along = Some(PrefetchAlong::new(raw)),
                         Some(_) => stitch::prefetch_read_l2(raw),
@@ -361,21 +357,33 @@ pub(crate) fn prefetch(src: &[u8], want: Range<usize>) {
     }
 }
 
-/// Asks for all of the split stored at `data` in `src` if it is compressed (not `seg_len`
-/// bytes) and needed: it is read first and at once (the LZ4 decoder). A raw split is read only
-/// after that, by the unshuffle, and [`open`] asks for its needed bytes while the compressed
-/// split decodes: asked for here, a chunk ahead, in one burst (into the first-level cache until
-/// 2026-11-25, then the second), up to 256 lines filled the core's outstanding misses and
-/// the burst waited on them. `zcrop bench --codec blosc-lz4`, 9 alternating rounds: medians
-/// 1820 -> 1833 crops/s, whole chunks decoded from memory 332-340k -> 357-393k a second, and
-/// in the caches 4.8% slower (219.7k -> 209.1k a second per core: the lines asked for are
-/// there already, and the decoder checks for one per sequence).
-fn prefetch_split(src: &[u8], data: Range<usize>, need: &Range<usize>, seg_len: usize) {
-    if data.len() != seg_len
-        && !need.is_empty()
-        && let Some(bytes) = src.get(data)
-    {
-        stitch::prefetch_read(bytes);
+/// For the split stored at `data` in `src`, if `need` (its needed bytes) is not empty: asks
+/// for all of it if it is compressed (not `seg_len` bytes), read first and at once by the LZ4
+/// decoder; returns the needed bytes if it is raw, read only after that, by the unshuffle.
+///
+/// [`open`] asks for those raw bytes one line at a time while the compressed split decodes
+/// ([`PrefetchAlong`]); [`prefetch`], a chunk ahead, leaves them. Asked for a chunk ahead in one
+/// burst (into the first-level cache until 2026-11-25, then the second), up to 256 lines
+/// filled the core's outstanding misses and the burst waited on them. `zcrop bench --codec
+/// blosc-lz4`, 9 alternating rounds: medians 1820 -> 1833 crops/s, whole chunks decoded from
+/// memory 332-340k -> 357-393k a second, and in the caches 4.8% slower (219.7k -> 209.1k a
+/// second per core: the lines asked for are there already, and the decoder checks for one per
+/// sequence).
+fn prefetch_split<'s>(
+    src: &'s [u8],
+    data: Range<usize>,
+    need: &Range<usize>,
+    seg_len: usize,
+) -> Option<&'s [u8]> {
+    if need.is_empty() {
+        None
+    } else if data.len() == seg_len {
+        src.get(data.start + need.start..data.start + need.end)
+    } else {
+        if let Some(bytes) = src.get(data) {
+            stitch::prefetch_read(bytes);
+        }
+        None
     }
 }
 

@@ -28,10 +28,7 @@ pub(crate) fn prefetch_read(bytes: &[u8]) {
 /// [`prefetch_read`] into the second-level cache (not the first): for bytes read a while later,
 /// whose lines would take the first level's room and outstanding misses from what is read now.
 pub(crate) fn prefetch_read_l2(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }>(bytes.as_ptr(), bytes.len());
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
+    PrefetchAlong::new(bytes).finish();
 }
 
 /// Cache lines to ask into the second-level cache one at a time, spread over work that goes
@@ -105,7 +102,8 @@ impl<'a> PrefetchAlong<'a> {
     }
 }
 
-/// Issues the prefetch `HINT` for every cache line of the `len` bytes at `start`.
+/// Issues the prefetch `HINT` for every cache line of the `len` bytes at `start` (the
+/// second-level hint goes through [`PrefetchAlong`]).
 #[cfg(target_arch = "x86_64")]
 fn prefetch_lines<const HINT: i32>(start: *const u8, len: usize) {
     let skew = start.addr() & 63;
