@@ -76,6 +76,9 @@ pub struct ArrayBenchOptions {
     pub crop: Vec<u64>,
     /// Crops per batch.
     pub batch_size: usize,
+    /// Batches read at once, each by its own thread calling `read_batch_into` (as the
+    /// sampler's loader reads with several workers); 1 reads one batch after the other.
+    pub in_flight: usize,
     /// Batches to time (after `warmup`).
     pub batches: Option<usize>,
     /// Or: time batches for this long.
@@ -144,6 +147,8 @@ pub struct ArrayBenchReport {
     pub crop_shape: Vec<u64>,
     /// Crops per batch.
     pub batch_size: usize,
+    /// Batches read at once (see `ArrayBenchOptions::in_flight`).
+    pub in_flight: usize,
     /// Batches timed.
     pub batches: usize,
     /// Seconds timed.
@@ -378,6 +383,42 @@ const PROBE_SLICE: Duration = Duration::from_millis(100);
 /// Each probe's least time in all.
 const PROBE_MIN: Duration = Duration::from_millis(700);
 
+/// Reads one batch of crops of `crop` per entry of `origins` into the matching buffer of
+/// `outs`, all at once: each but the first on a thread of its own, all decoding on the one
+/// decode pool. Returns each batch's result and latency.
+fn read_at_once(
+    a: &Array,
+    origins: &[Vec<u64>],
+    crop: &[u64],
+    outs: &mut [Vec<u8>],
+) -> Vec<(Result<ReadStats>, Duration)> {
+    let read = |origins: &[u64], out: &mut [u8]| {
+        let t0 = Instant::now();
+        let r = a.read_batch_into(origins, crop, out).map_err(Into::into);
+        (r, t0.elapsed())
+    };
+    let Some(((first_origins, rest_origins), (first_out, rest_outs))) =
+        origins.split_first().zip(outs.split_first_mut())
+    else {
+        return Vec::new();
+    };
+    std::thread::scope(|s| {
+        let others: Vec<_> = rest_origins
+            .iter()
+            .zip(rest_outs.iter_mut())
+            .map(|(o, out)| s.spawn(move || read(o, out)))
+            .collect();
+        let mut results = vec![read(first_origins, first_out)];
+        results.extend(others.into_iter().map(|h| {
+            h.join().unwrap_or_else(|_| {
+                let e = anyhow::anyhow!("a batch's reading thread panicked");
+                (Err(e), Duration::ZERO)
+            })
+        }));
+        results
+    })
+}
+
 /// The three decode limits `zcrop bench` measures a read against: one core and all threads
 /// on samples that stay in the CPU's caches, and all threads on samples from memory.
 struct Probes {
@@ -576,11 +617,14 @@ pub fn run_array(
     }
     let nd = shape.len();
     let crop_bytes = opts.crop.iter().product::<u64>() as usize * a.element_size();
-    let mut out = vec![0u8; crop_bytes * opts.batch_size];
+    if opts.in_flight == 0 {
+        bail!("at least one batch must be in flight");
+    }
+    let mut outs = vec![vec![0u8; crop_bytes * opts.batch_size]; opts.in_flight];
     let mut rng = SplitMix::new(opts.seed);
-    let mut origins = vec![0u64; nd * opts.batch_size];
-    let mut draw = |origins: &mut [u64]| {
-        for o in origins.chunks_exact_mut(nd) {
+    let mut origins = vec![vec![0u64; nd * opts.batch_size]; opts.in_flight];
+    let mut draw = |origins: &mut [Vec<u64>]| {
+        for o in origins.iter_mut().flat_map(|o| o.chunks_exact_mut(nd)) {
             for d in 0..nd {
                 o[d] = rng.below(shape[d] - opts.crop[d] + 1);
             }
@@ -589,7 +633,9 @@ pub fn run_array(
     let warmup = if cold { 0 } else { opts.warmup };
     for _ in 0..warmup {
         draw(&mut origins);
-        a.read_batch_into(&origins, &opts.crop, &mut out)?;
+        for (r, _) in read_at_once(&a, &origins, &opts.crop, &mut outs) {
+            r?;
+        }
     }
     // The decode limits are measured in slices between the timed batches, on the machine the
     // reads see. A cold run measures them after its reads instead: preparing the samples reads
@@ -625,15 +671,17 @@ pub fn run_array(
         }
         draw(&mut origins);
         let t0 = Instant::now();
-        let stats = a.read_batch_into(&origins, &opts.crop, &mut out)?;
+        let results = read_at_once(&a, &origins, &opts.crop, &mut outs);
         let took = t0.elapsed();
-        latencies.push(took.as_secs_f64() * 1e3);
+        for (stats, latency) in results {
+            totals += stats?;
+            latencies.push(latency.as_secs_f64() * 1e3);
+        }
         read_time += took;
         since_probe += took;
-        totals += stats;
         if let Some(b) = &bar {
             if opts.batches.is_some() {
-                b.inc(1);
+                b.inc(opts.in_flight as u64);
             } else {
                 b.set_position(read_time.as_secs());
             }
@@ -709,6 +757,7 @@ pub fn run_array(
         shards: a.shard_shape().map(<[u64]>::to_vec),
         crop_shape: opts.crop.clone(),
         batch_size: opts.batch_size,
+        in_flight: opts.in_flight,
         batches: latencies.len(),
         seconds: wall,
         crops_per_s: crops / wall,

@@ -215,6 +215,11 @@ struct ArrayBenchArgs {
     /// Crops per batch.
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
+    /// Batches read at once, each by a thread of its own calling read_batch (as the loader's
+    /// workers read); 1 reads one batch after the other. --batches then counts whole rounds
+    /// of this many.
+    #[arg(long, default_value_t = 1)]
+    in_flight: usize,
     /// Batches to time (instead of --duration).
     #[arg(long, conflicts_with = "duration")]
     batches: Option<usize>,
@@ -391,6 +396,9 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
+    if args.in_flight == 0 {
+        bail!("--in-flight must be at least 1");
+    }
     let progress = !args.io.no_progress && !args.io.json;
     let path = match &args.path {
         Some(p) => p.clone(),
@@ -412,6 +420,7 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
     let opts = ArrayBenchOptions {
         crop: args.crop.0.clone(),
         batch_size: args.batch_size,
+        in_flight: args.in_flight,
         batches: args.batches,
         duration: args.batches.is_none().then_some(args.duration),
         warmup: args.warmup,
@@ -448,7 +457,14 @@ fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
     row(
         &mut t,
         "crop x batch",
-        format!("{:?} x {}", r.crop_shape, r.batch_size),
+        if r.in_flight > 1 {
+            format!(
+                "{:?} x {}, {} batches at once",
+                r.crop_shape, r.batch_size, r.in_flight
+            )
+        } else {
+            format!("{:?} x {}", r.crop_shape, r.batch_size)
+        },
     );
     row(
         &mut t,

@@ -184,6 +184,40 @@ fn bench_reports_stable_json_fields() {
 }
 
 #[test]
+fn bench_reads_batches_at_once_as_it_reads_them_one_by_one() {
+    let run = |batches: &str, in_flight: &str| {
+        json_of(
+            &zcrop()
+                .args(&SMALL_BENCH[..6])
+                .args([
+                    "--batches",
+                    batches,
+                    "--warmup",
+                    "0",
+                    "--in-flight",
+                    in_flight,
+                ])
+                .arg(fixture("v3_workload_4d_u2.zarr"))
+                .output()
+                .unwrap(),
+        )
+    };
+    // The same four batches of crops, one by one and two at a time.
+    let (one, two) = (run("4", "1"), run("4", "2"));
+    assert_eq!(one["in_flight"], 1, "{one}");
+    assert_eq!(two["in_flight"], 2, "{two}");
+    assert_eq!(one["batches"], 4, "{one}");
+    assert_eq!(two["batches"], 4, "{two}");
+    for key in ["chunks", "chunks_decoded", "bytes_decoded", "output_bytes"] {
+        assert_eq!(one["totals"][key], two["totals"][key], "{key}: {one} {two}");
+    }
+    // Batches are read a whole number of times `--in-flight` at once.
+    assert_eq!(run("3", "2")["batches"], 4);
+    let err = fails_on_workload(&["bench", "--batches", "1", "--in-flight", "0"]);
+    assert!(err.contains("--in-flight"), "{err}");
+}
+
+#[test]
 fn bench_times_its_decode_limits_between_the_batches() {
     let v = json_of(
         &zcrop()
