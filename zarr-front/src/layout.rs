@@ -139,6 +139,65 @@ pub(crate) struct Layout {
     pub(crate) levels: Vec<ShardLevel>,
     /// Shape of the chunks the decoder sees.
     pub(crate) leaf: Vec<u64>,
+    /// [`Layout::locate`]'s answers per dimension, where the leaf grid is small enough.
+    tables: Option<LocateTables>,
+}
+
+/// Per dimension `d` and leaf-grid index `i` along it: the storage chunk's coordinate, and at
+/// each sharding level the inner chunk's coordinate in its shard times its C-order stride
+/// there (so that an inner index is a sum of lookups). A batch locates thousands of leaves;
+/// computed, each costs three divisions per dimension and level.
+#[derive(Debug)]
+struct LocateTables {
+    /// `storage[d][i]`.
+    storage: Vec<Vec<u64>>,
+    /// `inner[level][d][i]`.
+    inner: Vec<Vec<Vec<u64>>>,
+}
+
+/// Leaf-grid entries (summed over the dimensions) up to which [`LocateTables`] are built: at
+/// most 2 MiB per table set (one, plus one per sharding level) of an open array.
+const MAX_TABLE_ENTRIES: u64 = 1 << 18;
+
+impl LocateTables {
+    fn new(
+        shape: &[u64],
+        leaf: &[u64],
+        storage_chunk: &[u64],
+        levels: &[ShardLevel],
+    ) -> Option<Self> {
+        let grid: Vec<u64> = shape
+            .iter()
+            .zip(leaf)
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect();
+        if grid.iter().sum::<u64>() > MAX_TABLE_ENTRIES {
+            return None;
+        }
+        let storage = (0..shape.len())
+            .map(|d| {
+                (0..grid[d])
+                    .map(|i| i * leaf[d] / storage_chunk[d])
+                    .collect()
+            })
+            .collect();
+        let inner = levels
+            .iter()
+            .map(|lvl| {
+                (0..shape.len())
+                    .map(|d| {
+                        let stride: u64 = lvl.per_shard[d + 1..].iter().product();
+                        (0..grid[d])
+                            .map(|i| {
+                                (i * leaf[d] % lvl.shard_shape[d]) / lvl.inner_shape[d] * stride
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        Some(LocateTables { storage, inner })
+    }
 }
 
 impl Layout {
@@ -274,6 +333,7 @@ impl Layout {
         }
         Ok((
             Layout {
+                tables: LocateTables::new(&shape, &leaf, &storage_chunk, &levels),
                 shape,
                 elsize,
                 fill,
@@ -299,6 +359,42 @@ impl Layout {
     /// level). Into the caller's buffers, without allocating: reads locate every chunk of a
     /// batch.
     pub(crate) fn locate(&self, leaf: &[u64], storage: &mut Vec<u64>, inner: &mut [usize]) {
+        storage.clear();
+        if let Some(t) = &self.tables
+            && leaf.len() == t.storage.len()
+        {
+            for (&i, table) in leaf.iter().zip(&t.storage) {
+                let Some(&s) = lookup(table, i) else {
+                    // Outside the grid (no read plans such a leaf): as computed.
+                    return self.locate_computed(leaf, storage, inner);
+                };
+                storage.push(s);
+            }
+            for (tables, slot) in t.inner.iter().zip(inner.iter_mut()) {
+                let mut linear = 0;
+                for (&i, table) in leaf.iter().zip(tables) {
+                    linear += lookup(table, i).copied().unwrap_or_default();
+                }
+                *slot = linear as usize;
+            }
+            return;
+        }
+        self.locate_computed(leaf, storage, inner);
+    }
+
+    /// Whether [`Layout::locate`] looks its answers up in tables.
+    #[cfg(test)]
+    pub(crate) fn has_locate_tables(&self) -> bool {
+        self.tables.is_some()
+    }
+
+    /// [`Layout::locate`] without tables.
+    pub(crate) fn locate_computed(
+        &self,
+        leaf: &[u64],
+        storage: &mut Vec<u64>,
+        inner: &mut [usize],
+    ) {
         let element = |d: usize| leaf[d] * self.leaf[d];
         storage.clear();
         storage.extend((0..leaf.len()).map(|d| element(d) / self.storage_chunk[d]));
@@ -311,6 +407,11 @@ impl Layout {
             *slot = linear as usize;
         }
     }
+}
+
+/// `table[i]`, if there.
+fn lookup(table: &[u64], i: u64) -> Option<&u64> {
+    usize::try_from(i).ok().and_then(|i| table.get(i))
 }
 
 fn unsupported(name: &str, feature: String) -> ZarrError {
