@@ -456,9 +456,10 @@ impl Plan {
     }
 }
 
-/// Element strides of a C-order array of `shape`.
-pub(crate) fn c_strides(shape: &[u64]) -> Vec<u64> {
-    let mut s = vec![1u64; shape.len()];
+/// Element strides of a C-order array of `shape` (on the stack up to 8 dimensions: the stitch
+/// works them out for every (chunk, crop) pair of a batch).
+pub(crate) fn c_strides(shape: &[u64]) -> smallvec::SmallVec<[u64; 8]> {
+    let mut s: smallvec::SmallVec<[u64; 8]> = smallvec::smallvec![1; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
         s[d] = s[d + 1] * shape[d + 1];
     }

@@ -403,6 +403,7 @@ fn for_each_run(
         emit(0, req.out_offset, 1, 0);
         return;
     }
+    // On the stack: this runs once per (chunk, crop) pair, thousands of times a batch.
     let src_strides = c_strides(&plan.leaf_shape);
     let dst_strides = c_strides(&req.shape);
     let piece_len = |d: usize| match copy.piece(d) {
@@ -468,7 +469,7 @@ fn for_each_run(
         _ => None,
     };
     let outer = stepped.map_or(run_dim, |(d, _)| d);
-    let mut idx = vec![0usize; outer];
+    let mut idx: smallvec::SmallVec<[usize; 8]> = smallvec::smallvec![0; outer];
     loop {
         let (mut src, mut dst) = (run_src, run_dst);
         let mut axis_index = 0;
