@@ -140,8 +140,9 @@ fn prefetch_lines<const HINT: i32>(start: *const u8, len: usize) {
 /// Rows ahead of the one being copied whose output lines [`DisjointOut`] asks for. A 16-bit
 /// blosc-lz4 crop row in a chunk (about 128 bytes) is copied in about 20 ns, and a line the
 /// CPU has not seen takes longer than four of them to arrive: 4 rows ahead (until 2026-11-25)
-/// measured 2-3% fewer chunks/s on blosc-lz4 than 12, 8 and 12 the same, 16 1% fewer (batches
-/// alternating between the two within one `zcrop bench` run); sharded zstd the same.
+/// measured 0.8-3.4% fewer chunks/s on blosc-lz4 than 12 (6 runs), 8 the same as 12, 16 1%
+/// fewer (batches alternating between the two within one `zcrop bench` run); sharded zstd the
+/// same.
 const WRITE_AHEAD: usize = 12;
 
 /// The output buffer of one planned read, shared by the decode tasks.
