@@ -295,8 +295,10 @@ const SMALL_ZSTD_DECODE_GROUP: usize = 8;
 /// least [`DECODE_GROUP`]). Longer groups spawn fewer tasks and break the prefetch of the next
 /// chunk's bytes less often. `zcrop bench --codec blosc-lz4` (32 KiB chunks, about 6000 a
 /// batch), alternating runs: groups of 4 -> 16 gave 1572 -> 1676 crops/s (4 rounds); 16 -> 32
-/// 1670 -> 1695 (3 rounds, within the noise), so 16 keeps tasks finer.
-const SMALL_DECODE_GROUP: usize = 16;
+/// 1670 -> 1695 (3 rounds, within the noise then). Later, in runs whose batches alternated
+/// between 16 and 32 (2026-11-25, after the stitch got cheaper), 32 gave a median 2.0% more
+/// chunks/s over 6 runs (-1.4% to +4.0% each); 64 against 16 was mixed (-1.9% to +2.3%, 3 runs).
+const SMALL_DECODE_GROUP: usize = 32;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
