@@ -324,6 +324,10 @@ impl CudaRuntime {
     /// checks that it sees at least one device. The library stays loaded for the life of the
     /// process.
     pub fn open(name: &str) -> Result<CudaRuntime, String> {
+        if name.is_empty() {
+            // dlopen("") would hand back the program itself, which has no CUDA symbols.
+            return Err("no CUDA runtime: the library name is empty".into());
+        }
         let cname = CString::new(name).map_err(|_| format!("bad library name {name:?}"))?;
         // SAFETY: a valid C string; RTLD_NOW resolves everything now. Loading runs the
         // library's initialisers, which for libcudart do not touch the GPU.
@@ -393,12 +397,15 @@ impl CudaRuntime {
         Ok(rt)
     }
 
-    /// The process's CUDA runtime: `ZCROP_CUDART` if set, else the first of [`CUDART_NAMES`]
+    /// The process's CUDA runtime: `ZCROP_CUDART` if set and not empty, else the first of [`CUDART_NAMES`]
     /// that loads and sees a device; looked up once and cached.
     pub fn system() -> Result<&'static CudaRuntime, &'static String> {
         static RT: OnceLock<Result<CudaRuntime, String>> = OnceLock::new();
         RT.get_or_init(|| {
-            if let Ok(name) = std::env::var("ZCROP_CUDART") {
+            // Set but empty counts as not set, as for most variables of this kind.
+            if let Ok(name) = std::env::var("ZCROP_CUDART")
+                && !name.is_empty()
+            {
                 return CudaRuntime::open(&name);
             }
             let mut errors = Vec::new();
@@ -533,6 +540,8 @@ mod tests {
 
     #[test]
     fn missing_or_wrong_cuda_libraries_are_reported_not_fatal() {
+        let e = CudaRuntime::open("").unwrap_err();
+        assert!(e.contains("empty"), "{e}");
         let e = CudaRuntime::open("/nonexistent/libcudart.so").unwrap_err();
         assert!(e.contains("cannot load"), "{e}");
         // A real library without the CUDA symbols.

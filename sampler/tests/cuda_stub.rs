@@ -203,6 +203,17 @@ fn a_refused_registration_or_no_device_is_a_reason_not_an_error() {
     );
     assert!(none.contains("REGISTERED=false"), "{none}");
     assert!(none.contains("found none"), "{none}");
+    // Set but empty means not set: the usual names are tried (and found or not), not "".
+    let empty = run_child(
+        "child_reports_pin_state",
+        &lib,
+        &log,
+        &[("ZCROP_CUDART", "")],
+    );
+    assert!(
+        empty.contains("REGISTERED=true") || empty.contains("cannot load libcudart.so"),
+        "{empty}"
+    );
     assert!(
         calls(&log).is_empty(),
         "nothing registered: {:?}",
