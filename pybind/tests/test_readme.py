@@ -35,7 +35,7 @@ def test_readme_training_loop_runs(tmp_path):
     script.write_text(
         "import torch as _torch\n"
         "channel_means, channel_stds = [500.0] * 12, [300.0] * 12\n"
-        "model = _torch.nn.Conv3d(4, 1, 1)\n"
+        "model = _torch.nn.Conv3d(4, 1, 1).to('cuda' if _torch.cuda.is_available() else 'cpu')\n"
         "opt = _torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "def main():\n"
         "    seen = []\n"

@@ -104,3 +104,66 @@ def test_forked_workers_after_using_zcrop_fail_clearly_instead_of_hanging():
                                      multiprocessing_context="fork", timeout=60)
     with pytest.raises(RuntimeError, match="forkserver"):
         list(dl)
+
+
+def test_device_must_be_cuda_and_available():
+    with pytest.raises(ValueError, match="CUDA device"):
+        dataset(device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            dataset(device="cuda")
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+def test_device_copies_survive_a_gpu_that_lags_behind():
+    # The consumer's stream is kept busy ~10 ms per batch, so every copy is queued long after
+    # its batch was handed over; with 2 ring buffers and 1 batch read ahead, each buffer is
+    # reused at once when it is freed. Every batch must still arrive as the host stream has it.
+    ref = zcrop.Loader(zcrop.Source(WORKLOAD, CROP, name="img", dtype="float32"),
+                       batch_size=4, seed=5, steps=7, copy=True, pin=False)
+    expected = [b["img"] for b in ref]
+    ds = dataset(device="cuda", prefetch=1, buffers=2)
+    got = []
+    for batch in ds:
+        torch.cuda._sleep(20_000_000)
+        x = batch["img"]
+        assert x.is_cuda and x.dtype == torch.float32
+        got.append((batch["batch"], x * 1))  # work on the consumer's stream, after the copy
+    torch.cuda.synchronize()
+    assert [i for i, _ in got] == list(range(7))
+    for (_, x), want in zip(got, expected):
+        np.testing.assert_array_equal(x.cpu().numpy(), want)
+
+
+@needs_cuda
+@pytest.mark.parametrize("pin_memory", [False, True])
+def test_consumer_copies_survive_a_gpu_that_lags_behind(pin_memory):
+    # The consumer copies each batch itself with non_blocking=True and drops the host tensors
+    # at once, with its stream kept busy ~10 ms per batch and each ring buffer reused as soon as
+    # it is free. The dataset must hold every batch until the stream has run past its copy.
+    ref = zcrop.Loader(zcrop.Source(WORKLOAD, CROP, name="img", dtype="float32"),
+                       batch_size=4, seed=5, steps=7, copy=True, pin=False)
+    expected = [b["img"] for b in ref]
+    ds = dataset(prefetch=1, buffers=2)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, pin_memory=pin_memory)
+    got = []
+    for batch in dl:
+        assert batch["img"].is_pinned()
+        torch.cuda._sleep(20_000_000)
+        got.append(batch["img"].cuda(non_blocking=True))
+        del batch
+    torch.cuda.synchronize()
+    assert len(got) == 7
+    for x, want in zip(got, expected):
+        np.testing.assert_array_equal(x.cpu().numpy(), want)
+
+
+@needs_cuda
+def test_device_needs_the_main_process():
+    dl = torch.utils.data.DataLoader(dataset(device="cuda", steps=2), batch_size=None,
+                                     num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        list(dl)

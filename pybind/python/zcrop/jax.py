@@ -4,7 +4,12 @@ Each process reads its share of every global batch: rank ``jax.process_index()``
 ``jax.process_count()``. Arrays are handed to jax without a copy where jax can alias host
 memory (``jax.dlpack`` / ``device_put`` of a suitably aligned numpy array on the CPU backend;
 zcrop's ring buffers are page-aligned); jax arrays are immutable, and they keep the batch's
-ring buffer alive as long as they alias it. On accelerators ``device_put`` copies to the device.
+ring buffer alive as long as they alias it. On accelerators ``device_put`` copies to the device;
+jax keeps the host array (and so the ring buffer) until the copy is done, and lets go of it only
+at its next transfer. :class:`JaxLoader` waits for the last batch's copies before it reads the
+next batch, so that jax then holds one batch, as a consumer holding its last batch does (without
+the wait, jax could hold two, and a loader of ``prefetch + 1`` buffers would stop with "all
+batch buffers are held").
 """
 
 from __future__ import annotations
@@ -48,15 +53,19 @@ class JaxLoader:
         self.world_size = jax.process_count() if world_size is None else int(world_size)
         self.device = device
         self.loader = Loader(sources, rank=self.rank, world_size=self.world_size, **loader_kwargs)
+        self._last: list[jax.Array] = []
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self
 
     def __next__(self) -> dict[str, Any]:
+        jax.block_until_ready(self._last)  # type: ignore[no-untyped-call]
+        self._last = []
         batch = next(self.loader)
         out: dict[str, Any] = {
             name: to_jax(value, self.device) for name, value in batch.items() if name != "meta"
         }
+        self._last = list(out.values())
         out["meta"] = batch["meta"]
         return out
 

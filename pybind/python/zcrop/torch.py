@@ -14,10 +14,24 @@ Buffers: in the main process (``num_workers=0``) tensors share memory with zcrop
 ring buffers (no copy); do not modify them in place (``copy=True`` gives writable copies).
 With workers, torch moves tensors to shared memory to send them to the main process.
 ``pin_memory=True`` works as usual (torch copies into its own pinned memory).
+
+To the GPU: the ring buffers are page-locked and registered with CUDA, so a copy from them
+with ``non_blocking=True`` is queued on a CUDA stream and runs later, while zcrop reuses a ring
+buffer as soon as no array or tensor views it. A batch whose tensors were dropped before its
+queued copy ran would be overwritten by a later batch first. So, in the main process, each
+batch's tensors stay held after the consumer lets go of them, until the consumer's current
+CUDA stream has run past the point where the consumer asked for the next batch (an event
+recorded then). Before reading on, the dataset waits for the batch before the last one to get
+there: the CPU runs at most one step ahead of the GPU's work in this stream. Copies made on
+another stream are not covered. ``device="cuda"`` copies each batch itself instead, on a side
+stream, and hands over device tensors; the consumer's stream waits for the copy, and the ring
+buffer is held until the copy has completed. With workers, the tensors the main process gets
+are torch's own copies, and none of this applies.
 """
 
 from __future__ import annotations
 
+import collections
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -40,6 +54,92 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(arr)
 
 
+class _DeviceCopier:
+    """Copies batches of host tensors to one CUDA device, on a side stream.
+
+    The consumer's current stream waits for each copy (an event), and the device tensors are
+    recorded as used on it, so torch's allocator keeps them for as long as it may read them. The
+    host tensors (views of a ring buffer) are held until their copy has completed:
+    :meth:`release` waits for the copies queued so far and drops them. It waits for the copies
+    alone, not for the consumer's work, since they run on their own stream.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self.held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]] = (
+            collections.deque()
+        )
+
+    def copy(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            out = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(self.stream)
+        consumer.wait_event(done)
+        for t in out.values():
+            t.record_stream(consumer)
+        self.held.append((done, list(tensors.values())))
+        return out
+
+    def release(self) -> None:
+        while self.held:
+            done, _ = self.held.popleft()
+            done.synchronize()
+
+
+class _StreamGuard:
+    """Holds each batch's host tensors until the consumer's CUDA stream has run past it.
+
+    When the consumer asks for batch ``k + 1`` it has queued its work on batch ``k``, its copy to
+    the GPU included: an event recorded then on its current stream completes after that copy.
+    :meth:`before_next` records it and holds batch ``k`` until it completes, and first waits for
+    the events of older batches, so that while the next batch is read at most one batch is held:
+    the one the consumer itself still holds.
+    """
+
+    def __init__(self) -> None:
+        self.last: list[torch.Tensor] | None = None
+        self.held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]] = (
+            collections.deque()
+        )
+
+    def handed_over(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.last = list(tensors.values())
+
+    def before_next(self) -> None:
+        self._drain()
+        if self.last is not None:
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(torch.cuda.current_stream())
+            self.held.append((done, self.last))
+            self.last = None
+
+    def release(self) -> None:
+        """Waits until nothing held can still be read by queued work, and lets go of it."""
+        self.before_next()
+        self._drain()
+
+    def _drain(self) -> None:
+        while self.held:
+            done, _ = self.held.popleft()
+            done.synchronize()
+
+
+def _cuda_device(device: Any) -> torch.device | None:
+    if device is None:
+        return None
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"device must be a CUDA device (or None for host tensors), got {dev}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r}: CUDA is not available to torch")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """Batches of random crops for ``torch.utils.data.DataLoader(ds, batch_size=None)``.
 
@@ -49,6 +149,10 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     this rank (``len(dataset)``); ``start`` the index of the first batch, for resuming
     (:meth:`state_dict` / :meth:`load_state_dict` hold it). Each yielded batch's ``"batch"``
     entry (and each sample's ``meta["step"]``) is its index in this rank's stream.
+
+    ``device`` (a CUDA device, ``num_workers=0`` only): yield tensors on that device, copied
+    from the pinned ring buffers on a side stream, each ring buffer held until its copy has
+    completed (see the module's notes on why a plain ``non_blocking`` copy is not enough).
     """
 
     def __init__(
@@ -61,9 +165,11 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         rank: int | None = None,
         world_size: int | None = None,
         copy: bool = False,
+        device: Any = None,
         **loader_kwargs: Any,
     ) -> None:
         super().__init__()
+        self.device = _cuda_device(device)
         _sources(sources)  # validate early, in the main process
         if rank is None or world_size is None:
             dist = torch.distributed
@@ -99,12 +205,19 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        if self.device is not None and info is not None:
+            raise RuntimeError(
+                f"ZcropDataset(device={str(self.device)!r}) copies to the GPU in the process "
+                "that iterates it: use num_workers=0 (zcrop reads in parallel on its own), or "
+                "device=None with pin_memory=True"
+            )
         # This worker yields this rank's batches start + worker, start + worker + W, ...: batch
         # i is step i // W of shard rank * W + i % W, so the worker's steps are consecutive.
         first = self.start + worker
         if self.steps is not None and first >= self.steps:
             return
         count = None if self.steps is None else -(-(self.steps - first) // workers)
+        copier = None if self.device is None else _DeviceCopier(self.device)
         loader = Loader(
             self.sources,
             batch_size=self.batch_size,
@@ -115,14 +228,39 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             copy=self.copy,
             **self.loader_kwargs,
         )
-        with loader:
-            for k, batch in enumerate(loader):
-                out: dict[str, Any] = {
-                    name: _tensor(value) for name, value in batch.items() if name != "meta"
-                }
-                index = first + k * workers
-                for m in batch["meta"]:
-                    m["step"] = index  # the batch's index in this rank's stream, whatever W
-                out["meta"] = batch["meta"]
-                out["batch"] = index
-                yield out
+        guard = None
+        if copier is None and info is None and not self.copy:
+            if loader.pin_state["cuda_registered"]:
+                guard = _StreamGuard()
+        try:
+            with loader:
+                k = -1
+                while True:
+                    if guard is not None:
+                        guard.before_next()
+                    batch = next(loader, None)
+                    if batch is None:
+                        break
+                    k += 1
+                    out: dict[str, Any] = {
+                        name: _tensor(value) for name, value in batch.items() if name != "meta"
+                    }
+                    if copier is not None:
+                        # The last batch's ring buffer is freed here at the earliest, once its
+                        # copy has completed.
+                        copier.release()
+                        out = copier.copy(out)
+                    elif guard is not None:
+                        guard.handed_over(out)
+                    index = first + k * workers
+                    for m in batch["meta"]:
+                        m["step"] = index  # the batch's index in this rank's stream, whatever W
+                    out["meta"] = batch["meta"]
+                    out["batch"] = index
+                    yield out
+        finally:
+            # Queued copies must not outlive the memory they read.
+            if copier is not None:
+                copier.release()
+            if guard is not None:
+                guard.release()
