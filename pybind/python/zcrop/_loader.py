@@ -284,7 +284,10 @@ class Loader:
     threads:
         Decode threads of the loader's own (default: the shared pool).
     pin:
-        Page-lock the ring buffers and register them with CUDA when present.
+        Page-lock the ring buffers and register them with CUDA when present. A copy from them
+        to the GPU with ``non_blocking=True`` then runs later, on the GPU's stream: keep the
+        batch until the copy has completed (``zcrop.torch.ZcropDataset`` and
+        ``zcrop.jax.JaxLoader`` do), or its ring buffer may be refilled first.
     buffers:
         Ring buffers (default ``prefetch + 1``).
     copy:
