@@ -1318,7 +1318,7 @@ impl Array {
                     .with_blosc_chunk(bytes, leaf.needed.clone(), |chunk| {
                         for c in plan.copies(leaf) {
                             ctx.out
-                                .copy_with(plan, c, |src, run| chunk.gather(src, run));
+                                .copy_groups_with(plan, c, |g, rows| chunk.gather_group(g, rows));
                             ctx.copy_done(c.index);
                         }
                     })

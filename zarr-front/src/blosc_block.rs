@@ -12,7 +12,7 @@
 //! - decompresses LZ4 splits only as far as the last needed byte ([`crate::lz4`]);
 //!
 //! and [`Chunk::gather`] unshuffles just the bytes asked for, into a scratch chunk or straight
-//! into the crops (`DisjointOut::copy_with`), so the needed bytes are touched once.
+//! into the crops (`DisjointOut::copy_groups_with`), so the needed bytes are touched once.
 //!
 //! Left to c-blosc (an `Err` here, and the caller falls back): bitshuffle, splits compressed
 //! with anything but LZ4 (blosclz, zlib, zstd, snappy), and anything this parser calls damaged
@@ -21,7 +21,7 @@
 
 use std::ops::Range;
 
-use crate::stitch::PrefetchAlong;
+use crate::stitch::{PrefetchAlong, Rows, RunGroup};
 use crate::unshuffle::interleave;
 use crate::{lz4, stitch};
 
@@ -482,6 +482,35 @@ impl<'a> Chunk<'a> {
             return;
         }
         self.gather_general(at, out);
+    }
+
+    /// Gathers the runs of `group` (decoded-chunk bytes `group.src + i * group.src_step`, as
+    /// many as `rows.row(i)` holds) into `rows`. The common case (16-bit samples in one block,
+    /// every run inside the opened range) checks the group once and interleaves run by run.
+    pub(crate) fn gather_group(&self, group: &RunGroup, rows: &mut Rows<'_, '_>) {
+        let len = rows.run_len();
+        if let Some((2, s)) = &self.streams
+            && len.is_multiple_of(2)
+            && group.src.is_multiple_of(2)
+            && group.src_step.is_multiple_of(2)
+            && let Some(end) = (group.rows.max(1) - 1)
+                .checked_mul(group.src_step)
+                .and_then(|x| x.checked_add(group.src + len))
+            && group.src >= self.want.start
+            && end <= self.want.end
+        {
+            let (e0, e1) = (group.src / 2, end / 2);
+            let (a, b) = (&s[0][e0..e1], &s[1][e0..e1]);
+            let (half, step) = (len / 2, group.src_step / 2);
+            for i in 0..group.rows {
+                let at = i * step;
+                interleave::<2>([&a[at..at + half], &b[at..at + half]], rows.row(i));
+            }
+            return;
+        }
+        for i in 0..group.rows {
+            self.gather(group.src + i * group.src_step, rows.row(i));
+        }
     }
 
     /// [`Self::gather`] of any chunk this module opens.

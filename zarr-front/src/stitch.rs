@@ -200,21 +200,39 @@ impl<'a> DisjointOut<'a> {
         });
     }
 
-    /// Writes `copy` run by run with `fill(src, run)`: `run` is a run's output bytes and `src`
-    /// where its first byte is in the decoded chunk (C order, the plan's leaf shape). For a
-    /// chunk that is not decoded whole into a buffer, e.g. a blosc chunk unshuffled straight
-    /// into the crops. Elements are copied as they are (`plan.out_elsize == plan.elsize`).
-    pub(crate) fn copy_with(
+    /// Writes `copy` group by group (see [`RunGroup`]) with `fill(group, rows)`: `rows.row(i)`
+    /// is the output of run `i` of the group, to be filled from the decoded chunk's bytes at
+    /// `group.src + i * group.src_step` (C order, the plan's leaf shape). The group's first and
+    /// last runs are bounds-checked once, for all of it. For a chunk that is not decoded whole
+    /// into a buffer, e.g. a blosc chunk unshuffled straight into the crops; elements are copied
+    /// as they are (`plan.out_elsize == plan.elsize`).
+    pub(crate) fn copy_groups_with(
         &self,
         plan: &Plan,
         copy: Copy<'_>,
-        mut fill: impl FnMut(usize, &mut [u8]),
+        mut fill: impl FnMut(&RunGroup, &mut Rows<'_, 'a>),
     ) {
         assert_eq!(
             plan.out_elsize, plan.elsize,
-            "copy_with converts no elements"
+            "copy_groups_with converts no elements"
         );
-        self.for_each_target(plan, copy, None, |src, to, _| fill(src, to));
+        for_each_group(plan, copy, None, |g| {
+            let Some(last) = g.rows.checked_sub(1) else {
+                return;
+            };
+            let len = g.elems * plan.out_elsize;
+            let last_dst = g.dst + last * g.dst_step;
+            self.check(&(g.dst..g.dst + len));
+            self.check(&(last_dst..last_dst + len));
+            let mut rows = Rows {
+                out: self,
+                dst: g.dst,
+                step: g.dst_step,
+                len,
+                count: g.rows,
+            };
+            fill(&g, &mut rows);
+        });
     }
 
     /// Calls `write(src_byte, run, axis_index)` with the output bytes of each run of `copy`
@@ -355,6 +373,41 @@ impl<'a> DisjointOut<'a> {
     }
 }
 
+/// The output runs of one [`RunGroup`] of a copy, handed out one at a time.
+pub(crate) struct Rows<'o, 'a> {
+    out: &'o DisjointOut<'a>,
+    dst: usize,
+    step: usize,
+    len: usize,
+    count: usize,
+}
+
+impl Rows<'_, '_> {
+    /// The bytes of each run.
+    pub(crate) fn run_len(&self) -> usize {
+        self.len
+    }
+
+    /// The output bytes of run `i` (`i < rows`, asserted). Asks for the lines of the run
+    /// [`WRITE_AHEAD`] runs on, as [`DisjointOut::copy_from_chunk`] does.
+    #[inline]
+    pub(crate) fn row(&mut self, i: usize) -> &mut [u8] {
+        assert!(i < self.count, "run {i} of a group of {}", self.count);
+        let dst = self.dst + i * self.step;
+        if self.step > 0 {
+            self.out.prefetch_for_write(
+                dst.saturating_add(self.step.saturating_mul(WRITE_AHEAD)),
+                self.len,
+            );
+        }
+        // SAFETY: the group's first and last runs were checked to lie inside the buffer, and
+        // run `i` lies between them (the step is not negative); the runs belong to this copy
+        // alone (the plan's disjointness), and the slice borrows `self` mutably, so no two of
+        // them live at once.
+        unsafe { std::slice::from_raw_parts_mut(self.out.ptr.add(dst), self.len) }
+    }
+}
+
 /// If `copy` takes the whole leaf chunk and its region in the output block is one contiguous
 /// range, that byte range of the output. The chunk's decoded bytes can then land there directly.
 pub(crate) fn contiguous_target(plan: &Plan, copy: Copy<'_>) -> Option<Range<usize>> {
@@ -387,6 +440,22 @@ pub(crate) fn contiguous_target(plan: &Plan, copy: Copy<'_>) -> Option<Range<usi
     Some(start..start + bytes)
 }
 
+/// Evenly spaced runs of one copy, as [`for_each_group`] hands them out: run `i` (of `rows`)
+/// starts at byte `src + i * src_step` of the decoded chunk and `dst + i * dst_step` of the
+/// output, is `elems` elements long, and lies at index `axis_index + i * axis_step` along the
+/// transform's axis. A crop's copy from a chunk is mostly the rows of one 2-D slab: one group.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunGroup {
+    pub(crate) src: usize,
+    pub(crate) src_step: usize,
+    dst: usize,
+    dst_step: usize,
+    pub(crate) rows: usize,
+    pub(crate) elems: usize,
+    axis_index: u64,
+    axis_step: u64,
+}
+
 /// Calls `emit(src_byte, dst_byte, n_elements, axis_index)` for each contiguous run of `copy`:
 /// `src_byte` in the decoded chunk, `dst_byte` in the output buffer, `axis_index` the run's
 /// index along `axis` in the output block. Trailing dimensions that are whole in both the chunk
@@ -397,11 +466,38 @@ fn for_each_run(
     axis: Option<usize>,
     mut emit: impl FnMut(usize, usize, usize, u64),
 ) {
+    for_each_group(plan, copy, axis, |g| {
+        let (mut src, mut dst) = (g.src, g.dst);
+        for i in 0..g.rows as u64 {
+            emit(src, dst, g.elems, g.axis_index + i * g.axis_step);
+            src += g.src_step;
+            dst += g.dst_step;
+        }
+    });
+}
+
+/// The runs of `copy` (see [`for_each_run`]) as groups of evenly spaced ones: `emit` gets each
+/// group once.
+fn for_each_group(
+    plan: &Plan,
+    copy: Copy<'_>,
+    axis: Option<usize>,
+    mut emit: impl FnMut(RunGroup),
+) {
     let nd = plan.ndim;
     let (es, oes) = (plan.elsize, plan.out_elsize);
     let req = copy.request;
     if nd == 0 {
-        emit(0, req.out_offset, 1, 0);
+        emit(RunGroup {
+            src: 0,
+            src_step: 0,
+            dst: req.out_offset,
+            dst_step: 0,
+            rows: 1,
+            elems: 1,
+            axis_index: 0,
+            axis_step: 0,
+        });
         return;
     }
     // On the stack: this runs once per (chunk, crop) pair, thousands of times a batch.
@@ -483,20 +579,34 @@ fn for_each_run(
             }
         }
         let (mut src, mut dst) = (src as usize * es, req.out_offset + dst as usize * oes);
+        let elems = run_elems as usize;
         match stepped {
             Some((d, len)) => {
                 let (a, b) = at(d, 0);
                 src += a as usize * src_strides[d] as usize * es;
                 dst += b as usize * dst_strides[d] as usize * oes;
-                let (ss, ds) = (src_strides[d] as usize * es, dst_strides[d] as usize * oes);
-                for i in 0..len {
-                    let axis_index = if axis == Some(d) { b + i } else { axis_index };
-                    emit(src, dst, run_elems as usize, axis_index);
-                    src += ss;
-                    dst += ds;
-                }
+                let along = axis == Some(d);
+                emit(RunGroup {
+                    src,
+                    src_step: src_strides[d] as usize * es,
+                    dst,
+                    dst_step: dst_strides[d] as usize * oes,
+                    rows: len as usize,
+                    elems,
+                    axis_index: if along { b } else { axis_index },
+                    axis_step: u64::from(along),
+                });
             }
-            None => emit(src, dst, run_elems as usize, axis_index),
+            None => emit(RunGroup {
+                src,
+                src_step: 0,
+                dst,
+                dst_step: 0,
+                rows: 1,
+                elems,
+                axis_index,
+                axis_step: 0,
+            }),
         }
         // Next index of the outer dimensions.
         let mut d = outer;
@@ -521,8 +631,9 @@ mod tests {
     use proptest::prelude::*;
 
     /// Stitches a plan from an array whose element i (C order) has value i, and checks the
-    /// output equals direct indexing.
-    fn stitch_and_check(shape: &[u64], leaf: &[u64], requests: &[Vec<DimSelection>]) {
+    /// output equals direct indexing: through `copy_groups_with` (each run copied from the
+    /// chunk at the group's offsets) if `groups`, else through `copy_from_chunk`.
+    fn stitch_and_check(shape: &[u64], leaf: &[u64], requests: &[Vec<DimSelection>], groups: bool) {
         let es = 4usize;
         let plan = Plan::new(shape, leaf, es, requests).unwrap();
         let mut out = vec![0xAAu8; plan.out_len];
@@ -543,7 +654,16 @@ mod tests {
                     chunk.extend_from_slice(&(lin as u32).to_le_bytes());
                 }
                 for c in plan.copies(l) {
-                    o.copy_from_chunk(&plan, c, &chunk, None);
+                    if groups {
+                        o.copy_groups_with(&plan, c, |g, rows| {
+                            for i in 0..g.rows {
+                                let (at, n) = (g.src + i * g.src_step, rows.run_len());
+                                rows.row(i).copy_from_slice(&chunk[at..at + n]);
+                            }
+                        });
+                    } else {
+                        o.copy_from_chunk(&plan, c, &chunk, None);
+                    }
                 }
             }
         }
@@ -608,25 +728,30 @@ mod tests {
 
     #[test]
     fn crops_points_and_merged_runs() {
-        stitch_and_check(
-            &[9, 7, 5],
-            &[4, 3, 5],
-            &[
-                vec![r(1, 7), r(2, 5), r(0, 5)],
-                vec![r(0, 9), r(0, 7), r(1, 3)],
-            ],
-        );
-        stitch_and_check(
-            &[10, 10],
-            &[3, 4],
-            &[vec![DimSelection::Points(vec![9, 0, 4, 4]), r(3, 6)]],
-        );
-        stitch_and_check(
-            &[10, 10],
-            &[3, 4],
-            &[vec![r(2, 5), DimSelection::Points(vec![7, 1, 2])]],
-        );
-        stitch_and_check(&[], &[], &[vec![]]);
+        for groups in [false, true] {
+            stitch_and_check(
+                &[9, 7, 5],
+                &[4, 3, 5],
+                &[
+                    vec![r(1, 7), r(2, 5), r(0, 5)],
+                    vec![r(0, 9), r(0, 7), r(1, 3)],
+                ],
+                groups,
+            );
+            stitch_and_check(
+                &[10, 10],
+                &[3, 4],
+                &[vec![DimSelection::Points(vec![9, 0, 4, 4]), r(3, 6)]],
+                groups,
+            );
+            stitch_and_check(
+                &[10, 10],
+                &[3, 4],
+                &[vec![r(2, 5), DimSelection::Points(vec![7, 1, 2])]],
+                groups,
+            );
+            stitch_and_check(&[], &[], &[vec![]], groups);
+        }
     }
 
     #[test]
@@ -675,9 +800,10 @@ mod tests {
                     ]).collect::<Vec<_>>();
                     (Just(shape), leaf, proptest::collection::vec(sel, 1..3))
                 })
-            })
+            }),
+            groups in any::<bool>(),
         ) {
-            stitch_and_check(&shape, &leaf, &sels);
+            stitch_and_check(&shape, &leaf, &sels, groups);
         }
     }
 }
