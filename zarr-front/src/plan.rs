@@ -73,6 +73,8 @@ pub(crate) struct Request {
     pub(crate) out_offset: usize,
     /// Shape of the block.
     pub(crate) shape: Vec<u64>,
+    /// The block's C-order strides, in elements (kept: every copy into the block uses them).
+    pub(crate) strides: smallvec::SmallVec<[u64; 8]>,
     /// For each dimension, the leaf-chunk coordinates it touches and the piece in each.
     pub(crate) dims: Vec<Vec<(u64, Piece)>>,
 }
@@ -100,6 +102,8 @@ pub struct Plan {
     /// Bytes per element of the output (differs when a transform converts types).
     pub(crate) out_elsize: usize,
     pub(crate) leaf_shape: Vec<u64>,
+    /// The leaf chunks' C-order strides, in elements.
+    pub(crate) leaf_strides: smallvec::SmallVec<[u64; 8]>,
     pub(crate) requests: Vec<Request>,
     pub(crate) leaves: Vec<Leaf>,
     /// Copy records, `1 + ndim` numbers each: the request, then the piece index per dimension.
@@ -300,6 +304,7 @@ impl Plan {
                 .collect::<Result<Vec<_>, _>>()?;
             planned.push(Request {
                 out_offset: out_len,
+                strides: c_strides(&block_shape),
                 shape: block_shape,
                 dims,
             });
@@ -425,6 +430,7 @@ impl Plan {
             elsize,
             out_elsize,
             leaf_shape: leaf_shape.to_vec(),
+            leaf_strides: c_strides(leaf_shape),
             requests: planned,
             leaves,
             copies,

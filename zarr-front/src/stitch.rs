@@ -11,7 +11,7 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use crate::plan::{Copy, Piece, Plan, c_strides};
+use crate::plan::{Copy, Piece, Plan};
 use crate::transform::StitchTransform;
 
 /// Hints the CPU to fetch the cache lines of `bytes` for reading, so that a decoder that reads
@@ -414,7 +414,7 @@ pub(crate) fn contiguous_target(plan: &Plan, copy: Copy<'_>) -> Option<Range<usi
     let req = copy.request;
     let mut contiguous_from_here = true;
     let mut offset: u64 = 0;
-    let strides = c_strides(&req.shape);
+    let strides = &req.strides;
     // Walk from the last dimension: each must take the whole chunk; once a dimension is
     // narrower than the block, every dimension before it must have length 1.
     for d in (0..plan.ndim).rev() {
@@ -500,9 +500,8 @@ fn for_each_group(
         });
         return;
     }
-    // On the stack: this runs once per (chunk, crop) pair, thousands of times a batch.
-    let src_strides = c_strides(&plan.leaf_shape);
-    let dst_strides = c_strides(&req.shape);
+    // Kept in the plan: this runs once per (chunk, crop) pair, thousands of times a batch.
+    let (src_strides, dst_strides) = (&plan.leaf_strides, &req.strides);
     let piece_len = |d: usize| match copy.piece(d) {
         Piece::Run { len, .. } => *len,
         Piece::Gather(p) => p.len() as u64,
@@ -627,7 +626,7 @@ fn for_each_group(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{DimSelection, Plan};
+    use crate::plan::{DimSelection, Plan, c_strides};
     use proptest::prelude::*;
 
     /// Stitches a plan from an array whose element i (C order) has value i, and checks the
