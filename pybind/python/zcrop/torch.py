@@ -110,11 +110,14 @@ class _StreamGuard:
 
     def before_next(self) -> None:
         self._drain()
-        if self.last is not None:
+        # A consumer that has not used CUDA through torch has queued no copy (and torch is not
+        # made to start CUDA for it).
+        initialized = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        if self.last is not None and initialized:
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(torch.cuda.current_stream())
             self.held.append((done, self.last))
-            self.last = None
+        self.last = None
 
     def release(self) -> None:
         """Waits until nothing held can still be read by queued work, and lets go of it."""
