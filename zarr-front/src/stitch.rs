@@ -221,7 +221,11 @@ impl<'a> DisjointOut<'a> {
                 return;
             };
             let len = g.elems * plan.out_elsize;
-            let last_dst = g.dst + last * g.dst_step;
+            // Checked: with the first run, the bounds of every run between (see `Rows::row`).
+            let last_dst = last
+                .checked_mul(g.dst_step)
+                .and_then(|x| x.checked_add(g.dst))
+                .expect("stitch group past the address space");
             self.check(&(g.dst..g.dst + len));
             self.check(&(last_dst..last_dst + len));
             let mut rows = Rows {
@@ -388,7 +392,7 @@ impl Rows<'_, '_> {
         self.len
     }
 
-    /// The output bytes of run `i` (`i < rows`, asserted). Asks for the lines of the run
+    /// The output bytes of run `i` (`i` below the group's run count, asserted). Asks for the lines of the run
     /// [`WRITE_AHEAD`] runs on, as [`DisjointOut::copy_from_chunk`] does.
     #[inline]
     pub(crate) fn row(&mut self, i: usize) -> &mut [u8] {
