@@ -236,6 +236,7 @@ impl<'a> DisjointOut<'a> {
                 count: g.rows,
             };
             fill(&g, &mut rows);
+            store_fence();
         });
     }
 
@@ -409,6 +410,62 @@ impl Rows<'_, '_> {
         // alone (the plan's disjointness), and the slice borrows `self` mutably, so no two of
         // them live at once.
         unsafe { std::slice::from_raw_parts_mut(self.out.ptr.add(dst), self.len) }
+    }
+}
+
+impl Rows<'_, '_> {
+    /// Writes `src` (one run's bytes) as run `i`, the cache lines it covers whole with
+    /// non-temporal stores: they go to memory without the line being read first (the
+    /// read-for-ownership of an ordinary store), and without taking cache room. Only the
+    /// partial lines at its ends are stored (and asked for, [`WRITE_AHEAD`] runs on) as usual.
+    /// [`DisjointOut::copy_groups_with`] orders the stores before the copy counts as done.
+    #[allow(
+        clippy::cast_ptr_alignment,
+        reason = "unaligned loads; the streaming stores' targets are 64-byte aligned (below)"
+    )]
+    pub(crate) fn write_streaming(&mut self, i: usize, src: &[u8]) {
+        assert!(i < self.count, "run {i} of a group of {}", self.count);
+        assert_eq!(src.len(), self.len, "a run's bytes");
+        let dst = self.dst + i * self.step;
+        let len = self.len;
+        let addr = self.out.ptr.addr() + dst;
+        let head = ((64 - addr % 64) % 64).min(len);
+        let body = (len - head) / 64 * 64;
+        if self.step > 0 {
+            let ahead = dst.saturating_add(self.step.saturating_mul(WRITE_AHEAD));
+            self.out.prefetch_for_write(ahead, head.min(1));
+            self.out
+                .prefetch_for_write(ahead + head + body, (len - head - body).min(1));
+        }
+        // SAFETY: run `i` lies inside the buffer (as in `row`) and belongs to this copy alone;
+        // `src` is `len` readable bytes in other memory. The whole lines `head..head + body`
+        // are 64-byte aligned, so each 16-byte streaming store is aligned, as `movntdq` needs;
+        // loads from `src` are unaligned. SSE2 is part of every x86-64 CPU.
+        unsafe {
+            let to = self.out.ptr.add(dst);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), to, head);
+            let mut k = head;
+            #[cfg(target_arch = "x86_64")]
+            while k < head + body {
+                use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+                for q in (0..64).step_by(16) {
+                    let v = _mm_loadu_si128(src.as_ptr().add(k + q).cast::<__m128i>());
+                    _mm_stream_si128(to.add(k + q).cast::<__m128i>(), v);
+                }
+                k += 64;
+            }
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(k), to.add(k), len - k);
+        }
+    }
+}
+
+/// Orders this thread's non-temporal stores before the stores that follow (they are weakly
+/// ordered): a copy written with [`Rows::write_streaming`] is complete before it is counted.
+fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a fence only orders this thread's stores; SSE2 is part of every x86-64 CPU.
+    unsafe {
+        std::arch::x86_64::_mm_sfence();
     }
 }
 
@@ -661,7 +718,12 @@ mod tests {
                         o.copy_groups_with(&plan, c, |g, rows| {
                             for i in 0..g.rows {
                                 let (at, n) = (g.src + i * g.src_step, rows.run_len());
-                                rows.row(i).copy_from_slice(&chunk[at..at + n]);
+                                // Both ways of writing a run, alternately.
+                                if i % 2 == 0 {
+                                    rows.row(i).copy_from_slice(&chunk[at..at + n]);
+                                } else {
+                                    rows.write_streaming(i, &chunk[at..at + n]);
+                                }
                             }
                         });
                     } else {
