@@ -397,8 +397,8 @@ impl CudaRuntime {
         Ok(rt)
     }
 
-    /// The process's CUDA runtime: `ZCROP_CUDART` if set and not empty, else the first of [`CUDART_NAMES`]
-    /// that loads and sees a device; looked up once and cached.
+    /// The process's CUDA runtime: `ZCROP_CUDART` if set and not empty, else the first of
+    /// [`CUDART_NAMES`] that loads and sees a device; looked up once and cached.
     pub fn system() -> Result<&'static CudaRuntime, &'static String> {
         static RT: OnceLock<Result<CudaRuntime, String>> = OnceLock::new();
         RT.get_or_init(|| {

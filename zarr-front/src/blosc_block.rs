@@ -494,7 +494,8 @@ impl<'a> Chunk<'a> {
 
     /// Gathers the runs of `group` (decoded-chunk bytes `group.src + i * group.src_step`, as
     /// many as `rows.row(i)` holds) into `rows`. The common case (16-bit samples in one block,
-    /// every run inside the opened range) checks the group once and interleaves run by run.
+    /// every run inside the opened range and at most [`STREAMED_RUN`] bytes) checks the group
+    /// once and interleaves run by run; anything else gathers run by run.
     pub(crate) fn gather_group(&self, group: &RunGroup, rows: &mut Rows<'_, '_>) {
         let len = rows.run_len();
         if let Some((2, s)) = &self.streams
@@ -506,24 +507,18 @@ impl<'a> Chunk<'a> {
                 .and_then(|x| x.checked_add(group.src + len))
             && group.src >= self.want.start
             && end <= self.want.end
+            && len <= STREAMED_RUN
         {
             let (e0, e1) = (group.src / 2, end / 2);
             let (a, b) = (&s[0][e0..e1], &s[1][e0..e1]);
             let (half, step) = (len / 2, group.src_step / 2);
-            // Runs of up to 512 bytes (256 samples) go through the caches' fastest level and
-            // out with streaming stores for their whole lines.
-            if len <= STREAMED_RUN {
-                let mut run = [0u8; STREAMED_RUN];
-                for i in 0..group.rows {
-                    let at = i * step;
-                    interleave::<2>([&a[at..at + half], &b[at..at + half]], &mut run[..len]);
-                    rows.write_streaming(i, &run[..len]);
-                }
-                return;
-            }
+            // Each run goes through the caches' fastest level, then out with streaming stores
+            // for its whole lines.
+            let mut run = [0u8; STREAMED_RUN];
             for i in 0..group.rows {
                 let at = i * step;
-                interleave::<2>([&a[at..at + half], &b[at..at + half]], rows.row(i));
+                interleave::<2>([&a[at..at + half], &b[at..at + half]], &mut run[..len]);
+                rows.write_streaming(i, &run[..len]);
             }
             return;
         }

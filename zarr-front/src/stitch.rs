@@ -411,9 +411,7 @@ impl Rows<'_, '_> {
         // them live at once.
         unsafe { std::slice::from_raw_parts_mut(self.out.ptr.add(dst), self.len) }
     }
-}
 
-impl Rows<'_, '_> {
     /// Writes `src` (one run's bytes) as run `i`, the cache lines it covers whole with
     /// non-temporal stores: they go to memory without the line being read first (the
     /// read-for-ownership of an ordinary store), and without taking cache room. Only the
@@ -431,11 +429,16 @@ impl Rows<'_, '_> {
         let addr = self.out.ptr.addr() + dst;
         let head = ((64 - addr % 64) % 64).min(len);
         let body = (len - head) / 64 * 64;
+        let tail = len - head - body;
         if self.step > 0 {
+            // Only the partial lines are read before they are written.
             let ahead = dst.saturating_add(self.step.saturating_mul(WRITE_AHEAD));
-            self.out.prefetch_for_write(ahead, head.min(1));
-            self.out
-                .prefetch_for_write(ahead + head + body, (len - head - body).min(1));
+            if head > 0 {
+                self.out.prefetch_for_write(ahead, 1);
+            }
+            if tail > 0 {
+                self.out.prefetch_for_write(ahead + head + body, 1);
+            }
         }
         // SAFETY: run `i` lies inside the buffer (as in `row`) and belongs to this copy alone;
         // `src` is `len` readable bytes in other memory. The whole lines `head..head + body`

@@ -54,6 +54,13 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(arr)
 
 
+def _wait_all(held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]]) -> None:
+    """Waits for each held batch's event, oldest first, and lets go of the batch."""
+    while held:
+        done, _ = held.popleft()
+        done.synchronize()
+
+
 class _DeviceCopier:
     """Copies batches of host tensors to one CUDA device, on a side stream.
 
@@ -84,9 +91,7 @@ class _DeviceCopier:
         return out
 
     def release(self) -> None:
-        while self.held:
-            done, _ = self.held.popleft()
-            done.synchronize()
+        _wait_all(self.held)
 
 
 class _StreamGuard:
@@ -109,7 +114,7 @@ class _StreamGuard:
         self.last = list(tensors.values())
 
     def before_next(self) -> None:
-        self._drain()
+        _wait_all(self.held)
         # A consumer that has not used CUDA through torch has queued no copy (and torch is not
         # made to start CUDA for it).
         initialized = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
@@ -122,12 +127,7 @@ class _StreamGuard:
     def release(self) -> None:
         """Waits until nothing held can still be read by queued work, and lets go of it."""
         self.before_next()
-        self._drain()
-
-    def _drain(self) -> None:
-        while self.held:
-            done, _ = self.held.popleft()
-            done.synchronize()
+        _wait_all(self.held)
 
 
 def _cuda_device(device: Any) -> torch.device | None:
