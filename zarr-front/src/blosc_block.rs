@@ -437,12 +437,13 @@ fn needed_ranges(
     need
 }
 
-/// The longest run (bytes) that [`Chunk::gather_group`] writes with streaming stores, through a
-/// buffer on the stack. A run's whole cache lines then go to memory without being read first:
-/// 16-bit blosc-lz4 crop reads gave +1.9% chunks/s (median; +0.0 to +3.7%, 5 runs) two batches
-/// at a time, −0.8 and +0.6% one at a time (batches alternating between the two within one
-/// `zcrop bench` run, 2026-11-26). Runs of 128 bytes at any alignment have one whole line in
-/// most cases; the partial lines at their ends are stored as usual.
+/// The longest run (bytes) that [`Chunk::gather_group`] writes with streaming stores
+/// ([`Rows::write_interleaved2`]); longer runs take the per-run gather. A run's whole cache
+/// lines then go to memory without being read first: 16-bit blosc-lz4 crop reads gave +1.9%
+/// chunks/s (median; +0.0 to +3.7%, 5 runs) two batches at a time, −0.8 and +0.6% one at a
+/// time (batches alternating between the two within one `zcrop bench` run, 2026-11-26, the
+/// run interleaved into a copy on the stack first). Runs of 128 bytes at any alignment have one
+/// whole line in most cases; the partial lines at their ends are stored as usual.
 const STREAMED_RUN: usize = 512;
 
 impl<'a> Chunk<'a> {
@@ -512,13 +513,9 @@ impl<'a> Chunk<'a> {
             let (e0, e1) = (group.src / 2, end / 2);
             let (a, b) = (&s[0][e0..e1], &s[1][e0..e1]);
             let (half, step) = (len / 2, group.src_step / 2);
-            // Each run goes through the caches' fastest level, then out with streaming stores
-            // for its whole lines.
-            let mut run = [0u8; STREAMED_RUN];
             for i in 0..group.rows {
                 let at = i * step;
-                interleave::<2>([&a[at..at + half], &b[at..at + half]], &mut run[..len]);
-                rows.write_streaming(i, &run[..len]);
+                rows.write_interleaved2(i, &a[at..at + half], &b[at..at + half]);
             }
             return;
         }
