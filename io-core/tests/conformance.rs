@@ -401,6 +401,22 @@ fn duplicate_and_overlapping_ranges() {
 }
 
 #[test]
+fn a_large_batch_plans_its_first_reads_alone() {
+    // Adjacent 64-byte ranges, which coalesce into one read when planned together: a batch of
+    // up to 256 is planned whole; a larger one plans its first 32 alone (one read more).
+    let f = fixture(1 << 20, 8);
+    for (n, reads) in [(256u64, 1), (300, 2)] {
+        let ranges: Vec<ReadRange> = (0..n).map(|i| ReadRange::new(i * 64, 64)).collect();
+        for (name, e) in engines().into_iter().filter(|(_, e)| !e.mapped) {
+            let before = e.metrics();
+            check(&e, name, &f, &ranges);
+            let m = e.metrics() - before;
+            assert_eq!(m.physical_reads, reads, "{name}: a batch of {n}");
+        }
+    }
+}
+
+#[test]
 fn whole_file_and_suffix_reads() {
     let f = fixture(123_457, 7);
     for (name, e) in engines() {
