@@ -735,7 +735,7 @@ mod tests {
     /// Stitches a plan from an array whose element i (C order) has value i, and checks the
     /// output equals direct indexing: through `copy_groups_with` (each run copied from the
     /// chunk at the group's offsets) if `groups`, else through `copy_from_chunk`. The output
-    /// starts `skew` bytes into a 64-byte aligned allocation.
+    /// starts `skew` bytes past a cache line's start.
     fn stitch_and_check(
         shape: &[u64],
         leaf: &[u64],
