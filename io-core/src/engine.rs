@@ -207,11 +207,13 @@ pub const PLAN_GROUP: usize = 4096;
 
 /// Requests of a batch planned first: its first reads go out (and its consumer starts on their
 /// results) before the rest of the first [`PLAN_GROUP`] is planned, at the cost of not
-/// coalescing reads across this one boundary. 256 until 2026-11-26: the batch's decoding then
-/// began about 1.2 ms into a 16 ms batch. 32 gave +1.0 to +3.8% chunks/s (7 runs, median
-/// +2.2%) on `zcrop bench --codec blosc-lz4` one batch at a time (about 6000 cached reads a
-/// batch; batches alternating between the two in one run), −0.9 to +2.8% (5 runs, median
-/// −0.3%) two at a time; 8 was no better (+3.2, +1.5%), nor a ramp of 32, 256, 2048.
+/// coalescing reads across this one boundary. 256 until 2026-11-26; 32 gave +1.0 to +3.8%
+/// chunks/s (7 runs, median +2.2%) on `zcrop bench --codec blosc-lz4` one batch at a time
+/// (about 6000 cached reads a batch; batches alternating between the two in one run), −0.9 to
+/// +2.8% (5 runs, median −0.3%) two at a time; 8 was no better (+3.2, +1.5%), nor a ramp of
+/// 32, 256, 2048. Not by starting the decoding much sooner: `submit` still plans the next
+/// [`PLAN_GROUP`] before it returns (~0.65 ms of such a batch), and the first decode task
+/// began 1.17–1.22 ms into a 16 ms batch, against 1.19–1.37 ms with 256.
 const FIRST_PLAN_GROUP: usize = 32;
 
 /// Batches of at most this many requests are planned whole, their reads coalesced as one (see
