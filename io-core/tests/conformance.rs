@@ -403,9 +403,10 @@ fn duplicate_and_overlapping_ranges() {
 #[test]
 fn a_large_batch_plans_its_first_reads_alone() {
     // Adjacent 64-byte ranges, which coalesce into one read when planned together: a batch of
-    // up to 256 is planned whole; a larger one plans its first 32 alone (one read more).
+    // up to 256 is planned whole; a larger one plans its first 32 alone (one read more), then
+    // the rest in groups of `PLAN_GROUP` (1024).
     let f = fixture(1 << 20, 8);
-    for (n, reads) in [(256u64, 1), (300, 2)] {
+    for (n, reads) in [(256u64, 1), (300, 2), (1056, 2), (1100, 3)] {
         let ranges: Vec<ReadRange> = (0..n).map(|i| ReadRange::new(i * 64, 64)).collect();
         for (name, e) in engines().into_iter().filter(|(_, e)| !e.mapped) {
             let before = e.metrics();
