@@ -72,6 +72,3 @@ pub use error::{Location, Result, ZarrError};
 pub use node::{Group, Node, NodeKind, open, open_with};
 pub use plan::{DimSelection, Plan, PlanError};
 pub use transform::StitchTransform;
-
-/// temp
-pub static ZXAB: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
