@@ -210,9 +210,9 @@ pub struct IoConfig {
 /// between the two in one run); 256 gave +2.6 and +2.8%, −0.2 and +3.1%.
 pub const PLAN_GROUP: usize = 1024;
 
-/// Requests of a batch planned first: its first reads go out (and its consumer starts on their
-/// results) before the rest of the first [`PLAN_GROUP`] is planned, at the cost of not
-/// coalescing reads across this one boundary. 256 until 2026-11-26; 32 gave +1.0 to +3.8%
+/// Requests of a batch of more than [`WHOLE_PLAN_UP_TO`] planned first: its first reads go out
+/// (and its consumer starts on their results) before the next [`PLAN_GROUP`] requests are
+/// planned, at the cost of not coalescing reads across this one boundary. 256 until 2026-11-26; 32 gave +1.0 to +3.8%
 /// chunks/s (7 runs, median +2.2%) on `zcrop bench --codec blosc-lz4` one batch at a time
 /// (about 6000 cached reads a batch; batches alternating between the two in one run), −0.9 to
 /// +2.8% (5 runs, median −0.3%) two at a time; 8 was no better (+3.2, +1.5%), nor a ramp of
