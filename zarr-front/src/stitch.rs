@@ -851,44 +851,52 @@ mod tests {
 
     #[test]
     fn crops_points_and_merged_runs() {
-        for groups in [false, true] {
-            stitch_and_check(
+        // (shape, leaf, requests, output skews); the last has rows of several cache lines, on
+        // even and odd addresses.
+        type Case = (
+            &'static [u64],
+            &'static [u64],
+            Vec<Vec<DimSelection>>,
+            &'static [usize],
+        );
+        let cases: [Case; 5] = [
+            (
                 &[9, 7, 5],
                 &[4, 3, 5],
-                &[
+                vec![
                     vec![r(1, 7), r(2, 5), r(0, 5)],
                     vec![r(0, 9), r(0, 7), r(1, 3)],
                 ],
-                groups,
-                0,
-            );
-            stitch_and_check(
+                &[0],
+            ),
+            (
                 &[10, 10],
                 &[3, 4],
-                &[vec![DimSelection::Points(vec![9, 0, 4, 4]), r(3, 6)]],
-                groups,
-                0,
-            );
-            stitch_and_check(
+                vec![vec![DimSelection::Points(vec![9, 0, 4, 4]), r(3, 6)]],
+                &[0],
+            ),
+            (
                 &[10, 10],
                 &[3, 4],
-                &[vec![r(2, 5), DimSelection::Points(vec![7, 1, 2])]],
-                groups,
-                0,
-            );
-            stitch_and_check(&[], &[], &[vec![]], groups, 0);
-            // Rows of several cache lines, on even and odd addresses.
-            for skew in [0, 2, 1] {
-                stitch_and_check(
-                    &[3, 40, 100],
-                    &[1, 16, 48],
-                    &[
-                        vec![r(1, 2), r(5, 30), r(3, 90)],
-                        vec![r(0, 1), r(0, 40), r(47, 50)],
-                    ],
-                    groups,
-                    skew,
-                );
+                vec![vec![r(2, 5), DimSelection::Points(vec![7, 1, 2])]],
+                &[0],
+            ),
+            (&[], &[], vec![vec![]], &[0]),
+            (
+                &[3, 40, 100],
+                &[1, 16, 48],
+                vec![
+                    vec![r(1, 2), r(5, 30), r(3, 90)],
+                    vec![r(0, 1), r(0, 40), r(47, 50)],
+                ],
+                &[0, 2, 1],
+            ),
+        ];
+        for groups in [false, true] {
+            for (shape, leaf, requests, skews) in &cases {
+                for &skew in *skews {
+                    stitch_and_check(shape, leaf, requests, groups, skew);
+                }
             }
         }
     }
