@@ -1,8 +1,10 @@
 //! [`Array`]: an opened Zarr array and its read path.
 //!
 //! A read is planned whole (`crate::plan`), its leaf chunks are located (through the shard
-//! indexes, level by level, cached), all their byte ranges go to `zcrop-io` in one submission,
-//! and each chunk is decoded on the rayon pool as soon as its bytes arrive, then copied into
+//! indexes, level by level, cached), all their byte ranges go to `zcrop-io` in one submission
+//! (two for a large read from local files: its first [`FIRST_LOCATED`] leaves are located and
+//! submitted alone, the rest located while those decode), and each chunk is decoded on the
+//! rayon pool as soon as its bytes arrive, then copied into
 //! every output block that needs it while it is still in cache. Results are taken from
 //! `zcrop-io` only while few decode tasks wait (`crate::throttle`), so reading stays just
 //! ahead of decoding.
@@ -134,7 +136,8 @@ struct StitchCtx<'p, 'o> {
     /// (counted only with a transform, the only one that finishes blocks).
     remaining: Vec<AtomicU32>,
     failed: AtomicBool,
-    error: Mutex<Option<ZarrError>>,
+    /// The first failure.
+    error: Mutex<Option<Failure>>,
     stats: Mutex<ReadStats>,
     cancel: Option<&'p AtomicBool>,
 }
@@ -146,7 +149,17 @@ impl StitchCtx<'_, '_> {
 
     fn fail(&self, e: ZarrError) {
         self.failed.store(true, Ordering::Release);
-        self.error.lock().get_or_insert(e);
+        self.error.lock().get_or_insert(Failure::Error(e));
+    }
+
+    /// Records a fault of the bytes of `chunk`.
+    fn fail_chunk(&self, chunk: &Fetched, fault: ChunkFault) {
+        self.failed.store(true, Ordering::Release);
+        self.error.lock().get_or_insert(Failure::Chunk {
+            storage: chunk.storage,
+            range: chunk.range,
+            fault,
+        });
     }
 
     /// Writes every copy of leaf `i` from its decoded bytes.
@@ -258,6 +271,43 @@ struct Storage {
     path: Arc<Path>,
 }
 
+/// The storage chunks a read has located so far: the list grows as the read locates more of
+/// its leaves (see [`FIRST_LOCATED`]).
+#[derive(Default)]
+struct Storages {
+    list: Vec<Storage>,
+    /// Each one's index in `list`, by its coordinates in the storage grid.
+    index: FxHashMap<Vec<u64>, usize>,
+}
+
+/// A leaf's encoded bytes, as read, and where they are from.
+struct Fetched {
+    leaf: usize,
+    bytes: Bytes,
+    /// The storage chunk (an index in [`Storages::list`]) and the range of it.
+    storage: usize,
+    range: ReadRange,
+}
+
+/// The first failure of a read. A decode task names a faulty chunk by its storage chunk's
+/// index: the storage list grows while tasks run, so the read names the key once it is over.
+enum Failure {
+    Error(ZarrError),
+    Chunk {
+        storage: usize,
+        range: ReadRange,
+        fault: ChunkFault,
+    },
+}
+
+/// What was wrong with a chunk's bytes.
+enum ChunkFault {
+    /// They came from a mapping of a file that shrank meanwhile.
+    Lost,
+    /// The codec rejected them.
+    Codec(String),
+}
+
 /// Where the bytes of an inner shard sit inside its file, while walking the shard levels.
 #[derive(Debug, Clone, Copy)]
 enum Cursor {
@@ -279,6 +329,11 @@ type ChunkCache = LruCache<Vec<u64>, Arc<[u8]>>;
 /// smaller zstd chunks go by [`SMALL_ZSTD_DECODE_GROUP`]); small chunks of other codecs go at
 /// least this many at a time for their prefetches (see [`SMALL_DECODE_GROUP`]).
 const DECODE_GROUP: usize = 4;
+
+/// Leaves a read of more than twice as many leaves from local files locates first, on its own:
+/// their reads go out and their decoding starts while the read locates the rest (a batch of
+/// crops locates thousands of leaves, and the decode threads waited for all of them).
+const FIRST_LOCATED: usize = 256;
 
 /// Chunks of at most this many decoded bytes are decoded in groups (see [`SMALL_DECODE_GROUP`])
 /// with the next chunk's bytes prefetched (see `Array::decode_and_stitch_each`).
@@ -644,11 +699,19 @@ impl Array {
         let plan = Plan::with_output_element(&l.shape, &l.leaf, l.elsize, l.elsize, &sels)
             .map_err(|e| self.plan_error(&e))?;
         let mut stats = ReadStats::default();
-        let (storages, sources) = self.locate(&plan, vec![None; plan.num_leaves()], &mut stats)?;
+        let mut storages = Storages::default();
+        let all = 0..plan.num_leaves();
+        let sources = self.locate(
+            &plan,
+            all,
+            vec![None; plan.num_leaves()],
+            &mut storages,
+            &mut stats,
+        )?;
         let requests = sources.iter().enumerate().filter_map(|(i, s)| match s {
             Source::Read { storage, range } => Some(ReadRequest::new(
                 i as u64,
-                Arc::clone(&storages[*storage].path),
+                Arc::clone(&storages.list[*storage].path),
                 *range,
             )),
             _ => None,
@@ -664,7 +727,7 @@ impl Array {
                 Err(e) if e.is_not_found() => {}
                 Err(e) => {
                     return Err(self.chunk_read_error(
-                        &storages[*storage].key,
+                        &storages.list[*storage].key,
                         e,
                         !l.levels.is_empty(),
                     ));
@@ -1006,9 +1069,6 @@ impl Array {
         if plan.num_leaves() > 0 {
             self.fetch_and_stitch(&ctx, &mut stats)?;
         }
-        if let Some(e) = ctx.error.into_inner() {
-            return Err(e);
-        }
         stats += ctx.stats.into_inner();
         Ok(stats)
     }
@@ -1016,71 +1076,52 @@ impl Array {
     fn fetch_and_stitch(&self, ctx: &StitchCtx<'_, '_>, stats: &mut ReadStats) -> Result<()> {
         let core = &*self.core;
         let plan = ctx.plan;
-        let mut sources: Vec<Option<Source>> = vec![None; plan.num_leaves()];
+        let n = plan.num_leaves();
+        let mut known: Vec<Option<Source>> = vec![None; n];
         if let Some(cache) = &core.chunk_cache {
             for (i, leaf) in plan.leaves.iter().enumerate() {
                 if let Some(chunk) = cache.get(leaf.coords.as_slice()) {
-                    sources[i] = Some(Source::Cached(chunk));
+                    known[i] = Some(Source::Cached(chunk));
                     stats.chunks_cached += 1;
                 }
             }
         }
-        let (storages, sources) = self.locate(plan, sources, stats)?;
-        stats.chunks_missing = sources
-            .iter()
-            .filter(|s| matches!(s, Source::Missing))
-            .count() as u64;
+        // A large read from local files locates its first leaves alone (see FIRST_LOCATED);
+        // from an object store the rest would wait for the first reads' round trips.
+        let first = if matches!(core.reader, Reader::Local(_)) && n > 2 * FIRST_LOCATED {
+            FIRST_LOCATED
+        } else {
+            n
+        };
+        let rest_known = known.split_off(first);
+        let mut storages = Storages::default();
+        let first_sources = self.locate(plan, 0..first, known, &mut storages, stats)?;
 
-        let requests: Vec<ReadRequest> = sources
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| match s {
-                Source::Read { storage, range } => Some(ReadRequest::new(
-                    i as u64,
-                    Arc::clone(&storages[*storage].path),
-                    *range,
-                )),
-                _ => None,
-            })
-            .collect();
         let sharded = !core.layout.levels.is_empty();
         let throttle = Throttle::for_current_pool();
         let throttle = &throttle;
-        rayon::in_place_scope(|scope| {
-            for (i, s) in sources.iter().enumerate() {
-                match s {
-                    Source::Missing => scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill)),
-                    Source::Cached(chunk) => scope.spawn(move |_| ctx.stitch_leaf(i, chunk)),
-                    Source::Read { .. } => {}
-                }
-            }
-            if requests.is_empty() {
-                return;
-            }
-            // zstd chunks decode their needed parts faster several at a time (their literal
-            // streams interleave): completions go to tasks in groups.
-            // Small chunks go to tasks in groups too, decoded one after the other, each with
-            // the next one's bytes asked for meanwhile (see `decode_and_stitch_each`).
-            let small = core.decoder.chunk_bytes <= PREFETCHED_CHUNK_BYTES;
-            let group_size = if core.chunk_cache.is_some() {
-                1
-            } else if core.decoder.decodes_in_groups() {
-                if small {
-                    SMALL_ZSTD_DECODE_GROUP
-                } else {
-                    DECODE_GROUP
-                }
-            } else if small {
-                // Up to SMALL_DECODE_GROUP while every thread still gets 8 groups; never
-                // fewer than DECODE_GROUP chunks a group.
-                (requests.len() / (8 * rayon::current_num_threads()))
-                    .clamp(DECODE_GROUP, SMALL_DECODE_GROUP)
+        // zstd chunks decode their needed parts faster several at a time (their literal
+        // streams interleave): completions go to tasks in groups.
+        // Small chunks go to tasks in groups too, decoded one after the other, each with
+        // the next one's bytes asked for meanwhile (see `decode_and_stitch_each`).
+        let small = core.decoder.chunk_bytes <= PREFETCHED_CHUNK_BYTES;
+        let group_size = if core.chunk_cache.is_some() {
+            1
+        } else if core.decoder.decodes_in_groups() {
+            if small {
+                SMALL_ZSTD_DECODE_GROUP
             } else {
-                1
-            };
-            let mut group: Vec<(usize, Bytes)> = Vec::with_capacity(group_size);
-            let (sources, storages) = (&sources, &storages);
-            let spawn_group = |group: Vec<(usize, Bytes)>| {
+                DECODE_GROUP
+            }
+        } else if small {
+            // Up to SMALL_DECODE_GROUP while every thread still gets 8 groups; never
+            // fewer than DECODE_GROUP chunks a group.
+            (n / (8 * rayon::current_num_threads())).clamp(DECODE_GROUP, SMALL_DECODE_GROUP)
+        } else {
+            1
+        };
+        rayon::in_place_scope(|scope| {
+            let spawn_group = |group: Vec<Fetched>| {
                 let slot = throttle.acquire();
                 scope.spawn(move |_| {
                     let _slot = slot;
@@ -1092,7 +1133,7 @@ impl Array {
                         return;
                     }
                     let decoded = if group.len() == 1 {
-                        vec![self.decode_and_stitch(ctx, group[0].0, &group[0].1)]
+                        vec![self.decode_and_stitch(ctx, group[0].leaf, &group[0].bytes)]
                     } else if core.decoder.decodes_in_groups() {
                         self.decode_and_stitch_group(ctx, &group)
                     } else {
@@ -1100,68 +1141,120 @@ impl Array {
                     };
                     // Summed here, added to the shared total once per group.
                     let mut group_stats = ReadStats::default();
-                    for ((i, bytes), decoded) in group.iter().zip(decoded) {
-                        let Source::Read { storage, range } = &sources[*i] else {
-                            continue;
-                        };
-                        let (key, path) = (&storages[*storage].key, &storages[*storage].path);
+                    for (chunk, decoded) in group.iter().zip(decoded) {
                         // Bytes from a mapping of a file truncated meanwhile read as zeros:
                         // that, not what the decoder made of them, is the error.
-                        if let Err(e) = zcrop_io::check_mapped(bytes, path, *range) {
-                            ctx.fail(ZarrError::Io {
-                                at: self.location(key, Some(*range)),
-                                source: Box::new(e),
-                            });
+                        if !zcrop_io::mapped_intact(&chunk.bytes) {
+                            ctx.fail_chunk(chunk, ChunkFault::Lost);
                             return;
                         }
                         match decoded {
                             Ok(s) => group_stats += s,
-                            Err(reason) => ctx.fail(ZarrError::Codec {
-                                at: self.location(key, Some(*range)),
-                                reason,
-                            }),
+                            Err(reason) => ctx.fail_chunk(chunk, ChunkFault::Codec(reason)),
                         }
                     }
                     *ctx.stats.lock() += group_stats;
                 });
             };
-            // Mapped results are checked below, once decoded.
-            for done in core.reader.submit_mapped(requests) {
-                if ctx.failed.load(Ordering::Acquire) {
-                    break;
+            let mut group: Vec<Fetched> = Vec::with_capacity(group_size);
+            // Fetches, decodes and stitches the leaves from `base` on, located as `sources`.
+            let mut run = |base: usize, sources: &[Source], storages: &Storages| {
+                let mut requests = Vec::with_capacity(sources.len());
+                let mut missing = 0;
+                for (i, s) in (base..).zip(sources) {
+                    match s {
+                        Source::Missing => {
+                            missing += 1;
+                            scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
+                        }
+                        Source::Cached(chunk) => {
+                            let chunk = Arc::clone(chunk);
+                            scope.spawn(move |_| ctx.stitch_leaf(i, &chunk));
+                        }
+                        Source::Read { storage, range } => requests.push(ReadRequest::new(
+                            i as u64,
+                            Arc::clone(&storages.list[*storage].path),
+                            *range,
+                        )),
+                    }
                 }
-                if ctx.cancelled() {
-                    ctx.fail(ZarrError::Cancelled);
-                    break;
+                ctx.stats.lock().chunks_missing += missing;
+                if requests.is_empty() {
+                    return;
                 }
-                let i = done.id as usize;
-                let Source::Read { storage, .. } = &sources[i] else {
-                    continue;
-                };
-                let key = &storages[*storage].key;
-                match done.result {
-                    Ok(bytes) => {
-                        group.push((i, bytes));
-                        if group.len() == group_size {
-                            spawn_group(std::mem::replace(
-                                &mut group,
-                                Vec::with_capacity(group_size),
-                            ));
+                // Mapped results are checked once decoded (above).
+                for done in core.reader.submit_mapped(requests) {
+                    if ctx.failed.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if ctx.cancelled() {
+                        ctx.fail(ZarrError::Cancelled);
+                        break;
+                    }
+                    let i = done.id as usize;
+                    let Some(&Source::Read { storage, range }) = sources.get(i - base) else {
+                        continue;
+                    };
+                    match done.result {
+                        Ok(bytes) => {
+                            group.push(Fetched {
+                                leaf: i,
+                                bytes,
+                                storage,
+                                range,
+                            });
+                            if group.len() == group_size {
+                                spawn_group(std::mem::replace(
+                                    &mut group,
+                                    Vec::with_capacity(group_size),
+                                ));
+                            }
+                        }
+                        // An unsharded chunk that does not exist is all fill value.
+                        Err(e) if e.is_not_found() && !sharded => {
+                            scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
+                            ctx.stats.lock().chunks_missing += 1;
+                        }
+                        Err(e) => {
+                            let key = &storages.list[storage].key;
+                            ctx.fail(self.chunk_read_error(key, e, sharded));
                         }
                     }
-                    // An unsharded chunk that does not exist is all fill value.
-                    Err(e) if e.is_not_found() && !sharded => {
-                        scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
-                        ctx.stats.lock().chunks_missing += 1;
-                    }
-                    Err(e) => ctx.fail(self.chunk_read_error(key, e, sharded)),
+                }
+            };
+            run(0, &first_sources, &storages);
+            if first < n && !ctx.failed.load(Ordering::Acquire) {
+                match self.locate(plan, first..n, rest_known, &mut storages, stats) {
+                    Ok(sources) => run(first, &sources, &storages),
+                    Err(e) => ctx.fail(e),
                 }
             }
             if !group.is_empty() {
                 spawn_group(group);
             }
         });
-        Ok(())
+        match ctx.error.lock().take() {
+            None => Ok(()),
+            Some(Failure::Error(e)) => Err(e),
+            Some(Failure::Chunk {
+                storage,
+                range,
+                fault,
+            }) => {
+                let Storage { key, path } = &storages.list[storage];
+                let at = self.location(key, Some(range));
+                Err(match fault {
+                    ChunkFault::Lost => ZarrError::Io {
+                        at,
+                        source: Box::new(IoError::FileChanged {
+                            path: Arc::clone(path),
+                            range,
+                        }),
+                    },
+                    ChunkFault::Codec(reason) => ZarrError::Codec { at, reason },
+                })
+            }
+        }
     }
 
     fn chunk_read_error(&self, key: &str, e: IoError, sharded: bool) -> ZarrError {
@@ -1185,37 +1278,37 @@ impl Array {
     fn decode_and_stitch_group(
         &self,
         ctx: &StitchCtx<'_, '_>,
-        group: &[(usize, Bytes)],
+        group: &[Fetched],
     ) -> Vec<Result<ReadStats, String>> {
         let core = &*self.core;
         let plan = ctx.plan;
         let full = core.decoder.chunk_bytes;
         let mut results: Vec<Option<Result<ReadStats, String>>> = vec![None; group.len()];
         let mut members = Vec::with_capacity(group.len());
-        for (k, (i, bytes)) in group.iter().enumerate() {
-            if plan.leaves[*i].needed.len() >= full {
-                results[k] = Some(self.decode_and_stitch(ctx, *i, bytes));
+        for (k, chunk) in group.iter().enumerate() {
+            if plan.leaves[chunk.leaf].needed.len() >= full {
+                results[k] = Some(self.decode_and_stitch(ctx, chunk.leaf, &chunk.bytes));
             } else {
                 members.push(k);
             }
         }
         for &k in &members {
-            crate::stitch::prefetch_read(&group[k].1);
+            crate::stitch::prefetch_read(&group[k].bytes);
         }
         let items: Vec<(&[u8], Range<usize>)> = members
             .iter()
             .map(|&k| {
-                let (i, bytes) = &group[k];
-                (&bytes[..], plan.leaves[*i].needed.clone())
+                let chunk = &group[k];
+                (&chunk.bytes[..], plan.leaves[chunk.leaf].needed.clone())
             })
             .collect();
         let costs = core.decoder.with_decoded_group(&items, |m, chunk| {
-            ctx.stitch_leaf(group[members[m]].0, chunk);
+            ctx.stitch_leaf(group[members[m]].leaf, chunk);
         });
         for (&k, cost) in members.iter().zip(costs) {
             results[k] = Some(cost.map(|c| ReadStats {
                 chunks_decoded: 1,
-                chunk_bytes_read: group[k].1.len() as u64,
+                chunk_bytes_read: group[k].bytes.len() as u64,
                 bytes_decoded: c.bytes_decoded,
                 ..ReadStats::default()
             }));
@@ -1233,27 +1326,27 @@ impl Array {
     fn decode_and_stitch_each(
         &self,
         ctx: &StitchCtx<'_, '_>,
-        group: &[(usize, Bytes)],
+        group: &[Fetched],
     ) -> Vec<Result<ReadStats, String>> {
         let decoder = &self.core.decoder;
         // Two steps ahead, the first cache line (a blosc header); one step ahead, what the
         // decoder reads from there.
         let first_line =
             |bytes: &Bytes| crate::stitch::prefetch_read(&bytes[..bytes.len().min(64)]);
-        for (_, bytes) in group.iter().take(2) {
-            first_line(bytes);
+        for chunk in group.iter().take(2) {
+            first_line(&chunk.bytes);
         }
         group
             .iter()
             .enumerate()
-            .map(|(k, (i, bytes))| {
-                if let Some((_, later)) = group.get(k + 2) {
-                    first_line(later);
+            .map(|(k, chunk)| {
+                if let Some(later) = group.get(k + 2) {
+                    first_line(&later.bytes);
                 }
-                if let Some((j, next)) = group.get(k + 1) {
-                    decoder.prefetch(next, &ctx.plan.leaves[*j].needed);
+                if let Some(next) = group.get(k + 1) {
+                    decoder.prefetch(&next.bytes, &ctx.plan.leaves[next.leaf].needed);
                 }
-                self.decode_and_stitch(ctx, *i, bytes)
+                self.decode_and_stitch(ctx, chunk.leaf, &chunk.bytes)
             })
             .collect()
     }
@@ -1344,23 +1437,22 @@ impl Array {
     fn locate(
         &self,
         plan: &Plan,
+        leaves: Range<usize>,
         known: Vec<Option<Source>>,
+        storages: &mut Storages,
         stats: &mut ReadStats,
-    ) -> Result<(Vec<Storage>, Vec<Source>)> {
+    ) -> Result<Vec<Source>> {
         let core = &*self.core;
         let layout = &core.layout;
-        let mut storages: Vec<Storage> = Vec::new();
-        let mut storage_index: FxHashMap<Vec<u64>, usize> = FxHashMap::default();
         // Per leaf, its inner chunk's index in each level's shard: a row of `row` slots (at
         // least one, so that every leaf has a row when there are no levels).
         let levels = layout.levels.len();
         let row = levels.max(1);
-        let mut inner_of: Vec<usize> = vec![0; plan.num_leaves() * row];
-        let mut cursors: Vec<Cursor> = Vec::with_capacity(plan.num_leaves());
+        let mut inner_of: Vec<usize> = vec![0; leaves.len() * row];
+        let mut cursors: Vec<Cursor> = Vec::with_capacity(leaves.len());
         let mut coords = Vec::new();
         let (mut last_coords, mut last_storage) = (Vec::new(), None::<usize>);
-        for ((leaf, known), inner) in plan
-            .leaves
+        for ((leaf, known), inner) in plan.leaves[leaves]
             .iter()
             .zip(&known)
             .zip(inner_of.chunks_exact_mut(row))
@@ -1373,16 +1465,18 @@ impl Array {
             // Leaves come in C order of their coordinates: most share the last one's file.
             let s = if let Some(s) = last_storage.filter(|_| coords == last_coords) {
                 s
-            } else if let Some(&s) = storage_index.get(coords.as_slice()) {
+            } else if let Some(&s) = storages.index.get(coords.as_slice()) {
                 s
             } else {
                 let rel = core.meta.chunk_key(&coords).to_string();
-                storages.push(Storage {
+                storages.list.push(Storage {
                     key: format!("{}{rel}", core.key_prefix),
                     path: Arc::from(core.dir.join(&rel).as_path()),
                 });
-                storage_index.insert(coords.clone(), storages.len() - 1);
-                storages.len() - 1
+                storages
+                    .index
+                    .insert(coords.clone(), storages.list.len() - 1);
+                storages.list.len() - 1
             };
             if last_storage != Some(s) {
                 last_storage = Some(s);
@@ -1409,7 +1503,7 @@ impl Array {
             }
             let mut to_read: Vec<((usize, u64), ReadRange)> = Vec::new();
             for (&(storage, base), slot) in &mut wanted {
-                let key = (Arc::clone(&storages[storage].path), level_no, base);
+                let key = (Arc::clone(&storages.list[storage].path), level_no, base);
                 if let Some(idx) = core.index_cache.get(&key) {
                     *slot = Some(idx);
                     stats.index_cache_hits += 1;
@@ -1424,7 +1518,7 @@ impl Array {
                     });
                     let range = index_range(level, base, len.flatten()).map_err(|reason| {
                         ZarrError::ShardIndex {
-                            at: self.location(&storages[storage].key, None),
+                            at: self.location(&storages.list[storage].key, None),
                             reason,
                         }
                     })?;
@@ -1437,11 +1531,15 @@ impl Array {
                     .iter()
                     .enumerate()
                     .map(|(i, ((storage, _), range))| {
-                        ReadRequest::new(i as u64, Arc::clone(&storages[*storage].path), *range)
+                        ReadRequest::new(
+                            i as u64,
+                            Arc::clone(&storages.list[*storage].path),
+                            *range,
+                        )
                     });
                 for done in core.reader.submit(requests) {
                     let ((storage, base), range) = to_read[done.id as usize];
-                    let key = &storages[storage].key;
+                    let key = &storages.list[storage].key;
                     match done.result {
                         Ok(bytes) => {
                             let idx = level.decode_index(&bytes, core.verify_checksums).map_err(
@@ -1451,7 +1549,7 @@ impl Array {
                                 },
                             )?;
                             core.index_cache.insert(
-                                (Arc::clone(&storages[storage].path), level_no, base),
+                                (Arc::clone(&storages.list[storage].path), level_no, base),
                                 Arc::clone(&idx),
                                 idx.len() * 8 + 64,
                             );
@@ -1492,7 +1590,7 @@ impl Array {
                 };
                 let entry = ShardLevel::entry(idx, inner[level_no], len).map_err(|reason| {
                     ZarrError::ShardIndex {
-                        at: self.location(&storages[storage].key, None),
+                        at: self.location(&storages.list[storage].key, None),
                         reason,
                     }
                 })?;
@@ -1522,7 +1620,7 @@ impl Array {
                 },
             })
             .collect();
-        Ok((storages, sources))
+        Ok(sources)
     }
 }
 

@@ -2,8 +2,9 @@
 //!
 //! **Job:** open Zarr v2 and v3 arrays and groups (metadata and codecs through the `zarrs`
 //! crate), plan a whole batch of N-d crops into the set of chunks and inner chunks it needs,
-//! fetch their bytes in one submission to `zcrop-io`, decode each chunk as its bytes arrive and
-//! copy it into every crop that needs it while it is still in CPU cache.
+//! fetch their bytes in one submission to `zcrop-io` (a large read from local files submits
+//! its first few hundred chunks alone, to start decoding sooner), decode each chunk as its
+//! bytes arrive and copy it into every crop that needs it while it is still in CPU cache.
 //!
 //! Stores are local directories or object stores named by URL (`s3://bucket/data.zarr`,
 //! `gs://`, `az://`, `https://`), read through `zcrop-io`'s object engine with the same

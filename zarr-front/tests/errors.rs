@@ -96,6 +96,43 @@ fn garbage_chunk_bytes_are_a_codec_error() {
     }
 }
 
+/// The (offset, length) of inner chunk `inner` in the index at the end of shard `bytes`
+/// (16 bytes an entry, then a crc32c).
+fn inner_range(bytes: &[u8], inner: usize, count: usize) -> (u64, u64) {
+    let index = &bytes[bytes.len() - 16 * count - 4..];
+    let word = |k: usize| u64::from_le_bytes(index[8 * k..8 * k + 8].try_into().unwrap());
+    (word(2 * inner), word(2 * inner + 1))
+}
+
+/// A read of more than 512 leaves from local files locates its first 256 alone and the rest
+/// while those decode; a faulty chunk among the rest is named as well, whether its shard was
+/// first seen among the first leaves or among the rest.
+#[test]
+fn faulty_chunks_among_the_later_located_leaves_are_named() {
+    // 540 leaves of 1x1x16x16 in C order: leaf 300 is (3, 1, 0, 0), inner chunk 160 of shard
+    // c/0/0/0/0 (whose first leaves come first); leaf 539 is (5, 2, 4, 5), inner chunk 81 of
+    // shard c/1/0/1/1, whose leaves all come after the first 256.
+    for (key, inner) in [("c/0/0/0/0", 160), ("c/1/0/1/1", 81)] {
+        let (_d, store) = copy_store("v3_workload_4d_u2");
+        let path = store.join(key);
+        let (offset, len) = inner_range(&std::fs::read(&path).unwrap(), inner, 4 * 3 * 4 * 4);
+        assert!(len > 0, "{key}: inner chunk {inner} not stored");
+        edit(&path, |b| {
+            for x in &mut b[offset as usize..(offset + len) as usize] {
+                *x ^= 0x5a;
+            }
+        });
+        let a = open(&store);
+        match read_all(&a) {
+            Err(ZarrError::Codec { at, .. }) => {
+                assert_eq!(at.key, key);
+                assert_eq!(at.range, Some(ReadRange::new(offset, len)), "{key}");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn checksum_mismatch_is_detected() {
     let (_d, store) = copy_store("v3_crc32c_i1");
