@@ -537,6 +537,7 @@ impl IoEngine {
         let unsent: Vec<ReadRequest> = requests.into_iter().collect();
         let total = unsent.len();
         let mut local = Local::default();
+        local.counters.batches = 1;
         local.counters.requests = total as u64;
         let mut batch = Batch {
             rx,

@@ -51,6 +51,8 @@ macro_rules! counters {
 }
 
 counters!(
+    /// Batches submitted by callers ([`crate::IoEngine::submit`] and `submit_mapped` calls).
+    batches,
     /// Requests submitted by callers.
     requests,
     /// Reads issued to the OS after coalescing and deduplication (one per physical read, not

@@ -83,7 +83,26 @@ fn a_batch_reads_and_decodes_each_shared_chunk_once() {
     let before = engine.metrics();
     let stats = a.read_batch_into(&origins, &crop, &mut out).unwrap();
     let m = engine.metrics() - before;
-    // Distinct inner chunks touched: per crop, t x c x y-chunks x x-chunks.
+    let n = distinct_chunks(&origins, &crop);
+    assert_eq!(stats.chunks, n);
+    assert_eq!(stats.chunks_decoded + stats.chunks_missing, n, "{stats:?}");
+    assert_eq!(
+        m.requests, stats.chunks_decoded,
+        "one read per chunk present: {m:?}"
+    );
+    // Too few chunks to read in parts: one submission.
+    assert_eq!(m.batches, 1, "{m:?}");
+    assert_eq!(stats.index_reads, 0);
+    let want: Vec<u8> = origins
+        .chunks_exact(4)
+        .flat_map(|o| region(&data, &shape, es, o, &crop))
+        .collect();
+    assert_same(&out, &want, es, "batch");
+}
+
+/// Distinct inner chunks of `v3_workload_4d_u2` (inner chunks 1x1x16x16, 3 channels) that
+/// crops of `crop` at `origins` touch.
+fn distinct_chunks(origins: &[u64], crop: &[u64]) -> u64 {
     let mut distinct = std::collections::BTreeSet::new();
     for o in origins.chunks_exact(4) {
         for t in o[0]..o[0] + crop[0] {
@@ -96,19 +115,53 @@ fn a_batch_reads_and_decodes_each_shared_chunk_once() {
             }
         }
     }
-    let n = distinct.len() as u64;
+    distinct.len() as u64
+}
+
+#[test]
+fn a_large_batch_reads_its_first_crops_alone_and_each_chunk_once() {
+    let (a, engine) = fresh(&OpenOptions::default());
+    let f = zcrop_fixtures::get("v3_workload_4d_u2");
+    let (data, shape, es) = expected(&f);
+    let (crop, origins) = common::two_part_batch();
+    let crops = origins.len() / 4;
+    let mut out = vec![0u8; crops * crop.iter().product::<u64>() as usize * es];
+    a.read_batch_into(&origins, &crop, &mut out).unwrap(); // warm the index cache
+    out.fill(0);
+    let before = engine.metrics();
+    let stats = a.read_batch_into(&origins, &crop, &mut out).unwrap();
+    let m = engine.metrics() - before;
+    let n = distinct_chunks(&origins, &crop);
     assert_eq!(stats.chunks, n);
     assert_eq!(stats.chunks_decoded + stats.chunks_missing, n, "{stats:?}");
+    assert_eq!(stats.output_bytes, out.len() as u64);
     assert_eq!(
         m.requests, stats.chunks_decoded,
-        "one read per chunk present: {m:?}"
+        "one read per chunk: {m:?}"
     );
-    assert_eq!(stats.index_reads, 0);
+    // The first three crops, then the rest (fewer than 512 chunks: one submission).
+    assert_eq!(m.batches, 2, "{m:?}");
     let want: Vec<u8> = origins
         .chunks_exact(4)
         .flat_map(|o| region(&data, &shape, es, o, &crop))
         .collect();
-    assert_same(&out, &want, es, "batch");
+    assert_same(&out, &want, es, "two-part batch");
+    // Without the first crop: a first part of two crops (the other candidates all share
+    // chunks with later crops).
+    let shifted = &origins[4..];
+    let mut out = vec![0u8; (crops - 1) * crop.iter().product::<u64>() as usize * es];
+    let before = engine.metrics();
+    let stats = a.read_batch_into(shifted, &crop, &mut out).unwrap();
+    let m = engine.metrics() - before;
+    assert_eq!(stats.chunks, distinct_chunks(shifted, &crop));
+    assert_eq!(m.requests, stats.chunks_decoded, "{m:?}");
+    assert_eq!(m.batches, 2, "{m:?}");
+    assert_same(
+        &out,
+        &want[want.len() / crops..],
+        es,
+        "two-part batch, shifted",
+    );
 }
 
 #[test]

@@ -54,56 +54,75 @@ fn normalized(raw: &[u8], crop: &[u64], axis: usize, t: &Normalize) -> Vec<f32> 
 #[test]
 fn per_channel_normalisation_matches_the_oracle() {
     let f = zcrop_fixtures::get("v3_workload_4d_u2");
-    let (data, shape, es) = expected(&f);
+    let (two_part_crop, two_part_origins) = common::two_part_batch();
     for (backend, engine) in engines() {
         let a = open(&f, &engine);
         for axis in [1usize, 3] {
-            let n_ch = shape[axis] as usize;
-            let t = Normalize {
-                axis,
-                mean: (0..n_ch).map(|c| 100.0 * c as f32).collect(),
-                std: (0..n_ch).map(|c| 1.0 + c as f32).collect(),
-                sums: Mutex::new(Vec::new()),
-            };
-            let crop = [2u64, 3, 40, 50];
             let origins = [0u64, 0, 10, 20, 3, 0, 30, 39, 4, 0, 0, 0];
-            let mut out = vec![0u8; 3 * 2 * 3 * 40 * 50 * 4];
-            let opts = ReadOptions {
-                transform: Some(&t),
-                cancel: None,
-            };
-            a.read_batch_into_with(&origins, &crop, &mut out, opts)
-                .unwrap();
-            let got: Vec<f32> = out
-                .chunks_exact(4)
-                .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let mut want = Vec::new();
-            for o in origins.chunks_exact(4) {
-                want.extend(normalized(
-                    &region(&data, &shape, es, o, &crop),
-                    &crop,
-                    axis,
-                    &t,
-                ));
-            }
-            assert_eq!(got, want, "{backend}, channel axis {axis}");
-            // Every block finished exactly once, after all its elements were written.
-            let mut sums = t.sums.into_inner();
-            sums.sort_by_key(|s| s.0);
-            assert_eq!(sums.iter().map(|s| s.0).collect::<Vec<_>>(), vec![0, 1, 2]);
-            let per_block = want.len() / 3;
-            for (r, sum) in sums {
-                let expect: f64 = want[r * per_block..(r + 1) * per_block]
-                    .iter()
-                    .map(|&v| f64::from(v))
-                    .sum();
-                assert!(
-                    (sum - expect).abs() <= 1e-6 * expect.abs().max(1.0),
-                    "block {r}: {sum} vs {expect}"
-                );
-            }
+            check_normalised(&f, &a, axis, &[2, 3, 40, 50], &origins, backend);
+            // Read in two parts: the transform still numbers blocks among all the crops.
+            check_normalised(&f, &a, axis, &two_part_crop, &two_part_origins, backend);
         }
+    }
+}
+
+/// Reads crops of `crop` at `origins` through [`Normalize`] and checks them, and each block's
+/// sum, against the oracle.
+fn check_normalised(
+    f: &zcrop_fixtures::Fixture,
+    a: &zcrop_zarr::Array,
+    axis: usize,
+    crop: &[u64],
+    origins: &[u64],
+    backend: &str,
+) {
+    let (data, shape, es) = expected(f);
+    let n_ch = shape[axis] as usize;
+    let t = Normalize {
+        axis,
+        mean: (0..n_ch).map(|c| 100.0 * c as f32).collect(),
+        std: (0..n_ch).map(|c| 1.0 + c as f32).collect(),
+        sums: Mutex::new(Vec::new()),
+    };
+    let crops = origins.len() / 4;
+    let mut out = vec![0u8; crops * crop.iter().product::<u64>() as usize * 4];
+    let opts = ReadOptions {
+        transform: Some(&t),
+        cancel: None,
+    };
+    a.read_batch_into_with(origins, crop, &mut out, opts)
+        .unwrap();
+    let got: Vec<f32> = out
+        .chunks_exact(4)
+        .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let mut want = Vec::new();
+    for o in origins.chunks_exact(4) {
+        want.extend(normalized(
+            &region(&data, &shape, es, o, crop),
+            crop,
+            axis,
+            &t,
+        ));
+    }
+    assert_eq!(got, want, "{backend}, channel axis {axis}, {crops} crops");
+    // Every block finished exactly once, after all its elements were written.
+    let mut sums = t.sums.into_inner();
+    sums.sort_by_key(|s| s.0);
+    assert_eq!(
+        sums.iter().map(|s| s.0).collect::<Vec<_>>(),
+        (0..crops).collect::<Vec<_>>()
+    );
+    let per_block = want.len() / crops;
+    for (r, sum) in sums {
+        let expect: f64 = want[r * per_block..(r + 1) * per_block]
+            .iter()
+            .map(|&v| f64::from(v))
+            .sum();
+        assert!(
+            (sum - expect).abs() <= 1e-6 * expect.abs().max(1.0),
+            "{backend}, {crops} crops, block {r}: {sum} vs {expect}"
+        );
     }
 }
 
