@@ -142,24 +142,7 @@ struct StitchCtx<'p, 'o> {
     cancel: Option<&'p AtomicBool>,
 }
 
-impl<'p, 'o> StitchCtx<'p, 'o> {
-    fn new(plan: &'p Plan, out: &'p DisjointOut<'o>, options: ReadOptions<'p>) -> Self {
-        StitchCtx {
-            plan,
-            out,
-            transform: options.transform,
-            remaining: plan
-                .copies_per_request
-                .iter()
-                .map(|&n| AtomicU32::new(n))
-                .collect(),
-            failed: AtomicBool::new(false),
-            error: Mutex::new(None),
-            stats: Mutex::new(ReadStats::default()),
-            cancel: options.cancel,
-        }
-    }
-
+impl StitchCtx<'_, '_> {
     fn cancelled(&self) -> bool {
         self.cancel.is_some_and(|c| c.load(Ordering::Acquire))
     }
@@ -213,16 +196,11 @@ impl<'p, 'o> StitchCtx<'p, 'o> {
         if self.failed.load(Ordering::Acquire) {
             return;
         }
-        // The transform numbers blocks among all of the read's requests.
-        let id = self.plan.ids[request];
         if let Err(reason) = self
             .out
-            .with_block(self.plan, request, |block| t.finish_block(id, block))
+            .with_block(self.plan, request, |block| t.finish_block(request, block))
         {
-            self.fail(ZarrError::Transform {
-                request: id,
-                reason,
-            });
+            self.fail(ZarrError::Transform { request, reason });
         }
     }
 }
@@ -356,18 +334,6 @@ const DECODE_GROUP: usize = 4;
 /// their reads go out and their decoding starts while the read locates the rest (a batch of
 /// crops locates thousands of leaves, and the decode threads waited for all of them).
 const FIRST_LOCATED: usize = 256;
-
-/// Chunks the first part of a batch of crops needs, at least (see [`Array::first_part`]): its
-/// crops are planned, located and submitted alone, so decoding starts within ~0.1 ms instead
-/// of after the whole batch's plan (0.3 ms for 32 crops of 192 chunks), and they keep the
-/// decode threads busy while the rest is planned and its first chunks located.
-const FIRST_PART_LEAVES: usize = 256;
-
-/// Crops a batch needs for a first part (see [`Array::first_part`]).
-const FIRST_PART_MIN_REQUESTS: usize = 4;
-
-/// Leading crops tried for the first part: each is checked against every other crop.
-const FIRST_PART_CANDIDATES: usize = 8;
 
 /// Chunks of at most this many decoded bytes are decoded in groups (see [`SMALL_DECODE_GROUP`])
 /// with the next chunk's bytes prefetched (see `Array::decode_and_stitch_each`).
@@ -1007,136 +973,16 @@ impl Array {
                 "a transform with 0-byte output elements".into(),
             ));
         }
-        if let Some(first) = self.first_part(selections) {
-            return self.execute_in_two(selections, &first, out, out_elsize, options);
-        }
         let plan = Plan::with_output_element(&l.shape, &l.leaf, l.elsize, out_elsize, selections)
             .map_err(|e| self.plan_error(&e))?;
-        Self::check_out_len(out, &plan)?;
+        if out.len() != plan.out_len {
+            return Err(ZarrError::InvalidArgument(format!(
+                "output buffer has {} bytes, the read produces {}",
+                out.len(),
+                plan.out_len
+            )));
+        }
         self.execute(&plan, out, options)
-    }
-
-    fn check_out_len(out: &[u8], plan: &Plan) -> Result<()> {
-        if out.len() == plan.out_len {
-            return Ok(());
-        }
-        Err(ZarrError::InvalidArgument(format!(
-            "output buffer has {} bytes, the read produces {}",
-            out.len(),
-            plan.out_len
-        )))
-    }
-
-    /// The requests a large batch of crops from local files reads first, on their own (see
-    /// [`FIRST_PART_LEAVES`]): leading crops that share no chunk with any other crop, until
-    /// they need that many chunks. `None` (read it as one) for a batch of fewer than
-    /// [`FIRST_PART_MIN_REQUESTS`] crops or of fewer than twice [`FIRST_LOCATED`] chunks, for a
-    /// selection other than ranges inside the array, where every candidate shares a chunk, and
-    /// from an object store (there the rest would wait for the first part's round trips).
-    fn first_part(&self, selections: &[Vec<DimSelection>]) -> Option<Vec<usize>> {
-        let core = &*self.core;
-        let layout = &core.layout;
-        if !matches!(core.reader, Reader::Local(_)) || selections.len() < FIRST_PART_MIN_REQUESTS {
-            return None;
-        }
-        // Each crop's box in the leaf-chunk grid, and its number of chunks.
-        let mut boxes: Vec<(Vec<(u64, u64)>, u64)> = Vec::with_capacity(selections.len());
-        let mut leaves_in_all = 0u64;
-        for sel in selections {
-            if sel.len() != layout.shape.len() {
-                return None;
-            }
-            let mut b = Vec::with_capacity(sel.len());
-            let mut leaves = 1u64;
-            for ((s, &extent), &chunk) in sel.iter().zip(&layout.shape).zip(&layout.leaf) {
-                let &DimSelection::Range { start, len } = s else {
-                    return None;
-                };
-                let end = start.checked_add(len).filter(|&e| len > 0 && e <= extent)?;
-                let (lo, hi) = (start / chunk, (end - 1) / chunk);
-                leaves = leaves.saturating_mul(hi - lo + 1);
-                b.push((lo, hi));
-            }
-            leaves_in_all = leaves_in_all.saturating_add(leaves);
-            boxes.push((b, leaves));
-        }
-        if leaves_in_all < 2 * FIRST_LOCATED as u64 {
-            return None;
-        }
-        let shares = |i: usize| {
-            boxes.iter().enumerate().any(|(j, (other, _))| {
-                j != i
-                    && boxes[i]
-                        .0
-                        .iter()
-                        .zip(other)
-                        .all(|(&(lo, hi), &(olo, ohi))| lo <= ohi && olo <= hi)
-            })
-        };
-        let mut first = Vec::new();
-        let mut leaves = 0u64;
-        // Not the last crop: the rest would be empty.
-        let candidates = FIRST_PART_CANDIDATES.min(selections.len() - 1);
-        for (i, (_, n)) in boxes.iter().enumerate().take(candidates) {
-            if !shares(i) {
-                first.push(i);
-                leaves += n;
-                if leaves >= FIRST_PART_LEAVES as u64 {
-                    break;
-                }
-            }
-        }
-        (!first.is_empty()).then_some(first)
-    }
-
-    /// Reads `selections` in two parts: the requests `first` (see [`Array::first_part`]),
-    /// planned, located and submitted on their own, then the others, planned while the first
-    /// part decodes. No chunk is in both, so each is still read and decoded once.
-    fn execute_in_two(
-        &self,
-        selections: &[Vec<DimSelection>],
-        first: &[usize],
-        out: &mut [u8],
-        out_elsize: usize,
-        options: ReadOptions<'_>,
-    ) -> Result<ReadStats> {
-        let l = &self.core.layout;
-        let plan_part = |ids: &[usize]| {
-            Plan::for_requests(&l.shape, &l.leaf, l.elsize, out_elsize, selections, ids)
-                .map_err(|e| self.plan_error(&e))
-        };
-        let plan = plan_part(first)?;
-        Self::check_out_len(out, &plan)?;
-        if options.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
-            return Err(ZarrError::Cancelled);
-        }
-        let rest: Vec<usize> = (0..selections.len())
-            .filter(|i| !first.contains(i))
-            .collect();
-        // The two plans write disjoint blocks of `out` (`Plan::for_requests`).
-        let out_buf = DisjointOut::new(out, &plan);
-        let ctx = StitchCtx::new(&plan, &out_buf, options);
-        let throttle = Throttle::for_current_pool();
-        let mut stats = ReadStats::default();
-        let (located, rest_read) = rayon::in_place_scope(|scope| {
-            let located = self.fetch(scope, &ctx, &throttle, &mut stats);
-            if located.is_err() || ctx.failed.load(Ordering::Acquire) {
-                return (located, None);
-            }
-            let rest_read = plan_part(&rest).and_then(|plan| {
-                let ctx = StitchCtx::new(&plan, &out_buf, options);
-                let mut stats = ReadStats::default();
-                let located =
-                    rayon::in_place_scope(|scope| self.fetch(scope, &ctx, &throttle, &mut stats));
-                self.finish(&ctx, located, stats)
-            });
-            (located, Some(rest_read))
-        });
-        let mut stats = self.finish(&ctx, located, stats)?;
-        if let Some(rest_read) = rest_read {
-            stats += rest_read?;
-        }
-        Ok(stats)
     }
 
     /// Bytes [`Array::read_selections_into`] writes for `selections` with output elements of
@@ -1197,70 +1043,40 @@ impl Array {
 
     /// Runs a plan: locate, fetch, decode and stitch.
     fn execute(&self, plan: &Plan, out: &mut [u8], options: ReadOptions<'_>) -> Result<ReadStats> {
+        let mut stats = ReadStats {
+            chunks: plan.num_leaves() as u64,
+            output_bytes: plan.out_len as u64,
+            ..ReadStats::default()
+        };
         if options.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
             return Err(ZarrError::Cancelled);
         }
         let out_buf = DisjointOut::new(out, plan);
-        let ctx = StitchCtx::new(plan, &out_buf, options);
-        let throttle = Throttle::for_current_pool();
-        let mut stats = ReadStats::default();
-        let located = rayon::in_place_scope(|scope| self.fetch(scope, &ctx, &throttle, &mut stats));
-        self.finish(&ctx, located, stats)
-    }
-
-    /// The statistics of a finished read of `ctx.plan`, or its first failure (a faulty chunk
-    /// named through `located`, the storage chunks it read).
-    fn finish(
-        &self,
-        ctx: &StitchCtx<'_, '_>,
-        located: Result<Storages>,
-        mut stats: ReadStats,
-    ) -> Result<ReadStats> {
-        let storages = located?;
-        match ctx.error.lock().take() {
-            None => {}
-            Some(Failure::Error(e)) => return Err(e),
-            Some(Failure::Chunk {
-                storage,
-                range,
-                fault,
-            }) => {
-                let Storage { key, path } = &storages.list[storage];
-                let at = self.location(key, Some(range));
-                return Err(match fault {
-                    ChunkFault::Lost => ZarrError::Io {
-                        at,
-                        source: Box::new(IoError::FileChanged {
-                            path: Arc::clone(path),
-                            range,
-                        }),
-                    },
-                    ChunkFault::Codec(reason) => ZarrError::Codec { at, reason },
-                });
-            }
+        let ctx = StitchCtx {
+            plan,
+            out: &out_buf,
+            transform: options.transform,
+            remaining: plan
+                .copies_per_request
+                .iter()
+                .map(|&n| AtomicU32::new(n))
+                .collect(),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+            stats: Mutex::new(ReadStats::default()),
+            cancel: options.cancel,
+        };
+        if plan.num_leaves() > 0 {
+            self.fetch_and_stitch(&ctx, &mut stats)?;
         }
-        stats.chunks += ctx.plan.num_leaves() as u64;
-        stats.output_bytes += ctx.plan.written as u64;
-        stats += std::mem::take(&mut *ctx.stats.lock());
+        stats += ctx.stats.into_inner();
         Ok(stats)
     }
 
-    /// Locates, fetches, decodes and stitches the leaves of `ctx.plan`: decode tasks go to
-    /// `scope`. Returns the storage chunks read (by the time the scope ends, failures are in
-    /// `ctx`; see [`Array::finish`]).
-    fn fetch<'s>(
-        &'s self,
-        scope: &rayon::Scope<'s>,
-        ctx: &'s StitchCtx<'_, '_>,
-        throttle: &'s Throttle,
-        stats: &mut ReadStats,
-    ) -> Result<Storages> {
+    fn fetch_and_stitch(&self, ctx: &StitchCtx<'_, '_>, stats: &mut ReadStats) -> Result<()> {
         let core = &*self.core;
         let plan = ctx.plan;
         let n = plan.num_leaves();
-        if n == 0 {
-            return Ok(Storages::default());
-        }
         let mut known: Vec<Option<Source>> = vec![None; n];
         if let Some(cache) = &core.chunk_cache {
             for (i, leaf) in plan.leaves.iter().enumerate() {
@@ -1282,6 +1098,8 @@ impl Array {
         let first_sources = self.locate(plan, 0..first, known, &mut storages, stats)?;
 
         let sharded = !core.layout.levels.is_empty();
+        let throttle = Throttle::for_current_pool();
+        let throttle = &throttle;
         // zstd chunks decode their needed parts faster several at a time (their literal
         // streams interleave): completions go to tasks in groups.
         // Small chunks go to tasks in groups too, decoded one after the other, each with
@@ -1302,7 +1120,7 @@ impl Array {
         } else {
             1
         };
-        {
+        rayon::in_place_scope(|scope| {
             let spawn_group = |group: Vec<Fetched>| {
                 let slot = throttle.acquire();
                 scope.spawn(move |_| {
@@ -1414,8 +1232,29 @@ impl Array {
             if !group.is_empty() {
                 spawn_group(group);
             }
+        });
+        match ctx.error.lock().take() {
+            None => Ok(()),
+            Some(Failure::Error(e)) => Err(e),
+            Some(Failure::Chunk {
+                storage,
+                range,
+                fault,
+            }) => {
+                let Storage { key, path } = &storages.list[storage];
+                let at = self.location(key, Some(range));
+                Err(match fault {
+                    ChunkFault::Lost => ZarrError::Io {
+                        at,
+                        source: Box::new(IoError::FileChanged {
+                            path: Arc::clone(path),
+                            range,
+                        }),
+                    },
+                    ChunkFault::Codec(reason) => ZarrError::Codec { at, reason },
+                })
+            }
         }
-        Ok(storages)
     }
 
     fn chunk_read_error(&self, key: &str, e: IoError, sharded: bool) -> ZarrError {

@@ -108,12 +108,8 @@ pub struct Plan {
     pub(crate) leaves: Vec<Leaf>,
     /// Copy records, `1 + ndim` numbers each: the request, then the piece index per dimension.
     copies: Vec<u32>,
-    /// Total output bytes: of all the requests' blocks, also where the plan has only some.
+    /// Total output bytes.
     pub(crate) out_len: usize,
-    /// Bytes of the blocks of the plan's requests.
-    pub(crate) written: usize,
-    /// Each request's index among all the requests (see [`Plan::for_requests`]).
-    pub(crate) ids: Vec<usize>,
     /// Number of copies that write each request's block.
     pub(crate) copies_per_request: Vec<u32>,
 }
@@ -284,24 +280,8 @@ impl Plan {
         out_elsize: usize,
         requests: &[Vec<DimSelection>],
     ) -> Result<Plan, PlanError> {
-        let all: Vec<usize> = (0..requests.len()).collect();
-        Self::for_requests(shape, leaf_shape, elsize, out_elsize, requests, &all)
-    }
-
-    /// Like [`Plan::with_output_element`], but plans only the requests `ids` (in that order,
-    /// each at most once), each block where it lies among the blocks of all `requests`: plans
-    /// of disjoint `ids` write disjoint bytes of one output buffer of [`Plan::output_len`].
-    pub(crate) fn for_requests(
-        shape: &[u64],
-        leaf_shape: &[u64],
-        elsize: usize,
-        out_elsize: usize,
-        requests: &[Vec<DimSelection>],
-        ids: &[usize],
-    ) -> Result<Plan, PlanError> {
         let ndim = shape.len();
-        // Where each request's block lies.
-        let mut offsets = Vec::with_capacity(requests.len());
+        let mut planned = Vec::with_capacity(requests.len());
         let mut out_len: usize = 0;
         for sel in requests {
             if sel.len() != ndim {
@@ -311,33 +291,26 @@ impl Plan {
                 });
             }
             // Size first: an absurd selection fails before any work proportional to it.
-            let block_bytes = sel
+            let block_shape: Vec<u64> = sel.iter().map(DimSelection::len).collect();
+            let block_bytes = block_shape
                 .iter()
-                .try_fold(out_elsize as u64, |acc, s| acc.checked_mul(s.len()))
+                .try_fold(out_elsize as u64, |acc, &n| acc.checked_mul(n))
                 .and_then(|b| usize::try_from(b).ok())
                 .ok_or(PlanError::TooLarge)?;
-            offsets.push(out_len);
-            out_len = out_len
-                .checked_add(block_bytes)
-                .ok_or(PlanError::TooLarge)?;
-        }
-        let mut planned = Vec::with_capacity(ids.len());
-        let mut written = 0;
-        for &id in ids {
-            let sel = &requests[id];
-            let block_shape: Vec<u64> = sel.iter().map(DimSelection::len).collect();
             let dims = sel
                 .iter()
                 .enumerate()
                 .map(|(d, s)| split_dim(s, leaf_shape[d], shape[d], d))
                 .collect::<Result<Vec<_>, _>>()?;
-            written += block_shape.iter().product::<u64>() as usize * out_elsize;
             planned.push(Request {
-                out_offset: offsets[id],
+                out_offset: out_len,
                 strides: c_strides(&block_shape),
                 shape: block_shape,
                 dims,
             });
+            out_len = out_len
+                .checked_add(block_bytes)
+                .ok_or(PlanError::TooLarge)?;
         }
 
         // Group the (request, chunk) intersections by leaf chunk.
@@ -462,8 +435,6 @@ impl Plan {
             leaves,
             copies,
             out_len,
-            written,
-            ids: ids.to_vec(),
             copies_per_request,
         })
     }
@@ -667,68 +638,44 @@ mod tests {
 
     /// Every output element of every request is written by exactly one copy, and it comes from
     /// the right array element: the disjointness the stitcher relies on, checked by brute force.
-    /// The requests are planned whole, and in two plans (`in_first` says which request goes to
-    /// which) writing one output.
-    fn check_exact_cover(
-        shape: &[u64],
-        leaf: &[u64],
-        requests: &[Vec<DimSelection>],
-        in_first: &[bool],
-    ) {
-        let whole = Plan::new(shape, leaf, 1, requests).unwrap();
-        check_exact_cover_of(leaf, requests, &[whole]);
-        let (first, rest): (Vec<usize>, Vec<usize>) =
-            (0..requests.len()).partition(|&i| in_first[i % in_first.len()]);
-        let parts = [first, rest].map(|ids| {
-            let plan = Plan::for_requests(shape, leaf, 1, 1, requests, &ids).unwrap();
-            assert_eq!(plan.ids, ids);
-            plan
-        });
-        check_exact_cover_of(leaf, requests, &parts);
-    }
-
-    /// [`check_exact_cover`] of `plans` writing one output.
-    fn check_exact_cover_of(leaf: &[u64], requests: &[Vec<DimSelection>], plans: &[Plan]) {
-        let out_len = plans[0].out_len;
-        let mut written: Vec<Option<Vec<u64>>> = vec![None; out_len];
-        for plan in plans {
-            assert_eq!(plan.out_len, out_len);
-            for l in &plan.leaves {
-                for c in plan.copies(l) {
-                    let req = c.request;
-                    let out_strides = c_strides(&req.shape);
-                    // Enumerate the copy's elements.
-                    let lists: Vec<Vec<(u64, u64)>> = (0..plan.ndim)
-                        .map(|d| match c.piece(d) {
-                            Piece::Run { src, dst, len } => {
-                                (0..*len).map(|i| (src + i, dst + i)).collect()
-                            }
-                            Piece::Gather(p) => p.clone(),
-                        })
-                        .collect();
-                    let mut idx = vec![0usize; plan.ndim];
-                    'e: loop {
-                        let mut out = req.out_offset as u64;
-                        let mut arr = Vec::new();
-                        for d in 0..plan.ndim {
-                            let (s, o) = lists[d][idx[d]];
-                            out += o * out_strides[d];
-                            arr.push(l.coords[d] * leaf[d] + s);
+    fn check_exact_cover(shape: &[u64], leaf: &[u64], requests: &[Vec<DimSelection>]) {
+        let plan = Plan::new(shape, leaf, 1, requests).unwrap();
+        let mut written: Vec<Option<Vec<u64>>> = vec![None; plan.out_len];
+        for l in &plan.leaves {
+            for c in plan.copies(l) {
+                let req = c.request;
+                let out_strides = c_strides(&req.shape);
+                // Enumerate the copy's elements.
+                let lists: Vec<Vec<(u64, u64)>> = (0..plan.ndim)
+                    .map(|d| match c.piece(d) {
+                        Piece::Run { src, dst, len } => {
+                            (0..*len).map(|i| (src + i, dst + i)).collect()
                         }
-                        assert!(written[out as usize].is_none(), "byte {out} written twice");
-                        written[out as usize] = Some(arr);
-                        let mut d = plan.ndim;
-                        loop {
-                            if d == 0 {
-                                break 'e;
-                            }
-                            d -= 1;
-                            idx[d] += 1;
-                            if idx[d] < lists[d].len() {
-                                break;
-                            }
-                            idx[d] = 0;
+                        Piece::Gather(p) => p.clone(),
+                    })
+                    .collect();
+                let mut idx = vec![0usize; plan.ndim];
+                'e: loop {
+                    let mut out = req.out_offset as u64;
+                    let mut arr = Vec::new();
+                    for d in 0..plan.ndim {
+                        let (s, o) = lists[d][idx[d]];
+                        out += o * out_strides[d];
+                        arr.push(l.coords[d] * leaf[d] + s);
+                    }
+                    assert!(written[out as usize].is_none(), "byte {out} written twice");
+                    written[out as usize] = Some(arr);
+                    let mut d = plan.ndim;
+                    loop {
+                        if d == 0 {
+                            break 'e;
                         }
+                        d -= 1;
+                        idx[d] += 1;
+                        if idx[d] < lists[d].len() {
+                            break;
+                        }
+                        idx[d] = 0;
                     }
                 }
             }
@@ -760,7 +707,7 @@ mod tests {
             }
             pos += n;
         }
-        assert_eq!(pos, out_len);
+        assert_eq!(pos, plan.out_len);
     }
 
     fn arb_selection(extent: u64) -> impl Strategy<Value = DimSelection> {
@@ -781,10 +728,9 @@ mod tests {
                     let sel = shape.iter().map(|&s| arb_selection(s)).collect::<Vec<_>>();
                     (Just(shape), leaf, proptest::collection::vec(sel, 1..4))
                 })
-            }),
-            in_first in proptest::collection::vec(any::<bool>(), 1..5),
+            })
         ) {
-            check_exact_cover(&shape, &leaf, &requests, &in_first);
+            check_exact_cover(&shape, &leaf, &requests);
         }
     }
 }

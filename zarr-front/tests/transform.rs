@@ -54,14 +54,14 @@ fn normalized(raw: &[u8], crop: &[u64], axis: usize, t: &Normalize) -> Vec<f32> 
 #[test]
 fn per_channel_normalisation_matches_the_oracle() {
     let f = zcrop_fixtures::get("v3_workload_4d_u2");
-    let (two_part_crop, two_part_origins) = common::two_part_batch();
+    let (large_crop, large_origins) = common::large_batch();
     for (backend, engine) in engines() {
         let a = open(&f, &engine);
         for axis in [1usize, 3] {
             let origins = [0u64, 0, 10, 20, 3, 0, 30, 39, 4, 0, 0, 0];
             check_normalised(&f, &a, axis, &[2, 3, 40, 50], &origins, backend);
-            // Read in two parts: the transform still numbers blocks among all the crops.
-            check_normalised(&f, &a, axis, &two_part_crop, &two_part_origins, backend);
+            // Located and submitted in two steps (see `common::large_batch`).
+            check_normalised(&f, &a, axis, &large_crop, &large_origins, backend);
         }
     }
 }

@@ -101,18 +101,15 @@ pub fn assert_same(got: &[u8], want: &[u8], es: usize, what: &str) {
     }
 }
 
-/// A batch of 16 crops of `(1, 3, 60, 80)` over `v3_workload_4d_u2` (shape `[6, 3, 70, 90]`,
-/// inner chunks `[1, 1, 16, 16]`), 60 to 90 chunks each: large enough that a local read plans,
-/// locates and submits its first crops alone. Crops 0 to 2 (t = 0, 1, 2) share no chunk with
-/// any other crop; the other 13 (t = 3, 4, 5) overlap one another.
-pub fn two_part_batch() -> ([u64; 4], Vec<u64>) {
+/// A batch of 10 crops of `(1, 3, 60, 80)` over `v3_workload_4d_u2` (shape `[6, 3, 70, 90]`,
+/// inner chunks `[1, 1, 16, 16]`) that needs all 540 of its chunks: more than twice the 256 a
+/// large local read locates and submits first, on their own. The first six cover one time
+/// step each; the other four overlap them.
+pub fn large_batch() -> ([u64; 4], Vec<u64>) {
     let mut origins = Vec::new();
-    for i in 0..16u64 {
-        if i < 3 {
-            origins.extend([i, 0, 3 + i, 5 + i]);
-        } else {
-            origins.extend([3 + i % 3, 0, (i * 3) % 11, (i * 7) % 11]);
-        }
+    for t in 0..6u64 {
+        origins.extend([t, 0, 5 + t % 2, 7 + t % 3]);
     }
+    origins.extend([2, 0, 0, 0, 4, 0, 10, 10, 0, 0, 3, 1, 5, 0, 8, 2]);
     ([1, 3, 60, 80], origins)
 }
