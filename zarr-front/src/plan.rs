@@ -353,22 +353,29 @@ impl Plan {
         let mut packed: Vec<u64> = Vec::with_capacity(if narrow { pieces } else { 0 });
         let mut keys: Vec<(u128, u32)> = Vec::with_capacity(if narrow { 0 } else { pieces });
         let mut idx = vec![0usize; ndim];
+        // The next record's number.
+        let mut k = 0u32;
         for (r, req) in planned.iter().enumerate() {
             if req.dims.iter().any(Vec::is_empty) {
                 continue; // selects nothing
             }
             idx.fill(0);
             'odometer: loop {
-                let mut linear = 0u128;
-                for d in 0..ndim {
-                    linear = linear * u128::from(grid[d]) + u128::from(req.dims[d][idx[d]].0);
-                }
-                let k = u32::try_from(recs.len() / rec_len).map_err(|_| PlanError::TooLarge)?;
                 if narrow {
-                    packed.push(((linear as u64) << 32) | u64::from(k));
+                    // Every linear index fits in 32 bits: no 128-bit arithmetic.
+                    let mut linear = 0u64;
+                    for d in 0..ndim {
+                        linear = linear * grid[d] + req.dims[d][idx[d]].0;
+                    }
+                    packed.push((linear << 32) | u64::from(k));
                 } else {
+                    let mut linear = 0u128;
+                    for d in 0..ndim {
+                        linear = linear * u128::from(grid[d]) + u128::from(req.dims[d][idx[d]].0);
+                    }
                     keys.push((linear, k));
                 }
+                k = k.checked_add(1).ok_or(PlanError::TooLarge)?;
                 recs.push(r as u32);
                 recs.extend(idx.iter().map(|&i| i as u32));
                 // Next combination of pieces (a 0-d request has exactly one).
@@ -400,9 +407,18 @@ impl Plan {
         let close = |copies: &mut Vec<u32>, start: usize, leaves: &mut Vec<Leaf>| {
             let first = &copies[start..start + rec_len];
             let req = &planned[first[0] as usize];
-            let coords = (0..ndim)
-                .map(|d| req.dims[d][first[1 + d] as usize].0)
-                .collect();
+            let coord = |d: usize| req.dims[d][first[1 + d] as usize].0;
+            // Filled in place up to 4 dimensions (collecting into the small vector was a
+            // fifth of planning's time).
+            let coords = if ndim <= 4 {
+                let mut buf = [0u64; 4];
+                for (d, c) in buf.iter_mut().enumerate().take(ndim) {
+                    *c = coord(d);
+                }
+                smallvec::SmallVec::from_buf_and_len(buf, ndim)
+            } else {
+                (0..ndim).map(coord).collect()
+            };
             let needed = needed_range(&planned, &copies[start..], ndim, &strides, elsize);
             leaves.push(Leaf {
                 coords,
