@@ -543,6 +543,8 @@ impl IoEngine {
             rx,
             sink,
             ready: VecDeque::new(),
+            inline: VecDeque::new(),
+            inline_taken: 0,
             remaining: total,
             unsent: unsent.into_iter(),
             sent: 0,
@@ -777,6 +779,10 @@ fn default_rings(cores: usize, consumers_help: bool) -> usize {
 /// next result arrives and ends after the last one. Dropping it early is fine: reads still in
 /// flight finish and their results are discarded.
 ///
+/// With [`IoEngine::submit_mapped`], a read whose bytes a mapping of its file serves without a
+/// system call (its window of the file recently found in memory) is served by the iterating
+/// thread as it plans the batch, with no plan, queue or hand-off.
+///
 /// While it waits, the iterating thread helps: it takes planned reads off the engine's queue and
 /// tries them with a non-blocking page-cache read (`preadv2(RWF_NOWAIT)`). Cached data is then
 /// read by the thread that wants it, without a hand-off; a read that misses the cache goes back
@@ -789,6 +795,11 @@ pub struct Batch {
     rx: Receiver<Delivery>,
     sink: Arc<Sink>,
     ready: VecDeque<Completion>,
+    /// Results this thread served from mappings as it planned (see [`Batch::feed`]): they
+    /// took no read of the workers, so they do not count against `read_ahead`.
+    inline: VecDeque<Completion>,
+    /// Of those, returned so far.
+    inline_taken: usize,
     remaining: usize,
     /// Requests not yet planned.
     unsent: std::vec::IntoIter<ReadRequest>,
@@ -836,14 +847,17 @@ impl Batch {
     }
 
     /// Hands planned runs to the workers while fewer than `read_ahead` requests are out, and
-    /// plans the next group of requests when the runs planned so far are all out.
+    /// plans the next group of requests when the runs planned so far are all out. Requests
+    /// whose bytes a mapping serves without a system call are served here as the group is
+    /// planned (as a helping consumer would serve them once planned and queued, with no plan,
+    /// queue or hand-off), while fewer than `read_ahead` of those wait to be returned.
     fn feed(&mut self, iterating: bool) {
-        let returned = self.returned();
+        let returned_by_workers = self.returned() - self.inline_taken;
         let inner = Arc::clone(&self.engine.inner);
         let mut handed_out = false;
-        while self.queued - returned < self.read_ahead {
+        while self.queued - returned_by_workers < self.read_ahead {
             let Some((run, requests)) = self.planned.pop_front() else {
-                if self.unsent.len() == 0 {
+                if self.unsent.len() == 0 || self.inline.len() >= self.read_ahead {
                     break;
                 }
                 let take = if self.sent == 0 && self.unsent.len() > WHOLE_PLAN_UP_TO {
@@ -851,8 +865,21 @@ impl Batch {
                 } else {
                     PLAN_GROUP
                 };
-                let group: Vec<ReadRequest> = self.unsent.by_ref().take(take).collect();
+                let mut group: Vec<ReadRequest> = self.unsent.by_ref().take(take).collect();
                 self.sent += group.len();
+                if self.sink.map && self.helping {
+                    let ctx = &inner.ctx;
+                    group.retain(|r| match self.local.try_mapped(r, ctx) {
+                        Some(bytes) => {
+                            self.inline.push_back(Completion {
+                                id: r.id,
+                                result: Ok(bytes),
+                            });
+                            false
+                        }
+                        None => true,
+                    });
+                }
                 self.planned
                     .extend(plan(group, inner.coalesce, &self.sink, inner.run_len));
                 continue;
@@ -876,7 +903,7 @@ impl Batch {
             if iterating
                 && self.helping
                 && self.misses_in_a_row == 0
-                && returned >= self.help_resume_at
+                && self.returned() >= self.help_resume_at
             {
                 self.unwoken = true;
             } else {
@@ -914,8 +941,19 @@ impl Batch {
             if !self.planned.is_empty() || self.unsent.len() > 0 {
                 self.feed(true);
             }
+            // Workers' results first: they hold budget until taken.
             if let Some(c) = self.ready.pop_front() {
                 self.remaining -= 1;
+                return Some(c);
+            }
+            if let Some(c) = self.inline.pop_front() {
+                self.remaining -= 1;
+                self.inline_taken += 1;
+                if self.inline.is_empty() {
+                    // Their counts reach the metrics by the time the last one is returned.
+                    let ctx = Arc::clone(&self.engine.inner.ctx);
+                    self.local.flush(&ctx);
+                }
                 return Some(c);
             }
             if self.remaining == 0 {
@@ -1055,7 +1093,7 @@ impl Iterator for Batch {
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.ready.len(), Some(self.remaining))
+        (self.ready.len() + self.inline.len(), Some(self.remaining))
     }
 }
 

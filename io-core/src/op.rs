@@ -16,7 +16,7 @@ use crate::engine::MapFiles;
 use crate::error::IoError;
 use crate::fdcache::{FdCache, Mapping, OpenFile};
 use crate::metrics::{Counters, Metrics};
-use crate::request::{Completion, ReadRange, RequestId};
+use crate::request::{Completion, ReadRange, ReadRequest, RequestId};
 use crate::sys::{self, ReadBuf};
 
 /// Everything a backend worker shares with the engine.
@@ -401,6 +401,27 @@ impl Local {
         }
     }
 
+    /// Serves `request` from a mapping of its file right here, where [`resolve`] would serve
+    /// it mapped and no system call is needed to know it (its file maps, its range is inside,
+    /// and, by the policy, recently found in memory): its bytes, or `None` to plan and read it
+    /// as usual (which also reports any error).
+    pub(crate) fn try_mapped(&mut self, request: &ReadRequest, ctx: &Ctx) -> Option<Bytes> {
+        let file = self.file(&request.path, ctx).ok()?;
+        let map = file.mapped(&request.path, ctx.map_files)?;
+        let (start, end) = mapped_range(
+            request.range,
+            &file.file,
+            map,
+            ctx.map_files,
+            None,
+            &mut self.map_clock,
+        )?;
+        self.counters.physical_reads += 1;
+        self.counters.mapped_reads += 1;
+        self.counters.bytes_read += (end - start) as u64;
+        Some(map.bytes.slice(start..end))
+    }
+
     /// Results buffered and not yet sent.
     pub(crate) fn pending(&self) -> usize {
         self.pending_count
@@ -634,14 +655,13 @@ pub(crate) enum Resolution {
 /// says to serve it from the mapping: bounded ranges inside an intact mapping, and for
 /// [`MapFiles::WhenCached`] only ranges whose pages are all in memory (the file's size was
 /// checked when it was mapped) or lie in windows recently found so ([`ResidentMemo`]), asked
-/// only as often as `probe` and `retry` say.
+/// only as often as `probe` and `retry` say; without them (`ask` is `None`), only the latter.
 fn mapped_range(
     range: ReadRange,
     file: &std::fs::File,
     map: &Mapping,
     policy: MapFiles,
-    probe: &mut CacheProbe,
-    retry: &mut WindowRetry,
+    ask: Option<(&mut CacheProbe, &mut WindowRetry)>,
     clock: &mut CoarseClock,
 ) -> Option<(usize, usize)> {
     let whole = &map.bytes;
@@ -661,6 +681,7 @@ fn mapped_range(
             if map.resident.fresh(start, end, now) {
                 return Some((start, end));
             }
+            let (probe, retry) = ask?;
             if !probe.should_ask() {
                 return None;
             }
@@ -710,8 +731,7 @@ pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> R
             &file.file,
             map,
             ctx.map_files,
-            &mut local.map_probe,
-            &mut local.map_window,
+            Some((&mut local.map_probe, &mut local.map_window)),
             &mut local.map_clock,
         )
     {
@@ -1062,14 +1082,31 @@ mod tests {
                 &file,
                 &map,
                 MapFiles::WhenCached,
-                &mut local.0,
-                &mut local.1,
+                Some((&mut local.0, &mut local.1)),
                 &mut CoarseClock::default(),
             )
         };
+        // Without asking (as a consumer serves reads while it plans them): only windows
+        // already found all in memory.
+        let unasked = |start: usize, end: usize| {
+            let r = range(start, end);
+            let clock = &mut CoarseClock::default();
+            mapped_range(r, &file, &map, MapFiles::WhenCached, None, clock)
+        };
+        assert_eq!(
+            unasked(1000, 20_000),
+            None,
+            "resident, but never asked about"
+        );
         let (mut a, mut b) = Default::default();
         let before = ResidentMemo::now();
         assert_eq!(serve(1000, 20_000, &mut a), Some((1000, 20_000)));
+        assert_eq!(
+            unasked(30_000, 40_000),
+            Some((30_000, 40_000)),
+            "its window was found"
+        );
+        assert_eq!(unasked(W + 1, W + 2), None, "another window");
         let first = stamps(&map)[0];
         assert!(first >= before);
         assert_eq!(
@@ -1145,8 +1182,7 @@ mod tests {
                     &file,
                     &map,
                     MapFiles::WhenCached,
-                    &mut probe,
-                    &mut retry,
+                    Some((&mut probe, &mut retry)),
                     &mut clock,
                 );
                 if let Some(r) = got {
