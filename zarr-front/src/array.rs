@@ -1192,7 +1192,8 @@ impl Array {
                         break;
                     }
                     let i = done.id as usize;
-                    let Some(&Source::Read { storage, range }) = sources.get(i - base) else {
+                    let source = i.checked_sub(base).and_then(|j| sources.get(j));
+                    let Some(&Source::Read { storage, range }) = source else {
                         continue;
                     };
                     match done.result {
