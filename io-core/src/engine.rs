@@ -545,6 +545,7 @@ impl IoEngine {
             ready: VecDeque::new(),
             inline: VecDeque::new(),
             inline_taken: 0,
+            inline_misses: 0,
             remaining: total,
             unsent: unsent.into_iter(),
             sent: 0,
@@ -800,6 +801,8 @@ pub struct Batch {
     inline: VecDeque<Completion>,
     /// Of those, returned so far.
     inline_taken: usize,
+    /// Requests in a row not served so (see [`INLINE_MISSES`]).
+    inline_misses: u32,
     remaining: usize,
     /// Requests not yet planned.
     unsent: std::vec::IntoIter<ReadRequest>,
@@ -821,6 +824,11 @@ pub struct Batch {
     unwoken: bool,
     engine: IoEngine,
 }
+
+/// Requests in a row a batch failed to serve from mappings as it planned them (files not
+/// mapped, such as small ones, or data not recently found in memory) after which it stops
+/// trying: each try opens the file on the consumer's thread if it is not open yet.
+const INLINE_MISSES: u32 = 64;
 
 /// Misses in a row after which a batch pauses helping (its data is not cached).
 const HELP_MISSES: u32 = 8;
@@ -869,15 +877,20 @@ impl Batch {
                 self.sent += group.len();
                 if self.sink.map && self.helping {
                     let ctx = &inner.ctx;
-                    group.retain(|r| match self.local.try_mapped(r, ctx) {
-                        Some(bytes) => {
-                            self.inline.push_back(Completion {
-                                id: r.id,
-                                result: Ok(bytes),
-                            });
-                            false
+                    group.retain(|r| {
+                        if self.inline_misses >= INLINE_MISSES {
+                            return true;
                         }
-                        None => true,
+                        let Some(bytes) = self.local.try_mapped(r, ctx) else {
+                            self.inline_misses += 1;
+                            return true;
+                        };
+                        self.inline_misses = 0;
+                        self.inline.push_back(Completion {
+                            id: r.id,
+                            result: Ok(bytes),
+                        });
+                        false
                     });
                 }
                 self.planned

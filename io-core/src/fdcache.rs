@@ -62,6 +62,20 @@ impl OpenFile {
             .as_ref()
     }
 
+    /// [`OpenFile::mapped`] where that takes no system call: the mapping if the file was
+    /// already mapped (or found not to be mapped), or is a thread's copy of a file that was;
+    /// else `None`.
+    pub(crate) fn mapped_if_known(&self, path: &Path, policy: MapFiles) -> Option<&Mapping> {
+        match self.mapped.get() {
+            Some(known) => known.as_ref(),
+            None => {
+                let origin = self.origin.as_ref()?;
+                origin.mapped.get()?.as_ref()?;
+                self.mapped(path, policy)
+            }
+        }
+    }
+
     /// A second open file description of the same file, for one thread to read through
     /// alone. Threads of one process that read one descriptor all update the kernel's
     /// reference count of its open file on every read (a single-threaded process skips that),
@@ -131,6 +145,14 @@ impl FdCache {
             capacity: capacity.max(1),
             inner: Mutex::new(Inner::default()),
         }
+    }
+
+    /// Whether `path` is open in the cache.
+    pub(crate) fn is_open(&self, path: &Arc<Path>, direct: bool) -> bool {
+        self.inner
+            .lock()
+            .map
+            .contains_key(&(Arc::clone(path), direct))
     }
 
     /// The open file for `path`, opening it (outside the lock) on a miss.

@@ -2,10 +2,10 @@
 //!
 //! A read is planned whole (`crate::plan`), its leaf chunks are located (through the shard
 //! indexes, level by level, cached), all their byte ranges go to `zcrop-io` in one submission
-//! (two for a large read from local files: its first [`FIRST_LOCATED`] leaves are located and
-//! submitted alone, the rest located while those decode), and each chunk is decoded on the
-//! rayon pool as soon as its bytes arrive, then copied into
-//! every output block that needs it while it is still in cache. Results are taken from
+//! (two for a large read of a sharded array from local files: its first [`FIRST_LOCATED`]
+//! leaves are located and submitted alone, the rest located while those decode), and each
+//! chunk is decoded on the rayon pool as soon as its bytes arrive, then copied into every
+//! output block that needs it while it is still in cache. Results are taken from
 //! `zcrop-io` only while few decode tasks wait (`crate::throttle`), so reading stays just
 //! ahead of decoding.
 
@@ -330,9 +330,12 @@ type ChunkCache = LruCache<Vec<u64>, Arc<[u8]>>;
 /// least this many at a time for their prefetches (see [`SMALL_DECODE_GROUP`]).
 const DECODE_GROUP: usize = 4;
 
-/// Leaves a read of more than twice as many leaves from local files locates first, on its own:
-/// their reads go out and their decoding starts while the read locates the rest (a batch of
-/// crops locates thousands of leaves, and the decode threads waited for all of them).
+/// Leaves a read of more than twice as many leaves of a sharded array from local files locates
+/// first, on its own: their reads go out and their decoding starts while the read locates the
+/// rest (a batch of crops locates thousands of leaves through the shard indexes, and the decode
+/// threads waited for all of them). Not for unsharded arrays: on the benchmark's v2 array the
+/// split cost 0.4 to 2.9% chunks/s (4 runs; its chunks are read, not mapped, and each takes
+/// ~100 us to decode, so the serial start weighs little).
 const FIRST_LOCATED: usize = 256;
 
 /// Chunks of at most this many decoded bytes are decoded in groups (see [`SMALL_DECODE_GROUP`])
@@ -1086,9 +1089,11 @@ impl Array {
                 }
             }
         }
-        // A large read from local files locates its first leaves alone (see FIRST_LOCATED);
-        // from an object store the rest would wait for the first reads' round trips.
-        let first = if matches!(core.reader, Reader::Local(_)) && n > 2 * FIRST_LOCATED {
+        // A large read of a sharded array from local files locates its first leaves alone (see
+        // FIRST_LOCATED); from an object store the rest would wait for the first reads' round
+        // trips.
+        let sharded = !core.layout.levels.is_empty();
+        let first = if sharded && matches!(core.reader, Reader::Local(_)) && n > 2 * FIRST_LOCATED {
             FIRST_LOCATED
         } else {
             n
@@ -1097,7 +1102,6 @@ impl Array {
         let mut storages = Storages::default();
         let first_sources = self.locate(plan, 0..first, known, &mut storages, stats)?;
 
-        let sharded = !core.layout.levels.is_empty();
         let throttle = Throttle::for_current_pool();
         let throttle = &throttle;
         // zstd chunks decode their needed parts faster several at a time (their literal
