@@ -405,7 +405,9 @@ impl Local {
     /// it mapped and no system call is needed to know it (its file maps, its range is inside,
     /// and, by the policy, recently found in memory): its bytes, or `None` to plan and read it
     /// as usual (which also reports any error).
-    /// Opens and maps nothing: files not yet open, or not yet mapped, are left to the workers.
+    ///
+    /// It never opens a file the engine has not opened, nor maps one it has not mapped: those
+    /// are left to the workers.
     pub(crate) fn try_mapped(&mut self, request: &ReadRequest, ctx: &Ctx) -> Option<Bytes> {
         let last = matches!(&self.last_file,
             Some((p, _)) if Arc::ptr_eq(p, &request.path) || **p == *request.path);
