@@ -61,11 +61,8 @@ fn a_crop_inside_one_inner_chunk_costs_two_reads_cold_one_warm() {
 
 #[test]
 fn a_batch_reads_and_decodes_each_shared_chunk_once() {
-    let (a, engine) = fresh(&OpenOptions::default());
-    let f = zcrop_fixtures::get("v3_workload_4d_u2");
-    let (data, shape, es) = expected(&f);
-    let crop = [2u64, 3, 20, 20];
-    // Five crops over the same area (heavily overlapping) plus a far one.
+    // Five crops over the same area (heavily overlapping) plus a far one: too few chunks to
+    // locate in two steps, so one submission.
     let origins: Vec<u64> = [
         [0, 0, 10, 10],
         [0, 0, 10, 10],
@@ -78,26 +75,50 @@ fn a_batch_reads_and_decodes_each_shared_chunk_once() {
     .flatten()
     .copied()
     .collect();
-    let mut out = vec![0u8; 6 * crop.iter().product::<u64>() as usize * 2];
-    a.read_batch_into(&origins, &crop, &mut out).unwrap(); // warm the index cache
+    let stats = check_each_chunk_read_once(&origins, &[2, 3, 20, 20], 1);
+    assert_eq!(stats.index_reads, 0);
+}
+
+#[test]
+fn a_large_batch_submits_its_first_chunks_alone_and_reads_each_chunk_once() {
+    // 540 chunks: the first 256, then the rest.
+    let (crop, origins) = common::large_batch();
+    let stats = check_each_chunk_read_once(&origins, &crop, 2);
+    assert_eq!(stats.chunks, 540);
+}
+
+/// Reads crops of `crop` at `origins` of `v3_workload_4d_u2` twice (the first warms the
+/// shard-index cache) and checks the second: each distinct chunk read and decoded once, in
+/// `submissions` batches to the engine, and equal to the oracle.
+fn check_each_chunk_read_once(
+    origins: &[u64],
+    crop: &[u64],
+    submissions: u64,
+) -> zcrop_zarr::ReadStats {
+    let (a, engine) = fresh(&OpenOptions::default());
+    let f = zcrop_fixtures::get("v3_workload_4d_u2");
+    let (data, shape, es) = expected(&f);
+    let crops = origins.len() / 4;
+    let mut out = vec![0u8; crops * crop.iter().product::<u64>() as usize * es];
+    a.read_batch_into(origins, crop, &mut out).unwrap();
+    out.fill(0);
     let before = engine.metrics();
-    let stats = a.read_batch_into(&origins, &crop, &mut out).unwrap();
+    let stats = a.read_batch_into(origins, crop, &mut out).unwrap();
     let m = engine.metrics() - before;
-    let n = distinct_chunks(&origins, &crop);
+    let n = distinct_chunks(origins, crop);
     assert_eq!(stats.chunks, n);
     assert_eq!(stats.chunks_decoded + stats.chunks_missing, n, "{stats:?}");
     assert_eq!(
         m.requests, stats.chunks_decoded,
         "one read per chunk present: {m:?}"
     );
-    // Too few chunks to read in parts: one submission.
-    assert_eq!(m.batches, 1, "{m:?}");
-    assert_eq!(stats.index_reads, 0);
+    assert_eq!(m.batches, submissions, "{m:?}");
     let want: Vec<u8> = origins
         .chunks_exact(4)
-        .flat_map(|o| region(&data, &shape, es, o, &crop))
+        .flat_map(|o| region(&data, &shape, es, o, crop))
         .collect();
-    assert_same(&out, &want, es, "batch");
+    assert_same(&out, &want, es, &format!("{crops} crops"));
+    stats
 }
 
 /// Distinct inner chunks of `v3_workload_4d_u2` (inner chunks 1x1x16x16, 3 channels) that
@@ -116,36 +137,6 @@ fn distinct_chunks(origins: &[u64], crop: &[u64]) -> u64 {
         }
     }
     distinct.len() as u64
-}
-
-#[test]
-fn a_large_batch_submits_its_first_chunks_alone_and_reads_each_chunk_once() {
-    let (a, engine) = fresh(&OpenOptions::default());
-    let f = zcrop_fixtures::get("v3_workload_4d_u2");
-    let (data, shape, es) = expected(&f);
-    let (crop, origins) = common::large_batch();
-    let crops = origins.len() / 4;
-    let mut out = vec![0u8; crops * crop.iter().product::<u64>() as usize * es];
-    a.read_batch_into(&origins, &crop, &mut out).unwrap(); // warm the index cache
-    out.fill(0);
-    let before = engine.metrics();
-    let stats = a.read_batch_into(&origins, &crop, &mut out).unwrap();
-    let m = engine.metrics() - before;
-    let n = distinct_chunks(&origins, &crop);
-    assert_eq!(n, 540);
-    assert_eq!(stats.chunks, n);
-    assert_eq!(stats.chunks_decoded + stats.chunks_missing, n, "{stats:?}");
-    assert_eq!(
-        m.requests, stats.chunks_decoded,
-        "one read per chunk: {m:?}"
-    );
-    // The first 256 chunks, then the rest.
-    assert_eq!(m.batches, 2, "{m:?}");
-    let want: Vec<u8> = origins
-        .chunks_exact(4)
-        .flat_map(|o| region(&data, &shape, es, o, &crop))
-        .collect();
-    assert_same(&out, &want, es, "large batch");
 }
 
 #[test]
