@@ -58,8 +58,9 @@ impl Reader {
         }
     }
 
-    /// Submits a batch whose consumer checks each result with `zcrop_io::check_mapped` once
-    /// it is done with the bytes: local reads may then be served from file mappings.
+    /// Submits a batch whose consumer checks each result with `zcrop_io::mapped_intact` (the
+    /// check of `zcrop_io::check_mapped`; the read names the error once it is over) when it is
+    /// done with the bytes: local reads may then be served from file mappings.
     pub(crate) fn submit_mapped(
         &self,
         requests: impl IntoIterator<Item = ReadRequest>,
