@@ -329,9 +329,7 @@ impl LeafDecoder {
                 if let Ok(r) = r {
                     let chunk = &mut bufs[k].0;
                     if let Some(unit) = swap_unit {
-                        for el in chunk[r.clone()].chunks_exact_mut(*unit) {
-                            el.reverse();
-                        }
+                        swap_elements(chunk, &r, *unit);
                     }
                     f(k, chunk);
                     results[k] = Some(Ok(DecodeCost {
@@ -624,9 +622,7 @@ impl LeafDecoder {
             }
         };
         if let Some(unit) = swap_unit {
-            for el in out[decoded.clone()].chunks_exact_mut(*unit) {
-                el.reverse();
-            }
+            swap_elements(out, &decoded, *unit);
         }
         Ok(blosc_cost.unwrap_or(DecodeCost {
             bytes_decoded: decoded.len() as u64,
@@ -680,6 +676,20 @@ impl LeafDecoder {
     }
 }
 
+/// Reverses the bytes of every `unit`-byte element of `chunk` that lies wholly inside
+/// `decoded`. A partial decode may start or end mid-element (a zstd block's first needed
+/// sequence need not start on an element); elements are counted from the chunk's start, so
+/// the element-aligned range the crops asked for is always swapped whole.
+fn swap_elements(chunk: &mut [u8], decoded: &Range<usize>, unit: usize) {
+    let start = decoded.start.div_ceil(unit) * unit;
+    let end = (decoded.end.min(chunk.len()) / unit) * unit;
+    if start < end {
+        for el in chunk[start..end].chunks_exact_mut(unit) {
+            el.reverse();
+        }
+    }
+}
+
 /// A codec's v3 name, or `?` for codecs without one.
 pub(crate) fn codec_name(name: Option<Cow<'static, str>>) -> String {
     name.map_or_else(|| "?".to_string(), Cow::into_owned)
@@ -708,4 +718,29 @@ fn zstd_prefix(src: &[u8], out: &mut [u8]) -> Result<(), String> {
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swapping_a_range_that_starts_mid_element_swaps_whole_elements_only() {
+        // Eight big-endian u32s; a partial decode wrote bytes 5..27.
+        let want: Vec<u32> = (0..8).map(|i| 0x0102_0304 * (i + 1)).collect();
+        let mut chunk: Vec<u8> = want.iter().flat_map(|v| v.to_be_bytes()).collect();
+        swap_elements(&mut chunk, &(5..27), 4);
+        let got: Vec<u32> = chunk
+            .chunks_exact(4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        // Elements 2..6 lie wholly inside 5..27: swapped; 0, 1, 6 and 7 untouched.
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            if (2..6).contains(&i) {
+                assert_eq!(g, w, "element {i}");
+            } else {
+                assert_eq!(g, u32::from_ne_bytes(w.to_be_bytes()), "element {i}");
+            }
+        }
+    }
 }
