@@ -17,7 +17,7 @@ use crate::fdcache::FdCache;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::op::{
     Attempt, Ctx, Delivery, Local, Part, Parts, PhysOp, RUN_LEN, Resolution, Run, Sink, Target,
-    Work, resolve,
+    Work, next_generation, resolve,
 };
 use crate::portable;
 use crate::request::{Completion, ReadRange, ReadRequest};
@@ -186,7 +186,8 @@ pub struct IoConfig {
     pub coalesce: CoalesceLimits,
     /// When the io_uring backend tries a `preadv2(RWF_NOWAIT)` page-cache read first.
     pub fast_path: FastPath,
-    /// Open files kept in the LRU cache.
+    /// Open files kept in the LRU cache at most (fewer where the process may open few: see
+    /// [`IoEngine::open_files_limit`]).
     pub fd_cache_capacity: usize,
     /// The in-flight budget; `None` uses the process-wide [`Budget::global`].
     pub budget: Option<Arc<Budget>>,
@@ -500,6 +501,13 @@ impl IoEngine {
         self.inner.threads.len()
     }
 
+    /// How many files the engine keeps open at most between reads: the configured
+    /// [`IoConfig::fd_cache_capacity`], or a quarter of the descriptors the process could
+    /// still open when the engine started, if that is fewer.
+    pub fn open_files_limit(&self) -> usize {
+        self.inner.ctx.fds.capacity()
+    }
+
     /// The engine's counters now.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.inner.ctx.metrics.snapshot()
@@ -533,6 +541,7 @@ impl IoEngine {
             tx,
             map: map && self.inner.ctx.map_files != MapFiles::Never,
             dropped: AtomicBool::new(false),
+            generation: next_generation(),
         });
         let unsent: Vec<ReadRequest> = requests.into_iter().collect();
         let total = unsent.len();
@@ -883,7 +892,8 @@ impl Batch {
                         if self.inline_misses >= INLINE_MISSES {
                             return true;
                         }
-                        let Some(bytes) = self.local.try_mapped(r, ctx) else {
+                        let Some(bytes) = self.local.try_mapped(r, ctx, self.sink.generation)
+                        else {
                             self.inline_misses += 1;
                             return true;
                         };
@@ -1066,10 +1076,8 @@ impl Batch {
         let Some(permit) = self.local.charge(&ctx.budget, resolved.charge()) else {
             return Some((Work::Resolved(resolved, target.clone()), true));
         };
-        match resolved
-            .activate(permit)
-            .try_cached(target, &mut self.local)
-        {
+        let active = resolved.activate(permit, target, &mut self.local)?;
+        match active.try_cached(target, &mut self.local) {
             Attempt::Done => {
                 self.misses_in_a_row = 0;
                 None
@@ -1137,6 +1145,7 @@ mod tests {
             tx,
             map: false,
             dropped: AtomicBool::new(false),
+            generation: 1,
         });
         let paths: Vec<Arc<Path>> = ["a", "b", "c"]
             .iter()

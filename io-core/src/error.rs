@@ -70,6 +70,27 @@ pub enum IoError {
         /// The requested range.
         range: ReadRange,
     },
+    /// The path names something other than a regular file (a FIFO, a device, a socket, a
+    /// directory): it is not read, since reading it could block forever or never end.
+    #[error("{path}: not a regular file but {kind} (reading {range})", path = .path.display())]
+    NotRegularFile {
+        /// The file.
+        path: Arc<Path>,
+        /// The requested range.
+        range: ReadRange,
+        /// What it is instead, e.g. "a FIFO".
+        kind: &'static str,
+    },
+    /// The memory for the read's buffer could not be had.
+    #[error("{path}: cannot allocate {bytes} bytes to read {range}", path = .path.display())]
+    OutOfMemory {
+        /// The file.
+        path: Arc<Path>,
+        /// The requested range.
+        range: ReadRange,
+        /// The buffer's size.
+        bytes: u64,
+    },
     /// The IO engine shut down before the read could be issued.
     #[error("{path}: IO engine shut down before {range} was read", path = .path.display())]
     Shutdown {
@@ -82,8 +103,18 @@ pub enum IoError {
 
 impl IoError {
     /// Classifies an OS error from opening or reading `path`.
-    pub(crate) fn from_os(err: io::Error, path: &Arc<Path>, range: ReadRange) -> Self {
+    pub fn from_os(err: io::Error, path: &Arc<Path>, range: ReadRange) -> Self {
         let path = Arc::clone(path);
+        if let Some(not) = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<NotRegularFile>())
+        {
+            return IoError::NotRegularFile {
+                path,
+                range,
+                kind: not.0,
+            };
+        }
         match err.kind() {
             io::ErrorKind::NotFound => IoError::NotFound { path, range },
             io::ErrorKind::PermissionDenied => IoError::PermissionDenied { path, range },
@@ -104,6 +135,8 @@ impl IoError {
             | IoError::ShortRead { path, .. }
             | IoError::Io { path, .. }
             | IoError::FileChanged { path, .. }
+            | IoError::NotRegularFile { path, .. }
+            | IoError::OutOfMemory { path, .. }
             | IoError::Shutdown { path, .. } => path,
         }
     }
@@ -117,6 +150,8 @@ impl IoError {
             | IoError::ShortRead { range, .. }
             | IoError::Io { range, .. }
             | IoError::FileChanged { range, .. }
+            | IoError::NotRegularFile { range, .. }
+            | IoError::OutOfMemory { range, .. }
             | IoError::Shutdown { range, .. } => *range,
         }
     }
@@ -138,6 +173,8 @@ impl IoError {
             | IoError::ShortRead { range: r, .. }
             | IoError::Io { range: r, .. }
             | IoError::FileChanged { range: r, .. }
+            | IoError::NotRegularFile { range: r, .. }
+            | IoError::OutOfMemory { range: r, .. }
             | IoError::Shutdown { range: r, .. } => *r = range,
         }
         e
@@ -154,10 +191,44 @@ impl From<IoError> for io::Error {
             | IoError::FileChanged { .. } => io::ErrorKind::UnexpectedEof,
             IoError::Io { source, .. } => source.kind(),
             IoError::Shutdown { .. } => io::ErrorKind::Interrupted,
+            IoError::NotRegularFile { .. } => io::ErrorKind::InvalidInput,
+            IoError::OutOfMemory { .. } => io::ErrorKind::OutOfMemory,
         };
         io::Error::new(kind, err)
     }
 }
+
+/// What an open found at a path that is not a regular file (carried inside an `io::Error`
+/// until [`IoError::from_os`] names the read).
+#[derive(Debug)]
+pub(crate) struct NotRegularFile(pub(crate) &'static str);
+
+impl NotRegularFile {
+    pub(crate) fn of(kind: std::fs::FileType) -> Self {
+        use std::os::unix::fs::FileTypeExt;
+        NotRegularFile(if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else {
+            "not a file"
+        })
+    }
+}
+
+impl std::fmt::Display for NotRegularFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not a regular file but {}", self.0)
+    }
+}
+
+impl std::error::Error for NotRegularFile {}
 
 /// Failure to start an IO engine.
 #[derive(Debug, thiserror::Error)]

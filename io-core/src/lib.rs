@@ -71,3 +71,17 @@ pub use object::{
     ObjectBatch, ObjectConfig, ObjectEngine, ObjectMetrics, RetryPolicy, is_object_url,
 };
 pub use request::{Completion, ReadRange, ReadRequest, RequestId};
+
+/// Reads the whole regular file at `path` with plain blocking reads (for small documents such
+/// as Zarr metadata). Like every read of the engine, it refuses FIFOs, devices and other files
+/// that are not regular ones ([`IoError::NotRegularFile`]) instead of blocking on them.
+pub fn read_file(path: &std::path::Path) -> Result<Vec<u8>, IoError> {
+    use std::io::Read;
+    let path: std::sync::Arc<std::path::Path> = std::sync::Arc::from(path);
+    let whole = ReadRange::Whole;
+    let mut file = sys::open(&path, false).map_err(|e| IoError::from_os(e, &path, whole))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| IoError::from_os(e, &path, whole))?;
+    Ok(bytes)
+}

@@ -80,14 +80,16 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// 10 retries, 100 ms doubling up to 15 s, within 3 minutes (`object_store`'s defaults).
+    /// 10 retries, 100 ms doubling up to 15 s, none started after 60 s. With the HTTP
+    /// client's default request timeout (30 s), a server that stops answering fails a read in
+    /// about 90 s (`object_store`'s own default of 3 minutes held such reads for 181 s).
     fn default() -> Self {
         RetryPolicy {
             max_retries: 10,
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(15),
             backoff_base: 2.0,
-            retry_timeout: Duration::from_mins(3),
+            retry_timeout: Duration::from_mins(1),
         }
     }
 }

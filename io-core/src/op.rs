@@ -53,6 +53,17 @@ pub(crate) struct Sink {
     /// skipped (one of them might block forever, like the open of a FIFO nobody writes, and
     /// must not hold up whoever takes it from the queue, e.g. a consumer of another batch).
     pub(crate) dropped: AtomicBool,
+    /// The batch's place in the order of submissions: files it reads are checked against
+    /// their paths unless a check since its submission found them there (see [`FdCache`]).
+    pub(crate) generation: u64,
+}
+
+/// The generation of the next batch submitted (see [`Sink::generation`]).
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// A generation for a batch submitted now: greater than that of every batch before it.
+pub(crate) fn next_generation() -> u64 {
+    NEXT_GENERATION.fetch_add(1, Ordering::AcqRel)
 }
 
 /// Results sent to a batch in one message. The permits are released when the consumer takes
@@ -408,13 +419,21 @@ impl Local {
     ///
     /// It never opens a file the engine has not opened, nor maps one it has not mapped: those
     /// are left to the workers.
-    pub(crate) fn try_mapped(&mut self, request: &ReadRequest, ctx: &Ctx) -> Option<Bytes> {
+    pub(crate) fn try_mapped(
+        &mut self,
+        request: &ReadRequest,
+        ctx: &Ctx,
+        generation: u64,
+    ) -> Option<Bytes> {
         let last = matches!(&self.last_file,
             Some((p, _)) if Arc::ptr_eq(p, &request.path) || **p == *request.path);
         if !last && !ctx.fds.is_open(&request.path, ctx.direct) {
             return None;
         }
-        let file = self.file(&request.path, ctx).ok()?;
+        let file = self.file(&request.path, ctx, generation).ok()?;
+        if !within(request.range, file.known_len()) {
+            return None;
+        }
         let map = file.mapped_if_known(&request.path, ctx.map_files)?;
         let (start, end) = mapped_range(
             request.range,
@@ -484,11 +503,18 @@ impl Local {
         self.credit = None;
     }
 
-    /// The open file for `path`, from the last one used or the engine's cache. After
-    /// [`OWN_FILE_AFTER`] uses in a row, this thread reads the file through its own copy.
-    fn file(&mut self, path: &Arc<Path>, ctx: &Ctx) -> std::io::Result<Arc<OpenFile>> {
+    /// The open file for `path` as a read of a batch of `generation` may use it, from the
+    /// last one used or the engine's cache. After [`OWN_FILE_AFTER`] uses in a row, this
+    /// thread reads the file through its own copy.
+    fn file(
+        &mut self,
+        path: &Arc<Path>,
+        ctx: &Ctx,
+        generation: u64,
+    ) -> std::io::Result<Arc<OpenFile>> {
         if let Some((p, f)) = &mut self.last_file
             && (Arc::ptr_eq(p, path) || **p == **path)
+            && f.checked_for(generation)
         {
             self.streak = self.streak.saturating_add(1);
             if self.streak == OWN_FILE_AFTER
@@ -499,7 +525,8 @@ impl Local {
             }
             return Ok(Arc::clone(f));
         }
-        let opened = ctx.fds.get(path, ctx.direct)?;
+        self.last_file = None;
+        let opened = ctx.fds.get(path, ctx.direct, generation)?;
         if opened.direct_fell_back {
             self.counters.direct_fallbacks += 1;
         }
@@ -608,9 +635,6 @@ fn slice_part(data: &Bytes, p: &Part) -> Bytes {
     }
 }
 
-/// The largest offset a file can have (`off_t` is signed).
-const MAX_FILE_OFFSET: u64 = i64::MAX as u64;
-
 /// A physical read whose file is open and whose byte range is known.
 #[derive(Debug)]
 pub(crate) struct Resolved {
@@ -626,6 +650,8 @@ pub(crate) struct Resolved {
     read_len: u64,
     /// The buffer comes from the process's buffer pool.
     recycle: bool,
+    /// The planned range ends past the end of the file and `len` was cut to what there is.
+    past_eof: bool,
 }
 
 impl Resolved {
@@ -639,15 +665,27 @@ impl Resolved {
         self.op.fail_shutdown(t, local);
     }
 
-    /// Allocates the buffer under `permit`.
-    pub(crate) fn activate(self, permit: Permit) -> Active {
+    /// Allocates the buffer under `permit`; `None` when the memory cannot be had (the read
+    /// then fails with [`IoError::OutOfMemory`], delivered here).
+    pub(crate) fn activate(self, permit: Permit, t: &Target, local: &mut Local) -> Option<Active> {
         let align = self.file.direct_align.map(|(mem, _)| mem);
-        let buf = ReadBuf::new(self.read_len as usize, align, self.recycle);
-        Active {
+        let Some(buf) = usize::try_from(self.read_len)
+            .ok()
+            .and_then(|len| ReadBuf::try_new(len, align, self.recycle))
+        else {
+            let err = IoError::OutOfMemory {
+                path: Arc::clone(&t.path),
+                range: self.op.range,
+                bytes: self.read_len,
+            };
+            self.op.fail(&err, t, local);
+            return None;
+        };
+        Some(Active {
             res: self,
             buf,
             permit: Some(permit),
-        }
+        })
     }
 }
 
@@ -708,6 +746,14 @@ fn mapped_range(
     }
 }
 
+/// Whether `range` is a bounded range ending within `len` bytes: a mapping (made at the
+/// file's length then) serves no more than the file's length as last checked, so that a file
+/// found shrunk is read, not faulted on.
+fn within(range: ReadRange, len: u64) -> bool {
+    matches!(range, ReadRange::Bounded { offset, len: n }
+        if offset.checked_add(n).is_some_and(|end| end <= len))
+}
+
 /// Serves `op` from `data`, its bytes in a mapped file, without a copy (one "physical read",
 /// as reading the range would have been).
 fn serve_mapped(op: PhysOp, data: Bytes, t: &Target, local: &mut Local) {
@@ -723,7 +769,7 @@ pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> R
         local.counters.skipped_reads += 1;
         return Resolution::Finished;
     }
-    let file = match local.file(&t.path, ctx) {
+    let file = match local.file(&t.path, ctx, t.sink.generation) {
         Ok(f) => f,
         Err(e) => {
             let err = IoError::from_os(e, &t.path, op.range);
@@ -733,6 +779,7 @@ pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> R
     };
     // (`sink.map` is never set on an `O_DIRECT` engine.)
     if t.sink.map
+        && within(op.range, file.known_len())
         && let Some(map) = file.mapped(&t.path, ctx.map_files)
         && let Some((start, end)) = mapped_range(
             op.range,
@@ -747,17 +794,35 @@ pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> R
         serve_mapped(op, data, t, local);
         return Resolution::Finished;
     }
-    let (offset, len) = match op.range {
-        ReadRange::Bounded { offset, len }
-            if len > 0
-                && offset
-                    .checked_add(len)
-                    .is_some_and(|end| end <= MAX_FILE_OFFSET) =>
-        {
-            (offset, len)
+    let (offset, len, past_eof) = match op.range {
+        // A range is checked against the file's length before its buffer is allocated: the
+        // range may come from a corrupt index (a length of 2^62 must not become an
+        // allocation). Within the length known from the last check, that costs nothing.
+        ReadRange::Bounded { offset, len } if len > 0 => {
+            let end = offset.checked_add(len);
+            if end.is_some_and(|end| end <= file.known_len()) {
+                (offset, len, false)
+            } else {
+                let file_len = match file.current_len() {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let err = IoError::from_os(e, &t.path, op.range);
+                        op.fail(&err, t, local);
+                        return Resolution::Finished;
+                    }
+                };
+                if end.is_some_and(|end| end <= file_len) {
+                    (offset, len, false)
+                } else if offset < file_len {
+                    // Read what there is; the requests past the end fail once it is read.
+                    (offset, file_len - offset, true)
+                } else {
+                    op.serve_within(Bytes::new(), 0, false, file_len, None, t, local);
+                    return Resolution::Finished;
+                }
+            }
         }
-        // Whole-file, suffix and empty reads need the length now; so do ranges beyond any
-        // possible file (the kernel would answer EINVAL, the truth is "past the end").
+        // Whole-file, suffix and empty reads need the length now.
         range => {
             let file_len = match file.file.metadata() {
                 Ok(m) => m.len(),
@@ -768,7 +833,7 @@ pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> R
                 }
             };
             match range.resolve(file_len) {
-                Some(r) => r,
+                Some((offset, len)) => (offset, len, false),
                 None => {
                     let err = IoError::RangePastEof {
                         path: Arc::clone(&t.path),
@@ -801,6 +866,7 @@ pub(crate) fn resolve(op: PhysOp, t: &Target, ctx: &Ctx, local: &mut Local) -> R
         read_start,
         read_len,
         recycle: ctx.recycle,
+        past_eof,
     })
 }
 
@@ -946,6 +1012,9 @@ impl Active {
 
     /// Completes every request from the buffer.
     fn finish_ok(self, t: &Target, local: &mut Local) {
+        if self.res.past_eof {
+            return self.finish_eof(t, local);
+        }
         local.counters.physical_reads += 1;
         local.counters.bytes_read += self.buf.filled() as u64;
         let lead = (self.res.offset - self.res.read_start) as usize;

@@ -116,10 +116,11 @@ fn with_local<R>(c: usize, f: impl FnOnce(&mut Vec<Vec<u8>>) -> R) -> Option<R> 
         .flatten()
 }
 
-/// An empty vector with room for at least `len` bytes.
-pub(crate) fn take(len: usize) -> Vec<u8> {
+/// An empty vector with room for at least `len` bytes; `None` if a new one is needed and the
+/// memory cannot be had.
+pub(crate) fn try_take(len: usize) -> Option<Vec<u8>> {
     let Some(c) = class(len) else {
-        return Vec::with_capacity(len);
+        return with_capacity(len);
     };
     let batch = local_batch(c);
     let from_thread = if batch > 0 {
@@ -137,7 +138,17 @@ pub(crate) fn take(len: usize) -> Vec<u8> {
     };
     // Not cached per thread (or the thread is exiting): straight from the shared class.
     let reused = from_thread.unwrap_or_else(|| pools().classes[c].free.lock().pop());
-    reused.unwrap_or_else(|| Vec::with_capacity(1 << (c as u32 + MIN_SHIFT)))
+    match reused {
+        Some(v) => Some(v),
+        None => with_capacity(1 << (c as u32 + MIN_SHIFT)),
+    }
+}
+
+/// A new empty vector with room for exactly `len` bytes, or `None`.
+fn with_capacity(len: usize) -> Option<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).ok()?;
+    Some(v)
 }
 
 /// Returns a vector from [`take`] to its pool (or frees it if the pool is full).
@@ -190,10 +201,10 @@ mod tests {
         assert_eq!(class(4097), Some(1));
         assert_eq!(class(4 << 20), Some(10));
         assert_eq!(class((4 << 20) + 1), None);
-        let v = take(10_000);
+        let v = try_take(10_000).unwrap();
         assert!(v.capacity() >= 10_000 && v.is_empty());
         give(v);
-        let again = take(12_000);
+        let again = try_take(12_000).unwrap();
         assert!(again.capacity() >= 12_000 && again.is_empty());
         // Odd capacities are not pooled.
         give(Vec::with_capacity(5000));
@@ -215,13 +226,13 @@ mod tests {
                 0,
                 "1 MiB ones are not"
             );
-            let v = take(8192);
+            let v = try_take(8192).unwrap();
             let p = v.as_ptr();
             give(v);
-            let again = take(8000);
+            let again = try_take(8000).unwrap();
             assert_eq!(again.as_ptr(), p, "the buffer freed last comes back first");
             give(again);
-            let held: Vec<Vec<u8>> = (0..=2 * batch).map(|_| take(8192)).collect();
+            let held: Vec<Vec<u8>> = (0..=2 * batch).map(|_| try_take(8192).unwrap()).collect();
             let before = local_len(c);
             for v in held {
                 give(v);

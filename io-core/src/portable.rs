@@ -76,7 +76,11 @@ fn run(work: Work, ctx: &Ctx, local: &mut Local) {
 /// Charges and reads a resolved read to the end.
 fn read(resolved: Resolved, t: &Target, ctx: &Ctx, local: &mut Local) {
     match charge(resolved.charge(), ctx, local) {
-        Some(p) => resolved.activate(p).run_blocking(t, local),
+        Some(p) => {
+            if let Some(active) = resolved.activate(p, t, local) {
+                active.run_blocking(t, local);
+            }
+        }
         None => resolved.fail_shutdown(t, local),
     }
 }

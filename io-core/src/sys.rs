@@ -37,18 +37,29 @@ enum Storage {
 
 impl ReadBuf {
     /// A buffer for `cap` bytes; aligned to `align` when given (a power of two); from the
-    /// buffer pool when `recycle` is set.
-    pub(crate) fn new(cap: usize, align: Option<usize>, recycle: bool) -> Self {
+    /// buffer pool when `recycle` is set. `None` when the memory cannot be had (sizes come
+    /// from metadata and length fields: failing must not abort the process).
+    pub(crate) fn try_new(cap: usize, align: Option<usize>, recycle: bool) -> Option<Self> {
         let storage = match align {
-            Some(a) if cap > 0 => Storage::Aligned(AlignedAlloc::new(cap, a)),
-            _ if recycle => Storage::Plain(crate::pool::take(cap)),
-            _ => Storage::Unpooled(Vec::with_capacity(cap)),
+            Some(a) if cap > 0 => Storage::Aligned(AlignedAlloc::try_new(cap, a)?),
+            _ if recycle => Storage::Plain(crate::pool::try_take(cap)?),
+            _ => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(cap).ok()?;
+                Storage::Unpooled(v)
+            }
         };
-        ReadBuf {
+        Some(ReadBuf {
             storage,
             cap,
             filled: 0,
-        }
+        })
+    }
+
+    /// [`ReadBuf::try_new`] for sizes known to be small (tests and probes).
+    #[cfg(test)]
+    pub(crate) fn new(cap: usize, align: Option<usize>, recycle: bool) -> Self {
+        Self::try_new(cap, align, recycle).expect("a small buffer")
     }
 
     /// Bytes written so far.
@@ -115,14 +126,13 @@ unsafe impl Send for AlignedAlloc {}
 unsafe impl Sync for AlignedAlloc {}
 
 impl AlignedAlloc {
-    fn new(cap: usize, align: usize) -> Self {
-        let layout = Layout::from_size_align(cap, align).expect("valid O_DIRECT layout");
+    /// `cap` bytes aligned to `align`; `None` if the memory cannot be had.
+    fn try_new(cap: usize, align: usize) -> Option<Self> {
+        let layout = Layout::from_size_align(cap, align).ok()?;
         // SAFETY: `cap > 0` (checked by the caller), so the layout has a non-zero size.
         let raw = unsafe { alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
-        AlignedAlloc { ptr, layout }
+        let ptr = NonNull::new(raw)?;
+        Some(AlignedAlloc { ptr, layout })
     }
 }
 
@@ -249,24 +259,58 @@ pub(crate) fn dio_alignment(file: &File) -> (usize, u64) {
 /// random (`POSIX_FADV_RANDOM`): every read asks for exactly the bytes it needs, so readahead
 /// would only read bytes nobody asked for (a random 64 KiB read would pull 128 KiB).
 pub(crate) fn open(path: &std::path::Path, direct: bool) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     let mut opts = std::fs::OpenOptions::new();
     opts.read(true);
+    // Non-blocking, so that opening a FIFO (or a device) returns at once instead of waiting
+    // for a writer; the flag is cleared below once the file is known to be a regular one.
+    let mut flags = libc::O_NONBLOCK;
     #[cfg(target_os = "linux")]
     if direct {
-        opts.custom_flags(libc::O_DIRECT);
+        flags |= libc::O_DIRECT;
     }
     #[cfg(not(target_os = "linux"))]
     let _ = direct;
+    opts.custom_flags(flags);
     let file = opts.open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            crate::error::NotRegularFile::of(kind),
+        ));
+    }
+    // io_uring answers EAGAIN for reads of an O_NONBLOCK file that would block, instead of
+    // reading them in its workers. F_SETFL sets the status flags that can change (of those
+    // set at open, only O_DIRECT and O_NONBLOCK): O_DIRECT is kept.
+    let keep = flags & !libc::O_NONBLOCK;
+    // SAFETY: fcntl on a descriptor we own, with integer arguments only; it touches no memory.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, keep) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsRawFd;
         // SAFETY: an advisory call on a descriptor we own; it reads and writes no memory.
         // Failure only means the kernel keeps its default readahead.
         unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
     }
     Ok(file)
+}
+
+/// How many more descriptors this process may open: its `RLIMIT_NOFILE` soft limit less the
+/// descriptors open now (counted in `/proc/self/fd` on Linux); `None` if unknown.
+pub(crate) fn free_descriptors() -> Option<usize> {
+    let mut lim = std::mem::MaybeUninit::<libc::rlimit>::uninit();
+    // SAFETY: getrlimit writes one `rlimit` into the pointer, which points at one.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, lim.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: getrlimit succeeded, so it initialised `lim`.
+    let soft = unsafe { lim.assume_init() }.rlim_cur;
+    let soft = usize::try_from(soft).unwrap_or(usize::MAX);
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count);
+    Some(soft.saturating_sub(open))
 }
 
 /// A read-only shared mapping of a whole file, unmapped when the last `Bytes` viewing it drops.

@@ -329,7 +329,9 @@ impl Worker {
                     continue;
                 }
             };
-            let active = resolved.activate(permit);
+            let Some(active) = resolved.activate(permit, &t, &mut self.local) else {
+                continue;
+            };
             if !self.fast.should_try() {
                 self.push(active, t.into_owned());
                 continue;

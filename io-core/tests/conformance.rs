@@ -881,57 +881,143 @@ fn a_file_truncated_under_its_mapping_is_an_error_not_a_crash() {
     assert_eq!(&head[0].as_ref().unwrap()[..], &f.data[..100]);
 }
 
-/// Reads of a dropped batch that nobody has started are skipped, not left for whoever takes
-/// them next: here a read of a FIFO nobody writes (its open blocks forever) would otherwise
-/// hang the consumer of the next batch, which helps by taking queued reads.
+/// Reads queued for a batch that was dropped are skipped: nobody wants their results, and
+/// whoever takes them from the queue (an IO thread, or the consumer of another batch helping)
+/// must not spend time on them. Here the only IO thread waits for budget (held by a batch
+/// nobody iterates) while the dropped batch's reads queue up behind it.
 #[test]
-fn queued_reads_of_a_dropped_batch_do_not_block_other_batches() {
-    let dir = tempfile::tempdir().unwrap();
-    let fifo = |name: &str| -> Arc<Path> {
-        let p = dir.path().join(name);
-        let status = std::process::Command::new("mkfifo")
-            .arg(&p)
-            .status()
-            .unwrap();
-        assert!(status.success());
-        Arc::from(p.as_path())
-    };
-    let (busy, stuck) = (fifo("busy"), fifo("stuck"));
+fn queued_reads_of_a_dropped_batch_are_skipped() {
     let f = fixture(10_000, 24);
     let e = IoEngine::new(IoConfig {
-        backend: BackendChoice::Uring,
+        backend: BackendChoice::Portable,
         threads: 1,
+        budget: Some(Budget::new(1, 4096)),
         ..IoConfig::default()
     })
     .unwrap();
-    // The only IO thread blocks opening `busy` (a batch nobody iterates, so no consumer
-    // helps with it).
-    let held = e.submit([ReadRequest::new(0, Arc::clone(&busy), ReadRange::new(0, 1))]);
-    std::thread::sleep(Duration::from_millis(300));
-    // A read of `stuck` is queued behind it, and its batch is dropped.
-    drop(e.submit([ReadRequest::new(
+    // Its result holds the whole budget until the batch is iterated or dropped.
+    let held = e.submit([ReadRequest::new(
         0,
-        Arc::clone(&stuck),
-        ReadRange::new(0, 1),
-    )]));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (e2, path) = (e.clone(), Arc::clone(&f.path));
-    std::thread::spawn(move || {
-        let got = e2.read_all(vec![ReadRequest::new(0, path, ReadRange::new(10, 100))]);
-        tx.send(got.into_iter().next().unwrap().map(|b| b.to_vec()))
-            .unwrap();
-    });
-    let got = rx.recv_timeout(Duration::from_secs(20));
-    // Let the blocked opens go (a writer opening a FIFO pairs with its reader), whatever the
-    // outcome, so no thread stays stuck.
-    for p in [&busy, &stuck] {
-        let p = p.to_path_buf();
-        std::thread::spawn(move || drop(std::fs::OpenOptions::new().write(true).open(p)));
-    }
-    let got = got.expect("the read of another batch hung behind a dropped batch's read");
-    assert_eq!(got.unwrap(), f.data[10..110]);
+        Arc::clone(&f.path),
+        ReadRange::new(0, 4096),
+    )]);
+    std::thread::sleep(Duration::from_millis(200));
+    // Reads of eight files (nothing to coalesce): the thread takes the first and waits for
+    // budget; the others wait in the queue.
+    let others: Vec<Fixture> = (0..8).map(|i| fixture(100, 100 + i)).collect();
+    let dropped = e.submit(
+        others
+            .iter()
+            .zip(0u64..)
+            .map(|(o, i)| ReadRequest::new(i, Arc::clone(&o.path), ReadRange::new(0, 10))),
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    drop(dropped);
     drop(held);
-    assert!(e.metrics().skipped_reads >= 1);
+    let got = e.read_all(vec![ReadRequest::new(
+        0,
+        Arc::clone(&f.path),
+        ReadRange::new(10, 100),
+    )]);
+    assert_eq!(got[0].as_ref().unwrap()[..], f.data[10..110]);
+    assert!(e.metrics().skipped_reads >= 1, "{:?}", e.metrics());
+}
+
+/// A FIFO (or any file that is not a regular one) where a chunk should be is refused at once,
+/// without blocking the thread that opens it (an open of a FIFO nobody writes would wait
+/// forever): the read fails with `NotRegularFile`, and other batches are not held up.
+#[test]
+fn a_fifo_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("fifo");
+    let status = std::process::Command::new("mkfifo")
+        .arg(&p)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let fifo: Arc<Path> = Arc::from(p.as_path());
+    let f = fixture(10_000, 25);
+    for (name, e) in engines() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (e2, fifo2, path) = (e.engine.clone(), Arc::clone(&fifo), Arc::clone(&f.path));
+        std::thread::spawn(move || {
+            let got = e2.read_all(vec![
+                ReadRequest::new(0, fifo2, ReadRange::new(0, 1)),
+                ReadRequest::new(1, path, ReadRange::new(10, 100)),
+            ]);
+            tx.send(got).unwrap();
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("{name}: a read of a FIFO blocked"));
+        assert!(
+            matches!(&got[0], Err(IoError::NotRegularFile { kind: "a FIFO", .. })),
+            "{name}: {:?}",
+            got[0]
+        );
+        assert_eq!(got[1].as_ref().unwrap()[..], f.data[10..110], "{name}");
+    }
+}
+
+/// A range far past the end of a small file (a corrupt shard index says 2^62 bytes) is
+/// refused before a buffer is sized for it, on every backend.
+#[test]
+fn a_huge_range_past_the_end_allocates_nothing() {
+    let f = fixture(1000, 26);
+    for (name, e) in engines() {
+        let got = e.read_all(vec![
+            ReadRequest::new(0, Arc::clone(&f.path), ReadRange::new(0, 1 << 62)),
+            ReadRequest::new(1, Arc::clone(&f.path), ReadRange::new(10, (1 << 62) - 10)),
+            ReadRequest::new(2, Arc::clone(&f.path), ReadRange::new(5, 10)),
+        ]);
+        for g in &got[..2] {
+            assert!(
+                matches!(g, Err(IoError::RangePastEof { file_len: 1000, .. })),
+                "{name}: {g:?}"
+            );
+        }
+        assert_eq!(got[2].as_ref().unwrap()[..], f.data[5..15], "{name}");
+    }
+}
+
+/// A file replaced at its path (written to a temporary file and renamed over, as zarr-python
+/// writes) or deleted is seen by the next batch: the engine's open files are checked against
+/// their paths once per batch.
+#[test]
+fn a_file_replaced_or_deleted_between_batches_is_seen() {
+    let f = fixture(10_000, 27);
+    for (name, e) in engines() {
+        let read = |range| {
+            e.read_all(vec![ReadRequest::new(0, Arc::clone(&f.path), range)])
+                .pop()
+                .unwrap()
+        };
+        std::fs::write(&*f.path, &f.data).unwrap();
+        assert_eq!(
+            read(ReadRange::new(0, 100)).unwrap()[..],
+            f.data[..100],
+            "{name}"
+        );
+        let tmp = f.path.with_extension("tmp");
+        std::fs::write(&tmp, vec![7u8; 20_000]).unwrap();
+        std::fs::rename(&tmp, &*f.path).unwrap();
+        assert_eq!(
+            read(ReadRange::new(0, 100)).unwrap()[..],
+            [7u8; 100],
+            "{name}"
+        );
+        // Longer than the old file: known only from the new one.
+        assert_eq!(
+            read(ReadRange::new(15_000, 10)).unwrap()[..],
+            [7u8; 10],
+            "{name}"
+        );
+        std::fs::remove_file(&*f.path).unwrap();
+        assert!(
+            read(ReadRange::new(0, 100)).unwrap_err().is_not_found(),
+            "{name}"
+        );
+    }
 }
 
 /// A batch iterated only by polling (`try_next`, never waiting) gets every result, cached or
