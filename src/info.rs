@@ -50,11 +50,18 @@ pub struct ArrayInfo {
 /// Describes `a`.
 pub fn array_info(a: &Array) -> Result<ArrayInfo> {
     let s = a.storage_summary()?;
-    let logical: u64 = a.shape().iter().product::<u64>() * a.element_size() as u64;
-    let storage_elems: u64 = a.storage_chunk_shape().iter().product();
+    // Saturating: an array may hold more than 2^64 bytes (mostly missing chunks).
+    let bytes = |n: u64, shape: &[u64]| {
+        shape
+            .iter()
+            .fold(n.saturating_mul(a.element_size() as u64), |b, &d| {
+                b.saturating_mul(d)
+            })
+    };
+    let logical = bytes(1, a.shape());
     let stored_logical = match (s.inner_chunks_present, a.shard_shape()) {
-        (Some(n), Some(_)) => n * a.chunk_shape().iter().product::<u64>() * a.element_size() as u64,
-        _ => s.storage_chunks_present * storage_elems * a.element_size() as u64,
+        (Some(n), Some(_)) => bytes(n, a.chunk_shape()),
+        _ => bytes(s.storage_chunks_present, a.storage_chunk_shape()),
     };
     let meta = a.metadata_json();
     let codecs = match meta.get("codecs") {

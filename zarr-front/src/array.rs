@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 use zcrop_io::{IoEngine, IoError, ObjectEngine, ReadRange, ReadRequest};
 
 use crate::cache::LruCache;
-use crate::decode::LeafDecoder;
+use crate::decode::{DecodeError, LeafDecoder};
 use crate::error::{Location, Result, ZarrError};
 use crate::layout::{IndexEntry, Layout, ShardLevel};
 use crate::node::Group;
@@ -250,7 +250,7 @@ struct Core {
     /// How it was opened (its parent group opens the same way).
     options: OpenOptions,
     verify_checksums: bool,
-    index_cache: LruCache<(Arc<Path>, usize, u64), Arc<[u64]>>,
+    index_cache: IndexCache,
     chunk_cache: Option<ChunkCache>,
 }
 
@@ -269,6 +269,38 @@ enum Source {
 struct Storage {
     key: String,
     path: Arc<Path>,
+    /// Its version, for the caches (see [`FileStamp`]).
+    stamp: Option<FileStamp>,
+}
+
+/// One version of a local file: its identity, length and change times. A file replaced (for
+/// instance written to a temporary file and renamed over, as zarr-python writes), rewritten in
+/// place or deleted has another (or none). Cached shard indexes and decoded chunks are kept
+/// with the stamp of the file they came from, and used only while the file still has it:
+/// one `stat` per file per read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileStamp {
+    /// The stamp of the file at `path`; `None` if there is none.
+    fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Some(FileStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        })
+    }
 }
 
 /// The storage chunks a read has located so far: the list grows as the read locates more of
@@ -287,6 +319,8 @@ struct Fetched {
     /// The storage chunk (an index in [`Storages::list`]) and the range of it.
     storage: usize,
     range: ReadRange,
+    /// The storage chunk's version when the read located it.
+    stamp: Option<FileStamp>,
 }
 
 /// The first failure of a read. A decode task names a faulty chunk by its storage chunk's
@@ -304,8 +338,8 @@ enum Failure {
 enum ChunkFault {
     /// They came from a mapping of a file that shrank meanwhile.
     Lost,
-    /// The codec rejected them.
-    Codec(String),
+    /// The codec rejected them, or there was no memory to decode them into.
+    Decode(DecodeError),
 }
 
 /// Where the bytes of an inner shard sit inside its file, while walking the shard levels.
@@ -320,8 +354,11 @@ enum Cursor {
     },
 }
 
+/// Decoded shard indexes by (file, level, shard start), with the version of their file.
+type IndexCache = LruCache<(Arc<Path>, usize, u64), (Option<FileStamp>, Arc<[u64]>)>;
+
 /// Decoded chunks by their leaf coordinates.
-type ChunkCache = LruCache<Vec<u64>, Arc<[u8]>>;
+type ChunkCache = LruCache<Vec<u64>, (Option<FileStamp>, Arc<[u8]>)>;
 
 /// Chunks decoded per task where the decoder gains from decoding several together: four
 /// zstd chunks of more than 64 KiB interleave enough independent literal streams to keep a
@@ -419,7 +456,9 @@ impl Array {
     /// Decodes the bytes of one chunk (for a sharded array: one innermost chunk) into its
     /// elements: C order, native endian, the full chunk shape ([`Array::chunk_shape`]).
     pub fn decode_chunk(&self, encoded: &[u8]) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; self.core.decoder.chunk_bytes];
+        let mut out = Vec::new();
+        crate::decode::zeroed(&mut out, self.core.decoder.chunk_bytes)
+            .map_err(|e| decode_error(self.location("", None), e))?;
         self.decode_chunk_into(encoded, &mut out)?;
         Ok(out)
     }
@@ -430,10 +469,7 @@ impl Array {
         self.core
             .decoder
             .decode_full_into(encoded, out)
-            .map_err(|reason| ZarrError::Codec {
-                at: self.location("", None),
-                reason,
-            })?;
+            .map_err(|e| decode_error(self.location("", None), e))?;
         Ok(())
     }
 
@@ -443,14 +479,11 @@ impl Array {
     /// chunk outside `range` are not verified.
     pub fn decode_chunk_range(&self, encoded: &[u8], range: Range<usize>) -> Result<Vec<u8>> {
         let full = self.core.decoder.chunk_bytes;
-        let codec_error = |reason| ZarrError::Codec {
-            at: self.location("", None),
-            reason,
-        };
         if range.start > range.end || range.end > full {
-            return Err(codec_error(format!(
-                "range {range:?} outside a chunk of {full} bytes"
-            )));
+            return Err(ZarrError::Codec {
+                at: self.location("", None),
+                reason: format!("range {range:?} outside a chunk of {full} bytes"),
+            });
         }
         // As a read does before decoding a chunk (here it exercises its header parsing).
         self.core.decoder.prefetch(encoded, &range);
@@ -461,7 +494,7 @@ impl Array {
             .with_decoded(encoded, range.clone(), &mut scratch, |chunk| {
                 chunk[range.clone()].to_vec()
             })
-            .map_err(codec_error)?;
+            .map_err(|e| decode_error(self.location("", None), e))?;
         Ok(bytes)
     }
 
@@ -852,7 +885,7 @@ impl Array {
 
     /// Reads the region of `shape` at `origin` into a new buffer (C order, native endian).
     pub fn read_region(&self, origin: &[u64], shape: &[u64]) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; self.block_bytes(shape)?];
+        let mut out = output_buffer(self.block_bytes(shape)?)?;
         self.read_region_into(origin, shape, &mut out)?;
         Ok(out)
     }
@@ -893,7 +926,7 @@ impl Array {
             .block_bytes(shape)?
             .checked_mul(n)
             .ok_or_else(|| ZarrError::InvalidArgument("the batch is too large".into()))?;
-        let mut out = vec![0u8; bytes];
+        let mut out = output_buffer(bytes)?;
         self.read_batch_into(origins, shape, &mut out)?;
         Ok(out)
     }
@@ -1082,10 +1115,25 @@ impl Array {
         let n = plan.num_leaves();
         let mut known: Vec<Option<Source>> = vec![None; n];
         if let Some(cache) = &core.chunk_cache {
+            // A cached chunk counts while its file is the one it was decoded from.
+            let mut stamps: FxHashMap<Vec<u64>, Option<FileStamp>> = FxHashMap::default();
+            let (mut storage, mut inner) = (Vec::new(), vec![0; core.layout.levels.len()]);
             for (i, leaf) in plan.leaves.iter().enumerate() {
-                if let Some(chunk) = cache.get(leaf.coords.as_slice()) {
-                    known[i] = Some(Source::Cached(chunk));
-                    stats.chunks_cached += 1;
+                if let Some((stamp, chunk)) = cache.get(leaf.coords.as_slice()) {
+                    core.layout.locate(&leaf.coords, &mut storage, &mut inner);
+                    let now = match stamps.get(&storage) {
+                        Some(&s) => s,
+                        None => {
+                            let rel = core.meta.chunk_key(&storage).to_string();
+                            let s = self.stamp(&core.dir.join(rel));
+                            stamps.insert(storage.clone(), s);
+                            s
+                        }
+                    };
+                    if now == stamp {
+                        known[i] = Some(Source::Cached(chunk));
+                        stats.chunks_cached += 1;
+                    }
                 }
             }
         }
@@ -1137,7 +1185,7 @@ impl Array {
                         return;
                     }
                     let decoded = if group.len() == 1 {
-                        vec![self.decode_and_stitch(ctx, group[0].leaf, &group[0].bytes)]
+                        vec![self.decode_and_stitch(ctx, &group[0])]
                     } else if core.decoder.decodes_in_groups() {
                         self.decode_and_stitch_group(ctx, &group)
                     } else {
@@ -1154,7 +1202,7 @@ impl Array {
                         }
                         match decoded {
                             Ok(s) => group_stats += s,
-                            Err(reason) => ctx.fail_chunk(chunk, ChunkFault::Codec(reason)),
+                            Err(e) => ctx.fail_chunk(chunk, ChunkFault::Decode(e)),
                         }
                     }
                     *ctx.stats.lock() += group_stats;
@@ -1207,6 +1255,7 @@ impl Array {
                                 bytes,
                                 storage,
                                 range,
+                                stamp: storages.list[storage].stamp,
                             });
                             if group.len() == group_size {
                                 spawn_group(std::mem::replace(
@@ -1246,7 +1295,7 @@ impl Array {
                 range,
                 fault,
             }) => {
-                let Storage { key, path } = &storages.list[storage];
+                let Storage { key, path, .. } = &storages.list[storage];
                 let at = self.location(key, Some(range));
                 Err(match fault {
                     ChunkFault::Lost => ZarrError::Io {
@@ -1256,9 +1305,22 @@ impl Array {
                             range,
                         }),
                     },
-                    ChunkFault::Codec(reason) => ZarrError::Codec { at, reason },
+                    ChunkFault::Decode(e) => decode_error(at, e),
                 })
             }
+        }
+    }
+
+    /// The version of the local file at `path`, where the caches need it (a sharded array's
+    /// index cache, the decoded-chunk cache); `None` elsewhere, and for object stores (whose
+    /// caches last as long as the array: open it again to see a rewritten store).
+    fn stamp(&self, path: &Path) -> Option<FileStamp> {
+        let core = &*self.core;
+        let cached = !core.layout.levels.is_empty() || core.chunk_cache.is_some();
+        if cached && matches!(core.reader, Reader::Local(_)) {
+            FileStamp::of(path)
+        } else {
+            None
         }
     }
 
@@ -1284,15 +1346,15 @@ impl Array {
         &self,
         ctx: &StitchCtx<'_, '_>,
         group: &[Fetched],
-    ) -> Vec<Result<ReadStats, String>> {
+    ) -> Vec<Result<ReadStats, DecodeError>> {
         let core = &*self.core;
         let plan = ctx.plan;
         let full = core.decoder.chunk_bytes;
-        let mut results: Vec<Option<Result<ReadStats, String>>> = vec![None; group.len()];
+        let mut results: Vec<Option<Result<ReadStats, DecodeError>>> = vec![None; group.len()];
         let mut members = Vec::with_capacity(group.len());
         for (k, chunk) in group.iter().enumerate() {
             if plan.leaves[chunk.leaf].needed.len() >= full {
-                results[k] = Some(self.decode_and_stitch(ctx, chunk.leaf, &chunk.bytes));
+                results[k] = Some(self.decode_and_stitch(ctx, chunk));
             } else {
                 members.push(k);
             }
@@ -1320,7 +1382,7 @@ impl Array {
         }
         results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err("chunk left undecoded".into())))
+            .map(|r| r.unwrap_or_else(|| Err(DecodeError::from("chunk left undecoded"))))
             .collect()
     }
 
@@ -1332,7 +1394,7 @@ impl Array {
         &self,
         ctx: &StitchCtx<'_, '_>,
         group: &[Fetched],
-    ) -> Vec<Result<ReadStats, String>> {
+    ) -> Vec<Result<ReadStats, DecodeError>> {
         let decoder = &self.core.decoder;
         // Two steps ahead, the first cache line (a blosc header); one step ahead, what the
         // decoder reads from there.
@@ -1351,18 +1413,18 @@ impl Array {
                 if let Some(next) = group.get(k + 1) {
                     decoder.prefetch(&next.bytes, &ctx.plan.leaves[next.leaf].needed);
                 }
-                self.decode_and_stitch(ctx, chunk.leaf, &chunk.bytes)
+                self.decode_and_stitch(ctx, chunk)
             })
             .collect()
     }
 
-    /// Decodes leaf `i` from `bytes` and writes all its copies; returns what it cost.
+    /// Decodes the leaf `fetched` holds and writes all its copies; returns what it cost.
     fn decode_and_stitch(
         &self,
         ctx: &StitchCtx<'_, '_>,
-        i: usize,
-        bytes: &Bytes,
-    ) -> Result<ReadStats, String> {
+        fetched: &Fetched,
+    ) -> Result<ReadStats, DecodeError> {
+        let (i, bytes) = (fetched.leaf, &fetched.bytes);
         let core = &*self.core;
         let plan = ctx.plan;
         let leaf = &plan.leaves[i];
@@ -1372,7 +1434,8 @@ impl Array {
             ..ReadStats::default()
         };
         if let Some(cache) = &core.chunk_cache {
-            let mut chunk = vec![0u8; core.decoder.chunk_bytes];
+            let mut chunk = Vec::new();
+            crate::decode::zeroed(&mut chunk, core.decoder.chunk_bytes)?;
             let cost = core.decoder.decode_full_into(bytes, &mut chunk)?;
             stats.bytes_decoded = cost.bytes_decoded;
             let chunk: Arc<[u8]> = chunk.into();
@@ -1381,7 +1444,11 @@ impl Array {
                 // The caller reports it; a chunk decoded from lost bytes is not kept.
                 return Ok(stats);
             }
-            cache.insert(leaf.coords.to_vec(), Arc::clone(&chunk), chunk.len());
+            cache.insert(
+                leaf.coords.to_vec(),
+                (fetched.stamp, Arc::clone(&chunk)),
+                chunk.len(),
+            );
             return Ok(stats);
         }
         // A copy that takes the whole chunk contiguously: decode straight into the output, then
@@ -1474,9 +1541,11 @@ impl Array {
                 s
             } else {
                 let rel = core.meta.chunk_key(&coords).to_string();
+                let path: Arc<Path> = Arc::from(core.dir.join(&rel).as_path());
                 storages.list.push(Storage {
                     key: format!("{}{rel}", core.key_prefix),
-                    path: Arc::from(core.dir.join(&rel).as_path()),
+                    stamp: self.stamp(&path),
+                    path,
                 });
                 storages
                     .index
@@ -1509,7 +1578,8 @@ impl Array {
             let mut to_read: Vec<((usize, u64), ReadRange)> = Vec::new();
             for (&(storage, base), slot) in &mut wanted {
                 let key = (Arc::clone(&storages.list[storage].path), level_no, base);
-                if let Some(idx) = core.index_cache.get(&key) {
+                let stamp = storages.list[storage].stamp;
+                if let Some((_, idx)) = core.index_cache.get(&key).filter(|(s, _)| *s == stamp) {
                     *slot = Some(idx);
                     stats.index_cache_hits += 1;
                 } else {
@@ -1555,7 +1625,7 @@ impl Array {
                             )?;
                             core.index_cache.insert(
                                 (Arc::clone(&storages.list[storage].path), level_no, base),
-                                Arc::clone(&idx),
+                                (storages.list[storage].stamp, Arc::clone(&idx)),
                                 idx.len() * 8 + 64,
                             );
                             wanted.insert((storage, base), Some(idx));
@@ -1626,6 +1696,27 @@ impl Array {
             })
             .collect();
         Ok(sources)
+    }
+}
+
+/// A zeroed output buffer of `len` bytes, or an error if the memory cannot be had.
+fn output_buffer(len: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    crate::decode::zeroed(&mut out, len).map_err(|_| ZarrError::OutOfMemory {
+        what: "the output of a read".into(),
+        bytes: len as u64,
+    })?;
+    Ok(out)
+}
+
+/// The error for a chunk at `at` that did not decode.
+fn decode_error(at: Box<Location>, e: DecodeError) -> ZarrError {
+    match e {
+        DecodeError::Corrupt(reason) => ZarrError::Codec { at, reason },
+        DecodeError::NoMemory(bytes) => ZarrError::OutOfMemory {
+            what: format!("{at}: decoding a chunk"),
+            bytes: bytes as u64,
+        },
     }
 }
 

@@ -123,15 +123,16 @@ fn zstd_err(code: usize) -> String {
 
 impl LeafDecoder {
     /// Classifies `chain` (the chain that decodes one leaf chunk of `shape`).
+    /// `chunk_bytes` is the product of `shape` times `elsize`, checked by the caller.
     pub(crate) fn new(
         chain: Arc<CodecChain>,
+        chunk_bytes: usize,
         shape: Vec<NonZeroU64>,
         data_type: DataType,
         fill_value: FillValue,
         elsize: usize,
         verify_checksums: bool,
     ) -> Self {
-        let chunk_bytes = shape.iter().map(|s| s.get() as usize).product::<usize>() * elsize;
         let kind = Self::classify(&chain, &data_type, elsize).unwrap_or(Kind::Generic(chain));
         LeafDecoder {
             kind,
@@ -279,7 +280,7 @@ impl LeafDecoder {
         &self,
         items: &[(&[u8], Range<usize>)],
         mut f: impl FnMut(usize, &[u8]),
-    ) -> Vec<Result<DecodeCost, String>> {
+    ) -> Vec<Result<DecodeCost, DecodeError>> {
         let Kind::Fast {
             compressor: Compressor::Zstd { .. },
             crc32c,
@@ -297,7 +298,7 @@ impl LeafDecoder {
             if bufs.len() < items.len() {
                 bufs.resize_with(items.len(), Default::default);
             }
-            let mut results: Vec<Option<Result<DecodeCost, String>>> = vec![None; items.len()];
+            let mut results: Vec<Option<Result<DecodeCost, DecodeError>>> = vec![None; items.len()];
             let mut members = Vec::with_capacity(items.len());
             let mut jobs = Vec::with_capacity(items.len());
             for (k, ((bytes, range), (chunk, literals))) in
@@ -307,11 +308,12 @@ impl LeafDecoder {
                 if range.len() == full {
                     continue;
                 }
-                match self.strip_crc32c(bytes, *crc32c) {
+                match self
+                    .strip_crc32c(bytes, *crc32c)
+                    .map_err(DecodeError::from)
+                    .and_then(|src| zeroed(chunk, full).map(|()| src))
+                {
                     Ok(src) => {
-                        if chunk.len() != full {
-                            chunk.resize(full, 0);
-                        }
                         members.push(k);
                         jobs.push(zstd_block::Job {
                             src,
@@ -365,7 +367,7 @@ impl LeafDecoder {
         &self,
         items: &[(&[u8], Range<usize>)],
         f: &mut impl FnMut(usize, &[u8]),
-    ) -> Vec<Result<DecodeCost, String>> {
+    ) -> Vec<Result<DecodeCost, DecodeError>> {
         let mut scratch = Vec::new();
         items
             .iter()
@@ -394,9 +396,12 @@ impl LeafDecoder {
         range: Range<usize>,
         scratch: &mut Vec<u8>,
         f: impl FnOnce(&[u8]) -> R,
-    ) -> Result<(R, DecodeCost), String> {
+    ) -> Result<(R, DecodeCost), DecodeError> {
         match &self.kind {
             Kind::Generic(chain) => {
+                // zarrs allocates the decoded chunk itself, infallibly: make sure first that
+                // this process can have that much memory.
+                can_allocate(self.chunk_bytes)?;
                 let decoded = chain
                     .decode(
                         Cow::Borrowed(encoded),
@@ -413,7 +418,8 @@ impl LeafDecoder {
                         "decoded to {} bytes, expected {}",
                         decoded.len(),
                         self.chunk_bytes
-                    ));
+                    )
+                    .into());
                 }
                 let cost = DecodeCost {
                     bytes_decoded: self.chunk_bytes as u64,
@@ -431,9 +437,7 @@ impl LeafDecoder {
                 Ok((f(data), DecodeCost::default()))
             }
             Kind::Fast { .. } => {
-                if scratch.len() != self.chunk_bytes {
-                    scratch.resize(self.chunk_bytes, 0);
-                }
+                zeroed(scratch, self.chunk_bytes)?;
                 let range = self.element_range(&range);
                 let cost = self.decode_fast(encoded, scratch, range)?;
                 Ok((f(scratch), cost))
@@ -447,13 +451,14 @@ impl LeafDecoder {
         &self,
         encoded: &[u8],
         out: &mut [u8],
-    ) -> Result<DecodeCost, String> {
+    ) -> Result<DecodeCost, DecodeError> {
         if out.len() != self.chunk_bytes {
             return Err(format!(
                 "output of {} bytes for a chunk of {}",
                 out.len(),
                 self.chunk_bytes
-            ));
+            )
+            .into());
         }
         match &self.kind {
             Kind::Fast { .. } => self.decode_fast(encoded, out, 0..self.chunk_bytes),
@@ -510,7 +515,7 @@ impl LeafDecoder {
         encoded: &[u8],
         out: &mut [u8],
         range: Range<usize>,
-    ) -> Result<DecodeCost, String> {
+    ) -> Result<DecodeCost, DecodeError> {
         let Kind::Fast {
             compressor,
             crc32c,
@@ -554,7 +559,9 @@ impl LeafDecoder {
                 } else {
                     let n = with_zstd(|d| d.decompress(out, data)).map_err(zstd_err)?;
                     if n != full {
-                        return Err(format!("zstd frame decoded to {n} bytes, expected {full}"));
+                        return Err(
+                            format!("zstd frame decoded to {n} bytes, expected {full}").into()
+                        );
                     }
                     0..full
                 }
@@ -571,7 +578,8 @@ impl LeafDecoder {
                         return Err(format!(
                             "blosc chunk decodes to {} bytes, expected {full}",
                             h.nbytes
-                        ));
+                        )
+                        .into());
                     }
                     // Only decode a sub-range when it skips at least one whole block.
                     let ts = h.typesize;
@@ -615,7 +623,8 @@ impl LeafDecoder {
                         return Err(format!(
                             "{compressor:?} stream decodes to more than {full} bytes"
                         )
-                        .to_lowercase());
+                        .to_lowercase()
+                        .into());
                     }
                 }
                 0..end
@@ -659,7 +668,7 @@ impl LeafDecoder {
         encoded: &[u8],
         range: Range<usize>,
         f: impl FnOnce(&blosc_block::Chunk<'_>) -> R,
-    ) -> Option<Result<(R, DecodeCost), String>> {
+    ) -> Option<Result<(R, DecodeCost), DecodeError>> {
         let Kind::Fast {
             compressor: Compressor::Blosc,
             crc32c,
@@ -670,10 +679,52 @@ impl LeafDecoder {
         };
         let data = match self.strip_crc32c(encoded, *crc32c) {
             Ok(data) => data,
-            Err(e) => return Some(Err(e)),
+            Err(e) => return Some(Err(e.into())),
         };
         with_blosc_block(data, self.chunk_bytes, self.element_range(&range), f).map(Ok)
     }
+}
+
+/// Why a chunk did not decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DecodeError {
+    /// The bytes are not a valid encoding of a chunk: what the decoder said.
+    Corrupt(String),
+    /// The process could not have the memory to decode the chunk into.
+    NoMemory(usize),
+}
+
+impl From<String> for DecodeError {
+    fn from(reason: String) -> Self {
+        DecodeError::Corrupt(reason)
+    }
+}
+
+impl From<&str> for DecodeError {
+    fn from(reason: &str) -> Self {
+        DecodeError::Corrupt(reason.to_string())
+    }
+}
+
+/// Makes `buf` exactly `len` bytes long (new bytes zero), failing instead of aborting when the
+/// memory cannot be had: `len` comes from metadata.
+pub(crate) fn zeroed(buf: &mut Vec<u8>, len: usize) -> Result<(), DecodeError> {
+    if buf.len() != len {
+        buf.try_reserve_exact(len.saturating_sub(buf.len()))
+            .map_err(|_| DecodeError::NoMemory(len))?;
+        buf.resize(len, 0);
+    }
+    Ok(())
+}
+
+/// Whether an allocation of `len` bytes succeeds now, for code that will then allocate that
+/// much infallibly (zarrs' decoders): a request the process cannot have (address-space limit,
+/// or more than exists) fails here, as an error, instead of aborting there.
+fn can_allocate(len: usize) -> Result<(), DecodeError> {
+    let mut probe: Vec<u8> = Vec::new();
+    probe
+        .try_reserve_exact(len)
+        .map_err(|_| DecodeError::NoMemory(len))
 }
 
 /// Reverses the bytes of every `unit`-byte element of `chunk` that lies wholly inside

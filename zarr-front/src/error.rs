@@ -54,6 +54,23 @@ pub enum ZarrError {
         /// What is wrong.
         reason: String,
     },
+    /// Metadata whose sizes zcrop cannot address: an array of more than 2^64 bytes, or a
+    /// chunk or shard index larger than any allocation can be.
+    #[error("array {array:?}: {reason}")]
+    Oversized {
+        /// The array.
+        array: String,
+        /// Which size, and its limit.
+        reason: String,
+    },
+    /// Memory for a chunk, a read or an output could not be allocated.
+    #[error("{what}: cannot allocate {bytes} bytes")]
+    OutOfMemory {
+        /// What needed the memory, with its array, key and range where they apply.
+        what: String,
+        /// How much.
+        bytes: u64,
+    },
     /// A codec zcrop cannot decode.
     #[error("array {array:?} uses codec {codec:?}, which zcrop does not support: {reason}")]
     UnsupportedCodec {
@@ -132,7 +149,7 @@ pub enum ZarrError {
         reason: String,
     },
     /// The IO engine could not start.
-    #[error("cannot start the IO engine: {0}")]
+    #[error("{0}")]
     Engine(Arc<zcrop_io::EngineError>),
 }
 

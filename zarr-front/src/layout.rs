@@ -271,6 +271,8 @@ impl Layout {
                 ));
             }
             let per_shard: Vec<u64> = outer.iter().zip(&inner).map(|(o, i)| o / i).collect();
+            // Two u64 per inner chunk, allocated when the index is read.
+            check_bytes(name, "a shard index", &per_shard, 16, MAX_ALLOC)?;
             let index_chain =
                 Arc::new(CodecChain::from_metadata(&sh.index_codecs).map_err(|e| {
                     unsupported_codec(name, "sharding_indexed", &format!("index codecs: {e}"))
@@ -313,8 +315,10 @@ impl Layout {
         if leaf_nz.len() != nd {
             return Err(unsupported(name, "a chunk shape with a zero extent".into()));
         }
+        let chunk_bytes = check_bytes(name, "a chunk", &leaf, elsize as u64, MAX_ALLOC)?;
         let decoder = LeafDecoder::new(
             chain,
+            chunk_bytes,
             leaf_nz,
             dt.clone(),
             array.fill_value().clone(),
@@ -406,6 +410,33 @@ impl Layout {
             }
             *slot = linear as usize;
         }
+    }
+}
+
+/// The most bytes one allocation may hold (Rust's limit for any allocation).
+const MAX_ALLOC: u128 = isize::MAX as u128;
+
+/// `elsize` times the product of `dims`, if at most `limit`; otherwise a metadata error
+/// naming `what` (so that no size derived from metadata can wrap later).
+fn check_bytes(
+    name: &str,
+    what: &str,
+    dims: &[u64],
+    elsize: u64,
+    limit: u128,
+) -> Result<usize, ZarrError> {
+    let bytes = dims
+        .iter()
+        .try_fold(u128::from(elsize), |n, &d| n.checked_mul(u128::from(d)))
+        .filter(|&n| n <= limit);
+    match bytes.and_then(|n| usize::try_from(n).ok()) {
+        Some(n) => Ok(n),
+        None => Err(ZarrError::Oversized {
+            array: name.to_string(),
+            reason: format!(
+                "{what} of shape {dims:?} with {elsize}-byte elements is larger than {limit} bytes"
+            ),
+        }),
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use zcrop_io::{ObjectConfig, ObjectEngine, is_object_url};
+use zcrop_io::{IoError, ObjectConfig, ObjectEngine, is_object_url};
 
 use serde_json::{Map, Value};
 use zarrs::array::ArrayCreateError;
@@ -16,7 +16,7 @@ use zarrs::metadata::v3::ArrayMetadataV3;
 use zarrs::plugin::PluginCreateError;
 
 use crate::array::{Array, OpenOptions};
-use crate::error::{Result, ZarrError};
+use crate::error::{Location, Result, ZarrError};
 use crate::store::{Store, V2_META, V3_META, fetch_documents};
 
 /// An array or a group.
@@ -51,6 +51,17 @@ pub enum NodeKind {
 #[derive(Debug, Default)]
 struct Consolidated {
     nodes: BTreeMap<String, NodeMeta>,
+    /// Keys left out because no member can have them (`..`, empty or `.` path parts).
+    skipped: Vec<String>,
+}
+
+/// Whether `path`, a node's path in consolidated metadata, can name a member: the root (empty)
+/// or `/`-separated names, none empty, `.` or `..`.
+fn is_member_path(path: &str) -> bool {
+    path.is_empty()
+        || path
+            .split('/')
+            .all(|p| !p.is_empty() && p != "." && p != "..")
 }
 
 /// Parsed node metadata.
@@ -98,14 +109,78 @@ fn invalid(path: &Path, reason: impl std::fmt::Display) -> ZarrError {
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| invalid(path, e)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Ok(None),
-        Err(e) => Err(invalid(path, e)),
+    match zcrop_io::read_file(path) {
+        Ok(bytes) => parse_json(path, &bytes).map(Some),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(IoError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotADirectory => {
+            Ok(None)
+        }
+        // The document exists but cannot be read: a store error, not bad metadata.
+        Err(e) => Err(ZarrError::Io {
+            at: Box::new(Location {
+                node: path
+                    .parent()
+                    .map_or_else(String::new, |d| d.display().to_string()),
+                key: path
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+                range: None,
+            }),
+            source: Box::new(e),
+        }),
     }
+}
+
+/// The deepest nesting of arrays and objects a metadata document may have: more than
+/// serde_json's own limit (128), since zarr-python (through Python's `json`) reads deeper
+/// documents. Parsing, converting and dropping a document recurse once per level, a few KiB a
+/// level in a debug build: 256 levels stay within half of a 2 MiB thread stack.
+const MAX_JSON_DEPTH: usize = 256;
+
+/// Parses the metadata document at `path` (for messages).
+pub(crate) fn parse_json(path: &Path, bytes: &[u8]) -> Result<Value> {
+    let depth = json_depth(bytes);
+    if depth > MAX_JSON_DEPTH {
+        return Err(invalid(
+            path,
+            format!(
+                "JSON nested {depth} levels deep; zcrop reads metadata up to {MAX_JSON_DEPTH} levels"
+            ),
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    de.disable_recursion_limit();
+    let v = serde::Deserialize::deserialize(&mut de).map_err(|e| invalid(path, e))?;
+    de.end().map_err(|e| invalid(path, e))?;
+    Ok(v)
+}
+
+/// How deeply arrays and objects nest in the JSON text `bytes` (brackets inside strings do
+/// not count); for text that is not JSON, a number the parser's error will make moot.
+fn json_depth(bytes: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in bytes {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 fn attributes_of(path: &Path, v: Option<Value>) -> Result<Map<String, Value>> {
@@ -168,9 +243,7 @@ fn read_nodes(store: &Store, dirs: &[&Path]) -> Result<Vec<NodeDocs>> {
             }
             let show = |n: &str| store.show(&d.join(n));
             parse_node(&show, &mut |n| match docs.get(n) {
-                Some(b) => serde_json::from_slice(b)
-                    .map(Some)
-                    .map_err(|e| invalid(&show(n), e)),
+                Some(b) => parse_json(&show(n), b).map(Some),
                 None => Ok(None),
             })
         })
@@ -244,13 +317,18 @@ fn parse_v3(path: &Path, v: Value) -> Result<(NodeMeta, Option<Consolidated>)> {
 
 fn parse_v3_consolidated(path: &Path, cm: &Map<String, Value>) -> Result<Consolidated> {
     let mut nodes = BTreeMap::new();
+    let mut skipped = Vec::new();
     if let Some(Value::Object(meta)) = cm.get("metadata") {
         for (k, v) in meta {
+            if !is_member_path(k) {
+                skipped.push(k.clone());
+                continue;
+            }
             let (node, _) = parse_v3(path, v.clone())?;
             nodes.insert(k.clone(), node);
         }
     }
-    Ok(Consolidated { nodes })
+    Ok(Consolidated { nodes, skipped })
 }
 
 /// Parses a v2 `.zmetadata` file.
@@ -259,11 +337,16 @@ fn parse_zmetadata(path: &Path, v: &Value) -> Result<Consolidated> {
         return Err(invalid(path, "no \"metadata\" object"));
     };
     let mut nodes = BTreeMap::new();
+    let mut skipped = Vec::new();
     for (k, v) in meta {
         let (node_path, file) = match k.rsplit_once('/') {
             Some((p, f)) => (p.to_string(), f),
             None => (String::new(), k.as_str()),
         };
+        if !is_member_path(&node_path) {
+            skipped.push(k.clone());
+            continue;
+        }
         let attrs_key = if node_path.is_empty() {
             ".zattrs".to_string()
         } else {
@@ -289,7 +372,7 @@ fn parse_zmetadata(path: &Path, v: &Value) -> Result<Consolidated> {
             _ => {}
         }
     }
-    Ok(Consolidated { nodes })
+    Ok(Consolidated { nodes, skipped })
 }
 
 /// Every codec name in v3 codec metadata, nested sharding included.
@@ -521,7 +604,7 @@ pub(crate) fn array_from_json(
     } else {
         "zarr.json"
     });
-    let v: Value = serde_json::from_slice(json).map_err(|e| invalid(&path, e))?;
+    let v: Value = parse_json(&path, json)?;
     let md = if zarr_format == 2 {
         let md: ArrayMetadataV2 = serde_json::from_value(v).map_err(|e| invalid(&path, e))?;
         ArrayMetadata::V2(md)
@@ -611,6 +694,15 @@ impl Group {
     /// Whether the group's metadata is consolidated.
     pub fn is_consolidated(&self) -> bool {
         self.core.consolidated.is_some()
+    }
+
+    /// Keys of the consolidated metadata that were left out because no member can have them
+    /// (a path part that is empty, `.` or `..`); the rest of the group reads normally.
+    pub fn skipped_consolidated_keys(&self) -> &[String] {
+        self.core
+            .consolidated
+            .as_ref()
+            .map_or(&[], |c| c.skipped.as_slice())
     }
 
     fn child_names(&self, rel: &str) -> (String, String, PathBuf) {
@@ -733,5 +825,61 @@ impl Group {
             .filter(|(_, k)| *k == NodeKind::Group)
             .map(|(n, _)| n)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_depth_counts_nesting_outside_strings() {
+        assert_eq!(json_depth(b"1"), 0);
+        assert_eq!(json_depth(br#"{"a": [1, {"b": []}]}"#), 4);
+        assert_eq!(json_depth(br#"{"a": "[[[[{{"}"#), 1);
+        assert_eq!(json_depth(br#"["\"[[", [[]]]"#), 3);
+        assert_eq!(json_depth(br#"["\\", [[]]]"#), 3);
+    }
+
+    #[test]
+    fn metadata_nests_up_to_the_limit_on_a_small_thread_stack() {
+        let doc = |depth: usize| {
+            format!(
+                r#"{{"zarr_format": 3, "node_type": "group", "attributes": {{"x": {}1{}}}}}"#,
+                "[".repeat(depth),
+                "]".repeat(depth)
+            )
+        };
+        let path = Path::new("zarr.json");
+        // Parsing, converting and dropping recurse once per level: on a 1 MiB stack (threads
+        // get 2 MiB), debug build included.
+        std::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(move || {
+                let v = parse_json(path, doc(MAX_JSON_DEPTH - 2).as_bytes()).unwrap();
+                let (meta, _) = parse_v3(path, v).unwrap();
+                drop(meta);
+                let err = parse_json(path, doc(MAX_JSON_DEPTH).as_bytes()).unwrap_err();
+                assert!(err.to_string().contains("nested"), "{err}");
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    #[test]
+    fn consolidated_keys_no_member_can_have_are_skipped() {
+        for (path, ok) in [
+            ("", true),
+            ("a", true),
+            ("a/b", true),
+            ("..", false),
+            ("a/../b", false),
+            ("./a", false),
+            ("a//b", false),
+            ("/a", false),
+        ] {
+            assert_eq!(is_member_path(path), ok, "{path:?}");
+        }
     }
 }

@@ -148,20 +148,17 @@ pub(crate) fn fetch_documents(
 impl Store {
     /// The names of the sub-directories of `dir` that may hold nodes.
     pub(crate) fn child_dirs(&self, dir: &Path) -> Result<Vec<String>> {
-        let invalid = |e: &dyn std::fmt::Display| ZarrError::InvalidMetadata {
-            path: self.show(dir),
-            reason: e.to_string(),
-        };
+        let failed = |e: std::io::Error| listing_error(self, dir, e);
         match self {
             Store::Local => {
-                let entries = std::fs::read_dir(dir).map_err(|e| invalid(&e))?;
+                let entries = std::fs::read_dir(dir).map_err(failed)?;
                 Ok(entries
                     .flatten()
                     .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .collect())
             }
-            Store::Object(e) => e.list_dirs(dir).map_err(|e| invalid(&e)),
+            Store::Object(e) => e.list_dirs(dir).map_err(failed),
         }
     }
 
@@ -171,10 +168,7 @@ impl Store {
         let Store::Object(e) = self else {
             return Ok(None);
         };
-        let listed = e.list(dir).map_err(|err| ZarrError::InvalidMetadata {
-            path: self.show(dir),
-            reason: err.to_string(),
-        })?;
+        let listed = e.list(dir).map_err(|err| listing_error(self, dir, err))?;
         let prefix = dir.to_string_lossy();
         let prefix = prefix.trim_matches('/');
         Ok(Some(
@@ -190,6 +184,19 @@ impl Store {
                 })
                 .collect(),
         ))
+    }
+}
+
+/// A directory (or object prefix) of a store that cannot be listed: a store error.
+fn listing_error(store: &Store, dir: &Path, e: std::io::Error) -> ZarrError {
+    let shown: std::sync::Arc<Path> = std::sync::Arc::from(store.show(dir).as_path());
+    ZarrError::Io {
+        at: Box::new(Location {
+            node: format!("/{}", dir.to_string_lossy().trim_matches('/')),
+            key: shown.display().to_string(),
+            range: None,
+        }),
+        source: Box::new(IoError::from_os(e, &shown, ReadRange::Whole)),
     }
 }
 

@@ -3,33 +3,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::engines;
+use common::{copy_store, engines};
 use zcrop_io::ReadRange;
 use zcrop_zarr::{Array, OpenOptions, ZarrError};
-
-/// Copies a fixture store into a temp dir.
-fn copy_store(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let f = zcrop_fixtures::get(name);
-    let dir = tempfile::tempdir().unwrap();
-    let dst = dir.path().join("store.zarr");
-    copy_dir(&f.store_path(), &dst);
-    (dir, dst)
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), &to).unwrap();
-        }
-    }
-}
 
 fn open(path: &Path) -> Array {
     let (_, engine) = engines().remove(0);
@@ -203,11 +181,12 @@ fn shard_shorter_than_its_index() {
     }
 }
 
-/// A shard truncated by another process after zcrop mapped it: the lost bytes would read as
-/// zeros; the read fails with an IO error naming the key and range instead (and the process
-/// survives the SIGBUS).
+/// A shard truncated between two reads of a live array (its file mapped, its index cached):
+/// the second read finds the file changed and reads its index again, which the shard is now
+/// too short to hold. (Bytes lost from a mapping during a read are the IO engine's
+/// `FileChanged`, tested in its conformance suite.)
 #[test]
-fn a_shard_truncated_while_mapped_is_an_io_error() {
+fn a_shard_truncated_between_reads_is_a_shard_index_error() {
     let (_d, store) = copy_store("v3_sharded_end");
     let (name, engine) = engines().remove(2);
     assert_eq!(name, "mmap");
@@ -219,7 +198,7 @@ fn a_shard_truncated_while_mapped_is_an_io_error() {
         },
     )
     .unwrap();
-    let before = read_all(&a).unwrap();
+    read_all(&a).unwrap();
     assert!(engine.metrics().mapped_reads > 0);
     std::fs::OpenOptions::new()
         .write(true)
@@ -227,18 +206,12 @@ fn a_shard_truncated_while_mapped_is_an_io_error() {
         .unwrap()
         .set_len(0)
         .unwrap();
-    // The shard index is cached, so the chunks are read from the (stale) mapping.
     match read_all(&a) {
-        Err(ZarrError::Io { at, source }) => {
+        Err(ZarrError::ShardIndex { at, reason }) => {
             assert_eq!(at.key, "c/0/0");
-            assert!(at.range.is_some(), "{at:?}");
-            assert!(
-                matches!(*source, zcrop_io::IoError::FileChanged { .. }),
-                "{source}"
-            );
+            assert!(reason.contains("shorter than its index"), "{reason}");
         }
-        Ok(after) => panic!("read succeeded; equal to before: {}", after == before),
-        Err(other) => panic!("{other:?}"),
+        other => panic!("{other:?}"),
     }
 }
 
@@ -420,4 +393,50 @@ fn blosc_header_with_a_huge_block_size_is_an_error() {
     assert!(a.decode_chunk(&bad).is_err());
     // The chunk as stored decodes.
     assert_eq!(a.decode_chunk(&chunk).unwrap().len(), 200);
+}
+
+/// Sizes that only metadata states (a chunk's bytes, a shard index's entries) are checked at
+/// open: a size no allocation can have is an error naming it, never a wrapped product or an
+/// abort later.
+#[test]
+fn chunks_and_shard_indexes_too_large_to_allocate_are_refused_at_open() {
+    let cases: [(&str, serde_json::Value, serde_json::Value, &str); 3] = [
+        (
+            "v3_bytes_le_raw",
+            serde_json::json!([1u64 << 40, 1u64 << 40]),
+            serde_json::json!([1u64 << 40, 1u64 << 40]),
+            "a chunk",
+        ),
+        (
+            "v3_bytes_le_raw",
+            serde_json::json!([1u64 << 62, 4]),
+            serde_json::json!([1u64 << 62, 4]),
+            "a chunk",
+        ),
+        (
+            "v3_sharded_start",
+            serde_json::json!([1u64 << 31, 1u64 << 31]),
+            serde_json::json!([1u64 << 31, 1u64 << 31]),
+            "a shard index",
+        ),
+    ];
+    for (fixture, shape, chunks, what) in cases {
+        let (_d, store) = copy_store(fixture);
+        set_json(&store.join("zarr.json"), |v| {
+            v["shape"] = shape.clone();
+            v["chunk_grid"]["configuration"]["chunk_shape"] = chunks.clone();
+            if let Some(cfg) = v["codecs"][0]["configuration"].as_object_mut()
+                && cfg.contains_key("chunk_shape")
+            {
+                cfg["chunk_shape"] = serde_json::json!([1, 1]);
+            }
+        });
+        match zcrop_zarr::open(&store) {
+            Err(ZarrError::Oversized { array, reason }) => {
+                assert_eq!(array, "/");
+                assert!(reason.starts_with(what), "{fixture}: {reason}");
+            }
+            other => panic!("{fixture} {shape}: {other:?}"),
+        }
+    }
 }

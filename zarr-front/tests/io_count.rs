@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{assert_same, expected, region};
+use common::{assert_same, copy_store, expected, region};
 use zcrop_io::{BackendChoice, CoalesceLimits, IoConfig, IoEngine};
 use zcrop_zarr::{Array, OpenOptions};
 
@@ -252,4 +252,50 @@ fn encoded_chunks_decode_to_the_array() {
         assert_eq!(got, want, "chunk {c:?}");
     }
     assert!(a.read_encoded_chunks(&[vec![6, 0, 0, 0]]).is_err());
+}
+
+/// A shard replaced between reads (written to a temporary file and renamed over, as
+/// zarr-python writes) is a new file: its cached index and decoded chunks are not used again,
+/// they are read again; an unchanged file keeps being served from the caches.
+#[test]
+fn a_shard_replaced_between_reads_is_read_again() {
+    let (_d, store) = copy_store("v3_workload_4d_u2");
+    let engine = IoEngine::new(IoConfig {
+        coalesce: CoalesceLimits::ADJACENT_ONLY,
+        ..IoConfig::default()
+    })
+    .unwrap();
+    for chunk_cache_bytes in [0, 8 << 20] {
+        let a = Array::open_with(
+            &store,
+            &OpenOptions {
+                engine: Some(engine.clone()),
+                chunk_cache_bytes,
+                ..OpenOptions::default()
+            },
+        )
+        .unwrap();
+        // Inside inner chunk (0, 0, 1, 1) of shard c/0/0/0/0.
+        let (origin, shape) = ([0, 0, 17, 18], [1, 1, 4, 5]);
+        let first = a.read_region(&origin, &shape).unwrap();
+        let mut out = vec![0u8; first.len()];
+        let read = |out: &mut Vec<u8>| a.read_region_into(&origin, &shape, out).unwrap();
+        let cached =
+            |s: &zcrop_zarr::ReadStats| (s.chunks_cached, s.index_cache_hits, s.index_reads);
+        let warm = if chunk_cache_bytes > 0 {
+            (1, 0, 0)
+        } else {
+            (0, 1, 0)
+        };
+        assert_eq!(cached(&read(&mut out)), warm, "cache {chunk_cache_bytes}");
+        let shard = store.join("c/0/0/0/0");
+        let tmp = store.join("c/0/0/0/0.tmp");
+        std::fs::copy(&shard, &tmp).unwrap();
+        std::fs::rename(&tmp, &shard).unwrap();
+        let s = read(&mut out);
+        assert_eq!(cached(&s), (0, 0, 1), "cache {chunk_cache_bytes}: {s:?}");
+        assert_eq!(s.chunks_decoded, 1);
+        assert_eq!(out, first);
+        assert_eq!(cached(&read(&mut out)), warm, "cache {chunk_cache_bytes}");
+    }
 }

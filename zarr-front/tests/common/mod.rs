@@ -113,3 +113,25 @@ pub fn large_batch() -> ([u64; 4], Vec<u64>) {
     origins.extend([2, 0, 0, 0, 4, 0, 10, 10, 0, 0, 3, 1, 5, 0, 8, 2]);
     ([1, 3, 60, 80], origins)
 }
+
+/// Copies a fixture store into a temp dir.
+pub fn copy_store(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let f = zcrop_fixtures::get(name);
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("store.zarr");
+    copy_dir(&f.store_path(), &dst);
+    (dir, dst)
+}
+
+pub fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
