@@ -10,7 +10,7 @@ use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
-use zcrop::io::ReadRange;
+use zcrop::io::{EngineError, IoError, ReadRange};
 use zcrop::sampler::SamplerError;
 use zcrop::zarr::{Location, ZarrError};
 
@@ -37,6 +37,7 @@ exception_class!(transform, "TransformError");
 exception_class!(cancelled, "CancelledError");
 exception_class!(internal, "InternalError");
 exception_class!(loader, "LoaderError");
+exception_class!(out_of_memory, "OutOfMemoryError");
 
 /// The Python exception for `e`.
 pub(crate) fn to_pyerr(py: Python<'_>, e: &ZarrError) -> PyErr {
@@ -54,12 +55,24 @@ fn build_with(py: Python<'_>, e: &ZarrError, message: Option<String>) -> PyResul
         ZarrError::NodeNotFound { path } => (node_not_found(py)?, None, Some(path.clone())),
         ZarrError::WrongNodeType { path, .. } => (node_type(py)?, None, Some(path.clone())),
         ZarrError::InvalidMetadata { path, .. } => (metadata(py)?, None, Some(path.clone())),
+        ZarrError::Oversized { .. } => (metadata(py)?, None, None),
+        ZarrError::OutOfMemory { .. } => (out_of_memory(py)?, None, None),
+        ZarrError::Io { at, source } if matches!(**source, IoError::OutOfMemory { .. }) => {
+            (out_of_memory(py)?, Some(at.as_ref()), None)
+        }
         ZarrError::UnsupportedCodec { .. }
         | ZarrError::UnsupportedDataType { .. }
         | ZarrError::Unsupported { .. } => (unsupported(py)?, None, None),
         ZarrError::OutOfBounds { .. } => (bounds(py)?, None, None),
         ZarrError::InvalidArgument(_) => (invalid_argument(py)?, None, None),
         ZarrError::Io { at, .. } => (store(py)?, Some(at.as_ref()), None),
+        // A URL or storage option that cannot be used, or a bad engine setting: the
+        // caller's argument.
+        ZarrError::Engine(e)
+            if matches!(**e, EngineError::Store { .. } | EngineError::Config(_)) =>
+        {
+            (invalid_argument(py)?, None, None)
+        }
         ZarrError::Engine(_) => (store(py)?, None, None),
         ZarrError::Codec { at, .. } => (codec(py)?, Some(at.as_ref()), None),
         ZarrError::ShardIndex { at, .. } => (shard_index(py)?, Some(at.as_ref()), None),
@@ -68,7 +81,13 @@ fn build_with(py: Python<'_>, e: &ZarrError, message: Option<String>) -> PyResul
         // `ZarrError` is non-exhaustive: a variant added later is still a zcrop error.
         _ => (internal(py)?, None, None),
     };
-    let value = class.call1((message,))?;
+    // The OSError subclasses take (errno, strerror) and get `filename`, so that their text
+    // reads like FileNotFoundError's: "[Errno 2] No Zarr array or group: 'path'".
+    let value = match e {
+        ZarrError::NodeNotFound { .. } => class.call1((enoent(py)?, "No Zarr array or group"))?,
+        ZarrError::WrongNodeType { .. } => class.call1((enoent(py)?, message))?,
+        _ => class.call1((message,))?,
+    };
     if let Some(at) = at {
         set_location(&value, at)?;
     }
@@ -93,6 +112,11 @@ pub(crate) fn sampler_pyerr(py: Python<'_>, e: &SamplerError) -> PyErr {
         _ => loader(py).and_then(|c| c.call1((e.to_string(),)).map(PyErr::from_value)),
     };
     built.unwrap_or_else(|failed| failed)
+}
+
+/// `errno.ENOENT`.
+fn enoent(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    py.import("errno")?.getattr("ENOENT")
 }
 
 /// Sets `node`, `key` and `byte_range` on an exception instance.

@@ -69,6 +69,12 @@ impl NativeGroup {
         self.inner.is_consolidated()
     }
 
+    /// Keys of the consolidated metadata left out because no member can have them.
+    #[getter]
+    fn skipped_consolidated_keys(&self) -> Vec<String> {
+        self.inner.skipped_consolidated_keys().to_vec()
+    }
+
     /// Opens the member at `path` (a name or a `/`-separated path).
     fn get<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyAny>> {
         let node = blocking::run(py, 0, |_| self.inner.get(path).map_err(Failure::from))?;

@@ -104,9 +104,9 @@ def test_missing_stores_and_bad_options_raise(store):
         zcrop.open(f"s3://{BUCKET}/no/such.zarr", storage_options=store.options)
     assert isinstance(e.value, FileNotFoundError)
     assert f"s3://{BUCKET}/no/such.zarr" in str(e.value)
-    with pytest.raises(zcrop.StoreError, match="colour"):
+    with pytest.raises(zcrop.InvalidArgumentError, match="colour"):
         zcrop.open(f"s3://{BUCKET}/data/v3_4d_i1.zarr", storage_options={"colour": "blue"})
-    with pytest.raises(ValueError, match="storage_options"):
+    with pytest.raises(zcrop.InvalidArgumentError, match="storage_options"):
         zcrop.open(str(FIXTURES / "data/v3_4d_i1.zarr"), storage_options={"anon": True})
     with pytest.raises(TypeError):
         zcrop.open(f"s3://{BUCKET}/x.zarr", storage_options={"anon": object()})

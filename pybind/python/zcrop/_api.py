@@ -6,6 +6,13 @@ URL of one in an object store (``s3://bucket/data.zarr``, ``gs://``, ``az://``, 
 configured like fsspec or obstore stores with ``storage_options``
 (``{"endpoint_url": ..., "region": ..., "anon": True, "key": ..., "secret": ...}``).
 
+Deadlines: a request that gets no response within ``timeout`` (default ``"30s"``) fails and
+is retried, with backoff, until ``retry_timeout`` seconds (default 60) have passed since its
+first try; a read from a server that stops answering therefore raises
+:class:`~zcrop.errors.StoreError` within about 90 seconds. ``storage_options={"timeout": "5s",
+"retry_timeout": 10}`` fails sooner; ``max_retries`` (default 10) bounds the tries. An
+unknown or malformed storage option is an :class:`~zcrop.errors.InvalidArgumentError`.
+
 ``chunk_cache=`` (bytes, or a size such as ``"512M"``) keeps decoded chunks of the arrays
 opened in a least-recently-used cache of that budget, per array: worth it when reads overlap,
 such as random crops from a dataset of a few times the budget. Off by default.
@@ -22,7 +29,7 @@ from zcrop import _fork, _zcrop
 from zcrop._zcrop import NativeArray, NativeGroup
 from zcrop._array import Array, AsyncArray, await_native
 from zcrop._group import AsyncGroup, Group, wrap, wrap_async
-from zcrop.errors import NodeNotFoundError, NodeTypeError
+from zcrop.errors import InvalidArgumentError, NodeNotFoundError, NodeTypeError
 
 __all__ = ["open", "open_array", "open_async", "open_group"]
 
@@ -92,7 +99,7 @@ def _store_path(store: Any, mode: str | None, kwargs: dict[str, Any]) -> tuple[s
     if root.startswith("file://"):
         root = root[len("file://") :]
     if options and not is_url(root):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"storage_options apply to object-store URLs (s3://, gs://, az://, https://); "
             f"{root!r} is a local path"
         )

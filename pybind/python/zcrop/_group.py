@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Union
 
@@ -36,6 +37,13 @@ class _GroupBase:
     def __init__(self, native: NativeGroup) -> None:
         self._native = native
         self._attrs: Attributes | None = None
+        skipped = native.skipped_consolidated_keys
+        if skipped:
+            warnings.warn(
+                f"zcrop: group {native.uri}: consolidated metadata has entries no member can "
+                f"have, left out: {', '.join(map(repr, skipped))}",
+                stacklevel=4,
+            )
 
     @property
     def name(self) -> str:

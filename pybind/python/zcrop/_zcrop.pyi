@@ -181,6 +181,9 @@ class NativeGroup:
     @property
     def is_consolidated(self) -> bool:
         """Whether the metadata is consolidated."""
+    @property
+    def skipped_consolidated_keys(self) -> list[str]:
+        """Consolidated metadata keys no member can have, left out."""
     def get(self, path: str) -> NativeArray | NativeGroup:
         """Opens the member at ``path``."""
     def members(self) -> list[tuple[str, Literal["array", "group"]]]:

@@ -23,6 +23,8 @@ class                         raised when
 :class:`CodecError`           chunk bytes that do not decode (corrupt, truncated, bad checksum)
 :class:`ShardIndexError`      a corrupt shard index, or one pointing outside its shard (a
                               :class:`CodecError`)
+:class:`OutOfMemoryError`     no memory for a chunk, a read buffer or an output (also a
+                              :class:`MemoryError`)
 :class:`TransformError`       a transform failed on a block
 :class:`CancelledError`       a read was cancelled
 :class:`LoaderError`          a loader cannot go on, e.g. the consumer holds every batch buffer
@@ -49,6 +51,7 @@ __all__ = [
     "MetadataError",
     "NodeNotFoundError",
     "NodeTypeError",
+    "OutOfMemoryError",
     "ShardIndexError",
     "StoreError",
     "TransformError",
@@ -113,6 +116,18 @@ class CodecError(ZcropError):
 
 class ShardIndexError(CodecError):
     """A shard index that is corrupt or points outside its shard."""
+
+
+class OutOfMemoryError(ZcropError, MemoryError):
+    """The memory for a chunk, a read buffer or an output could not be had (a
+    :class:`MemoryError`): the process's address-space limit (``ulimit -v``, common on HPC
+    batch nodes) or the machine's memory is smaller than what the read needs. The message says
+    what needed how many bytes, and where.
+    """
+
+    node: str | None
+    key: str | None
+    byte_range: tuple[int, int] | None
 
 
 class TransformError(ZcropError):
