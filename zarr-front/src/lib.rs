@@ -36,6 +36,7 @@
 mod array;
 mod blosc_block;
 mod cache;
+mod codec;
 mod decode;
 pub mod error;
 mod ffi;
