@@ -1,14 +1,16 @@
 //! numcodecs codecs that zarr-python reads and zarrs does not: the compressors `lz4`, `lzma`
-//! and `bz2`.
+//! and `bz2`, and the filter `delta`.
 //!
 //! | v2 id   | v3 name           | kind           | module    |
 //! | ------- | ----------------- | -------------- | --------- |
 //! | `lz4`   | `numcodecs.lz4`   | bytes to bytes | [`lz4`]   |
 //! | `lzma`  | `numcodecs.lzma`  | bytes to bytes | [`lzma`]  |
 //! | `bz2`   | `numcodecs.bz2`   | bytes to bytes | [`bz2`]   |
+//! | `delta` | `numcodecs.delta` | array to array | [`delta`] |
 //!
 //! Each decodes what numcodecs 0.16 writes, byte for byte as zarr-python reads it. zcrop only
-//! reads, so they refuse to encode.
+//! reads, so the compressors refuse to encode; `delta` encodes too, because zarrs computes the
+//! encoded fill value of an array-to-array codec by encoding it.
 //!
 //! zarrs has a `bz2` codec of its own behind a feature, but it decodes into a buffer that grows
 //! as long as the stream goes on, and a bzip2 stream can expand millions of times. Every decoder
@@ -17,6 +19,7 @@
 //! it. None of them panics on any input.
 
 pub(crate) mod bz2;
+pub(crate) mod delta;
 pub(crate) mod lz4;
 pub(crate) mod lzma;
 
@@ -195,8 +198,14 @@ pub(crate) fn decode_streams<D: StreamDecoder>(
 
 #[cfg(test)]
 mod tests {
-    use zarrs::array::CodecMetadataOptions;
+    use std::borrow::Cow;
+    use std::num::NonZeroU64;
+
     use zarrs::array::codec::api::Codec;
+    use zarrs::array::{
+        ArrayToBytesCodecTraits, CodecChain, CodecMetadataOptions, CodecOptions, FillValue,
+        data_type,
+    };
     use zarrs::metadata::v2::MetadataV2;
     use zarrs::metadata::v3::MetadataV3;
     use zarrs::plugin::ExtensionName;
@@ -211,6 +220,10 @@ mod tests {
             (
                 r#"{"id": "lzma", "format": 1, "check": -1, "preset": null, "filters": null}"#,
                 "numcodecs.lzma",
+            ),
+            (
+                r#"{"id": "delta", "dtype": "<i4", "astype": "<i2"}"#,
+                "numcodecs.delta",
             ),
         ] {
             let metadata: MetadataV2 = serde_json::from_str(v2).unwrap();
@@ -233,6 +246,40 @@ mod tests {
                 Some(config)
             );
         }
+    }
+
+    #[test]
+    fn v3_chains_decode() {
+        // numcodecs.delta -> bytes -> numcodecs.lz4, as zarr-python writes a v3 array with
+        // these numcodecs codecs.
+        let codecs: Vec<MetadataV3> = serde_json::from_str(
+            r#"[{"name": "numcodecs.delta", "configuration": {"dtype": "<i4"}},
+                {"name": "bytes", "configuration": {"endian": "little"}},
+                {"name": "numcodecs.lz4", "configuration": {"acceleration": 1}}]"#,
+        )
+        .unwrap();
+        let chain = CodecChain::from_metadata(&codecs).unwrap();
+        let values: Vec<i32> = (0..60).map(|i| i * i - 1000).collect();
+        let steps: Vec<u8> = std::iter::once(values[0])
+            .chain(values.windows(2).map(|w| w[1] - w[0]))
+            .flat_map(i32::to_le_bytes)
+            .collect();
+        let mut chunk = 240u32.to_le_bytes().to_vec();
+        chunk.extend(crate::ffi::tests::lz4_compress(&steps, false));
+        let shape = [NonZeroU64::new(6).unwrap(), NonZeroU64::new(10).unwrap()];
+        let decoded = chain
+            .decode(
+                Cow::Owned(chunk),
+                &shape,
+                &data_type::int32(),
+                &FillValue::from(0i32),
+                &CodecOptions::default(),
+            )
+            .unwrap()
+            .into_fixed()
+            .unwrap();
+        let want: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        assert_eq!(&decoded[..], &want[..]);
     }
 
     /// A decoder that copies up to `chunk` bytes a step and ends its stream at a 0 byte
