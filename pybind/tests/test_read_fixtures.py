@@ -38,7 +38,7 @@ def pair(request):
 
 
 def test_manifest_covers_every_fixture():
-    assert len(ENTRIES) == 53
+    assert len(ENTRIES) == 63
 
 
 def test_metadata_matches_zarr_python(pair):

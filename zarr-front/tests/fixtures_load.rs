@@ -8,6 +8,8 @@ use zarrs::array::Array;
 use zarrs::metadata::ArrayMetadata;
 use zarrs::metadata::v2::ArrayMetadataV2;
 use zarrs::metadata::v3::ArrayMetadataV3;
+// Links zcrop-zarr, whose numcodecs codecs (lz4, lzma, bz2, delta) join zarrs' registry.
+use zcrop_zarr as _;
 
 /// v3 name of the data type for a numpy dtype string.
 fn v3_name(descr: &str) -> &'static str {
