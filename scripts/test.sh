@@ -4,7 +4,8 @@
 #
 #   cargo fmt --check, cargo clippy -D warnings, the Python test virtualenv (it holds moto, the
 #   S3-compatible server the object-store tests start on loopback), cargo test --workspace,
-#   then builds the Python package into the virtualenv and runs pytest.
+#   the fuzz targets for a fixed time (ZCROP_FUZZ_SECONDS per target), then builds the Python
+#   package into the virtualenv and runs pytest.
 #
 # Caches (outside the clone, safe to delete): $ZCROP_CACHE (default ~/.cache/zcrop) holds the
 # cargo target dir and the virtualenv, which is rebuilt when pybind/requirements-test.txt changes.
@@ -79,7 +80,14 @@ fi
 export ZCROP_TEST_VENV="$VENV" ZCROP_REQUIRE_S3=1
 
 step "cargo test --workspace"
-cargo test --workspace 2>&1 | tee "$LOGS/cargo.log"
+cargo test --workspace -- --skip fuzzing::runner 2>&1 | tee "$LOGS/cargo.log"
+
+# The fuzz targets of zarr-front's parsers and decoders on the stable toolchain: the committed
+# corpus (zarr-front/fuzz/corpus), then seeded mutations of it for a fixed time per target.
+export ZCROP_FUZZ_SECONDS="${ZCROP_FUZZ_SECONDS:-5}"
+step "fuzz targets: corpus, then ${ZCROP_FUZZ_SECONDS}s of mutations each"
+cargo test -p zcrop-zarr --lib fuzzing::runner -- --nocapture 2>&1 \
+    | grep -E '^(fuzz |test result|thread|.*panicked)' | tee -a "$LOGS/cargo.log"
 
 # --- Python ------------------------------------------------------------------------------------
 step "maturin develop (the zcrop Python package)"

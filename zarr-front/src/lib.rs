@@ -51,21 +51,11 @@ pub mod transform;
 mod unshuffle;
 mod zstd_block;
 
-/// Internal decoders, for the fuzz targets in `zarr-front/fuzz` only (feature `fuzzing`): not a
-/// public API.
-#[cfg(feature = "fuzzing")]
+/// The fuzz targets, for `zarr-front/fuzz` (feature `fuzzing`) and the tests: not a public
+/// API.
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
-pub mod fuzzing {
-    /// zcrop's LZ4 block decoder: see `lz4::decompress`.
-    pub fn lz4(src: &[u8], out: &mut [u8], want: usize) -> Option<usize> {
-        crate::lz4::decompress(src, out, want)
-    }
-
-    /// liblz4's decoder, with the same contract as [`lz4`].
-    pub fn liblz4(src: &[u8], out: &mut [u8], want: usize) -> Option<usize> {
-        crate::ffi::lz4_decompress(src, out, want)
-    }
-}
+pub mod fuzzing;
 
 pub use array::{
     Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadStats, StorageSummary,

@@ -1,18 +1,8 @@
-//! Arbitrary bytes as a chunk of the fixtures' arrays (every codec chain: blosc, zstd, gzip,
-//! zlib, crc32c, transpose, big-endian, raw): decoding returns the chunk or an error, never
-//! panics or reads out of bounds.
+//! cargo-fuzz driver of `zcrop_zarr::fuzzing::chunk` (see there for what it checks).
 #![no_main]
 
 mod common;
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    let Some((&pick, rest)) = data.split_first() else { return };
-    let arrays = common::root_arrays();
-    let a = &arrays[pick as usize % arrays.len()];
-    if let Ok(chunk) = a.decode_chunk(rest) {
-        let n: u64 = a.chunk_shape().iter().product();
-        assert_eq!(chunk.len() as u64, n * a.element_size() as u64);
-    }
-});
+fuzz_target!(|data: &[u8]| zcrop_zarr::fuzzing::chunk(common::root_arrays(), data));
