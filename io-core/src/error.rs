@@ -4,7 +4,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::request::ReadRange;
+use crate::range::ReadRange;
 
 /// Why a read failed. Each variant carries the file and the requested range, so callers can
 /// name them in their own errors (and map them to e.g. Python exceptions) without parsing text.

@@ -45,27 +45,27 @@
 
 pub mod budget;
 pub mod coalesce;
+mod config;
 mod engine;
 pub mod error;
-mod fdcache;
-mod mapguard;
+mod files;
 mod metrics;
 pub mod object;
-mod op;
 mod pool;
-mod portable;
+mod range;
 pub mod request;
 mod sys;
-#[cfg(target_os = "linux")]
-mod uring;
+mod worker;
 
 pub use budget::{Budget, Permit};
 pub use coalesce::{CoalesceLimits, Coalesced, Member, MergedRead, coalesce};
-pub use engine::{
-    BackendChoice, BackendKind, Batch, DEFAULT_FD_CACHE, DEFAULT_QUEUE_DEPTH, FastPath, IoConfig,
-    IoEngine, MAP_MIN_FILE_BYTES, MapFiles, PLAN_GROUP, check_mapped, mapped_intact,
+pub use config::{
+    BackendChoice, BackendKind, DEFAULT_FD_CACHE, DEFAULT_QUEUE_DEPTH, FastPath, IoConfig,
+    MAP_MIN_FILE_BYTES, MapFiles,
 };
+pub use engine::{Batch, IoEngine};
 pub use error::{EngineError, IoError};
+pub use files::mapping::{check_mapped, mapped_intact};
 pub use metrics::MetricsSnapshot;
 pub use object::{
     ObjectBatch, ObjectConfig, ObjectEngine, ObjectMetrics, RetryPolicy, is_object_url,

@@ -16,6 +16,8 @@ use std::ptr::NonNull;
 
 use bytes::Bytes;
 
+use crate::files::mapguard::page_size;
+
 /// Memory for one read: `cap` bytes of which the first `filled` were written by the kernel.
 #[derive(Debug)]
 pub(crate) struct ReadBuf {
@@ -319,7 +321,7 @@ struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     /// Its entry in the `SIGBUS` guard; dropped before the mapping is unmapped.
-    registration: Option<crate::mapguard::Registration>,
+    registration: Option<crate::files::mapguard::Registration>,
 }
 
 // SAFETY: the mapping is read-only and owned by this value alone; sharing or moving the pointer
@@ -382,7 +384,7 @@ pub(crate) fn map_file(file: &File) -> io::Result<Bytes> {
     };
     // On failure, dropping `mapping` unmaps it.
     mapping.registration = Some(
-        crate::mapguard::register(ptr.as_ptr() as usize, len)
+        crate::files::mapguard::register(ptr.as_ptr() as usize, len)
             .ok_or_else(|| io::Error::other("no SIGBUS guard for the mapping"))?,
     );
     Ok(Bytes::from_owner(mapping))
@@ -417,16 +419,6 @@ impl EventFd {
         // impossible at 1 per submission) leave the worker to wake on its next completion.
         unsafe { libc::eventfd_write(self.raw(), 1) };
     }
-}
-
-/// The system's page size.
-pub(crate) fn page_size() -> usize {
-    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    // SAFETY: sysconf has no preconditions.
-    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        n if n > 0 => n as usize,
-        _ => 4096,
-    })
 }
 
 /// Whether every page of `bytes[start..end]` is in memory, for `bytes` the mapping of all of

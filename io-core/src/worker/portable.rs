@@ -6,8 +6,11 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, TryRecvError};
 
+use super::Work;
+use super::local::Local;
+use super::op::{Ctx, Target};
+use super::resolve::{Resolution, Resolved, resolve};
 use crate::error::EngineError;
-use crate::op::{Ctx, Local, Resolution, Resolved, Target, Work, resolve};
 
 /// Results a worker buffers before sending them.
 const FLUSH_AT: usize = 64;

@@ -66,7 +66,7 @@ pub(crate) fn installed() -> bool {
 }
 
 fn install() -> std::io::Result<()> {
-    PAGE.store(crate::sys::page_size(), Ordering::Relaxed);
+    PAGE.store(page_size(), Ordering::Relaxed);
     // SAFETY: sigaction with a zeroed (valid: empty mask, no flags) struct and out-pointers to
     // locals; the handler is an `extern "C"` function of the SA_SIGINFO signature.
     unsafe {
@@ -192,4 +192,14 @@ pub(crate) fn intact(ptr: *const u8) -> bool {
         return true;
     }
     find(ptr as usize).is_none_or(|s| !s.damaged.load(Ordering::Acquire))
+}
+
+/// The system's page size.
+pub(crate) fn page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    })
 }

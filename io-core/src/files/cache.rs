@@ -12,8 +12,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::engine::{MAP_MIN_FILE_BYTES, MapFiles};
-use crate::op::ResidentMemo;
+use crate::config::{MAP_MIN_FILE_BYTES, MapFiles};
+use crate::files::residency::{Mapping, ResidentMemo};
 use crate::sys;
 
 /// An open file and what reading it needs to know.
@@ -52,14 +52,6 @@ impl FileState {
             checked: AtomicU64::new(generation),
         })
     }
-}
-
-/// A whole file mapped, and what is known of which parts of it are in memory.
-#[derive(Debug)]
-pub(crate) struct Mapping {
-    pub(crate) bytes: Bytes,
-    /// Shared by every thread's copy of the file (see [`OpenFile::reopen`]).
-    pub(crate) resident: Arc<ResidentMemo>,
 }
 
 impl OpenFile {

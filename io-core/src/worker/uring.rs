@@ -22,13 +22,16 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Receiver;
 use io_uring::{IoUring, opcode, squeue, types};
 
-use crate::engine::FastPath;
+use crate::config::FastPath;
 use crate::error::{EngineError, IoError};
-use crate::op::{
-    Active, Attempt, CacheProbe, Ctx, Local, Resolution, Resolved, Run, Target, Work, is_retryable,
-    resolve,
-};
+use crate::files::residency::CacheProbe;
 use crate::sys::EventFd;
+
+use super::Work;
+use super::active::{Active, Attempt, is_retryable};
+use super::local::Local;
+use super::op::{Ctx, Run, Target};
+use super::resolve::{Resolution, Resolved, resolve};
 
 /// Results a worker buffers before sending them.
 const FLUSH_AT: usize = 64;

@@ -1,0 +1,319 @@
+//! Running GETs and handing their results over: the async driver of one batch (each GET
+//! under the concurrency limit and the in-flight budget, its errors classified) and
+//! [`ObjectBatch`], the synchronous iterator of its [`Completion`]s.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+
+use crate::budget::Permit;
+use crate::error::IoError;
+use crate::request::{Completion, ReadRange, ReadRequest};
+
+use super::client::Counters;
+use super::plan::{Op, Part};
+use super::{ObjectEngine, Shared};
+
+/// Results sent to a batch in one message; the permit is released when the consumer takes it.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    done: Vec<(usize, Result<Bytes, IoError>)>,
+    permit: Option<Permit>,
+}
+
+/// Issues a batch's GETs, each once the budget and a concurrency slot allow, until done or
+/// the batch is dropped.
+pub(crate) async fn drive(
+    shared: Arc<Shared>,
+    ops: Vec<Op>,
+    tx: Sender<Delivery>,
+    cancel: Arc<AtomicBool>,
+) {
+    for op in ops {
+        if cancel.load(Ordering::Acquire) {
+            return;
+        }
+        let charge = op.charge(shared.whole_object_charge);
+        let permit = match shared.budget.try_acquire(charge) {
+            Some(p) => p,
+            None => {
+                let budget = Arc::clone(&shared.budget);
+                let give_up = Arc::clone(&cancel);
+                let waited = tokio::task::spawn_blocking(move || {
+                    budget.acquire(charge, || give_up.load(Ordering::Acquire))
+                })
+                .await;
+                match waited {
+                    Ok(Some(p)) => p,
+                    // Cancelled (the batch was dropped) or the runtime is stopping.
+                    _ => return,
+                }
+            }
+        };
+        let Ok(slot) = Arc::clone(&shared.slots).acquire_owned().await else {
+            return;
+        };
+        let shared = Arc::clone(&shared);
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let done = run_op(&shared, &op, Some(permit)).await;
+            drop(slot);
+            // A dropped batch no longer listens; the permit is released right here then.
+            let _ = tx.send(done);
+        });
+    }
+}
+
+/// Performs one GET and cuts each request's bytes out of it.
+async fn run_op(shared: &Shared, op: &Op, mut permit: Option<Permit>) -> Delivery {
+    let url = || shared.url_of(&op.key);
+    let serve = |data: &Bytes, parts: &[Part]| -> Vec<(usize, Result<Bytes, IoError>)> {
+        parts
+            .iter()
+            .map(|p| {
+                let start = p.offset_in_read as usize;
+                let bytes = match p.len {
+                    Some(len) => data.slice(start..start + len as usize),
+                    None => data.clone(),
+                };
+                (p.index, Ok(bytes))
+            })
+            .collect()
+    };
+    let fail = |err: &IoError, permit: Option<Permit>| {
+        Counters::add(&shared.counters.errors, op.parts.len() as u64);
+        Delivery {
+            done: op
+                .parts
+                .iter()
+                .map(|p| (p.index, Err(err.with_range(p.range))))
+                .collect(),
+            permit,
+        }
+    };
+    let get_range = match op.range {
+        // Nothing to fetch: zero-length ranges are served without a request.
+        ReadRange::Bounded { len: 0, .. } | ReadRange::Suffix(0) => {
+            return Delivery {
+                done: serve(&Bytes::new(), &op.parts),
+                permit: None,
+            };
+        }
+        ReadRange::Bounded { offset, len } => Some(GetRange::Bounded(offset..offset + len)),
+        ReadRange::Suffix(n) => Some(GetRange::Suffix(n)),
+        ReadRange::Whole => None,
+    };
+    let Some(location) = shared.location(&op.key) else {
+        let err = IoError::Io {
+            path: url(),
+            range: op.range,
+            source: Arc::new(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the object key is not valid UTF-8",
+            )),
+        };
+        return fail(&err, permit);
+    };
+    Counters::add(&shared.counters.gets, 1);
+    let options = GetOptions::default().with_range(get_range);
+    let got = match shared.store.get_opts(&location, options).await {
+        Ok(r) => {
+            let size = r.meta.size;
+            r.bytes().await.map(|b| (b, size))
+        }
+        Err(e) => Err(e),
+    };
+    let (data, object_len) = match got {
+        Ok(got) => got,
+        Err(e) => {
+            let err = classify(shared, &location, op.range, url(), e).await;
+            return fail(&err, permit);
+        }
+    };
+    Counters::add(&shared.counters.bytes_read, data.len() as u64);
+    if op.range == ReadRange::Whole
+        && let Some(p) = permit.as_mut()
+    {
+        p.resize(data.len() as u64);
+    }
+    let wanted = match op.range {
+        ReadRange::Bounded { len, .. } => len,
+        ReadRange::Suffix(n) => n,
+        ReadRange::Whole => data.len() as u64,
+    };
+    if data.len() as u64 >= wanted {
+        // Never longer, unless a server sent more than was asked for.
+        let data = match op.range {
+            _ if data.len() as u64 == wanted => data,
+            ReadRange::Suffix(_) => data.slice(data.len() - wanted as usize..),
+            _ => data.slice(..wanted as usize),
+        };
+        return Delivery {
+            done: serve(&data, &op.parts),
+            permit,
+        };
+    }
+    // The object ended before the range did: requests inside the bytes obtained succeed, the
+    // others are past the end.
+    let got = data.len() as u64;
+    let mut errors = 0;
+    let done = op
+        .parts
+        .iter()
+        .map(|p| {
+            let fits = p
+                .len
+                .is_some_and(|len| p.offset_in_read.saturating_add(len) <= got);
+            if fits {
+                let start = p.offset_in_read as usize;
+                let len = p.len.unwrap_or(0) as usize;
+                (p.index, Ok(data.slice(start..start + len)))
+            } else {
+                errors += 1;
+                (
+                    p.index,
+                    Err(IoError::RangePastEof {
+                        path: url(),
+                        range: p.range,
+                        file_len: object_len,
+                    }),
+                )
+            }
+        })
+        .collect();
+    Counters::add(&shared.counters.errors, errors);
+    Delivery { done, permit }
+}
+
+/// Maps a failed GET to an [`IoError`]. A ranged GET that failed otherwise than "not found" or
+/// "denied" may have asked for bytes past the end of the object (`416 Range Not Satisfiable`
+/// comes back as a generic error): one HEAD tells.
+async fn classify(
+    shared: &Shared,
+    location: &ObjectPath,
+    range: ReadRange,
+    path: Arc<Path>,
+    e: object_store::Error,
+) -> IoError {
+    match e {
+        object_store::Error::NotFound { .. } => IoError::NotFound { path, range },
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => {
+            log::debug!("zcrop-io: {}: {e}", path.display());
+            IoError::PermissionDenied { path, range }
+        }
+        e => {
+            if range != ReadRange::Whole {
+                match shared.store.head(location).await {
+                    Ok(meta) if range.resolve(meta.size).is_none() => {
+                        return IoError::RangePastEof {
+                            path,
+                            range,
+                            file_len: meta.size,
+                        };
+                    }
+                    Err(object_store::Error::NotFound { .. }) => {
+                        return IoError::NotFound { path, range };
+                    }
+                    _ => {}
+                }
+            }
+            IoError::Io {
+                path,
+                range,
+                source: Arc::new(std::io::Error::other(e)),
+            }
+        }
+    }
+}
+
+/// The results of one [`ObjectEngine::submit`], in completion order. Iterating blocks until
+/// the next result arrives and ends after the last one. Dropping it early is fine: no further
+/// GETs are issued, and those in flight finish and are discarded.
+#[derive(Debug)]
+pub struct ObjectBatch {
+    pub(super) rx: Receiver<Delivery>,
+    pub(super) ready: VecDeque<Completion>,
+    pub(super) remaining: usize,
+    pub(super) requests: Vec<ReadRequest>,
+    pub(super) delivered: Vec<bool>,
+    pub(super) cancel: Arc<AtomicBool>,
+    pub(super) engine: ObjectEngine,
+}
+
+impl ObjectBatch {
+    /// Results not yet returned.
+    pub fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    fn take(&mut self, d: Delivery) {
+        for (i, result) in d.done {
+            if !std::mem::replace(&mut self.delivered[i], true) {
+                self.ready.push_back(Completion {
+                    id: self.requests[i].id,
+                    result,
+                });
+            }
+        }
+        drop(d.permit);
+    }
+
+    /// The runtime dropped the batch's work (it is shutting down): every request not yet
+    /// answered fails with [`IoError::Shutdown`].
+    fn fail_rest(&mut self) {
+        for (i, r) in self.requests.iter().enumerate() {
+            if !std::mem::replace(&mut self.delivered[i], true) {
+                self.ready.push_back(Completion {
+                    id: r.id,
+                    result: Err(IoError::Shutdown {
+                        path: self.engine.shared.url_of(&r.path),
+                        range: r.range,
+                    }),
+                });
+            }
+        }
+    }
+}
+
+impl Iterator for ObjectBatch {
+    type Item = Completion;
+
+    fn next(&mut self) -> Option<Completion> {
+        loop {
+            if let Some(c) = self.ready.pop_front() {
+                self.remaining -= 1;
+                return Some(c);
+            }
+            if self.remaining == 0 {
+                return None;
+            }
+            match self.rx.recv() {
+                Ok(d) => self.take(d),
+                Err(_) => {
+                    self.fail_rest();
+                    if self.ready.is_empty() {
+                        self.remaining = 0;
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.ready.len(), Some(self.remaining))
+    }
+}
+
+impl Drop for ObjectBatch {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Release);
+    }
+}
