@@ -4,9 +4,9 @@
 //! trailing `crc32c` take a fast path: the chunk is decompressed straight into a caller buffer
 //! (a reused per-thread scratch buffer, or the crop itself), with one reused zstd context per
 //! thread, and only as far as the crops need where the codec allows stopping early: zstd chunks
-//! of one block through [`crate::zstd_block`], which decodes only the literal streams holding
+//! of one block through [`crate::codec::zstd`], which decodes only the literal streams holding
 //! the needed bytes (several chunks interleaved, see [`LeafDecoder::with_decoded_group`]),
-//! blosc through [`crate::blosc_block`] (raw splits read in place, LZ4 splits decoded only up to
+//! blosc through [`crate::codec::blosc`] (raw splits read in place, LZ4 splits decoded only up to
 //! the needed bytes, and only those bytes unshuffled: straight into the crops where no
 //! transform applies, see [`LeafDecoder::with_blosc_chunk`]; other blosc chunks by c-blosc's
 //! blocks), gzip and zlib by prefix. Every other
@@ -28,9 +28,7 @@ use zarrs::array::{
 use zarrs::metadata::{ConfigurationSerialize, Endianness};
 use zarrs::plugin::ExtensionName;
 
-use crate::blosc_block;
-use crate::ffi;
-use crate::zstd_block;
+use crate::codec::{blosc, ffi, zstd};
 
 /// A zstd frame decodes block by block; blocks hold up to this many decoded bytes, so stopping
 /// early only saves work when at least this much of the chunk is not needed.
@@ -79,13 +77,13 @@ pub(crate) struct DecodeCost {
 }
 
 thread_local! {
-    static ZSTD: RefCell<Option<zstd::zstd_safe::DCtx<'static>>> = const { RefCell::new(None) };
+    static ZSTD: RefCell<Option<::zstd::zstd_safe::DCtx<'static>>> = const { RefCell::new(None) };
     /// Literals of single-chunk partial decodes.
     static ZSTD_BLOCK_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// Per-thread buffers of grouped decodes: (chunk, literals) per member.
     static GROUP: RefCell<Vec<(Vec<u8>, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
     /// Decompressed splits of blosc chunks read through [`blosc_block`].
-    static BLOSC_SCRATCH: RefCell<blosc_block::Scratch> = RefCell::new(blosc_block::Scratch::default());
+    static BLOSC_SCRATCH: RefCell<blosc::Scratch> = RefCell::new(blosc::Scratch::default());
 }
 
 /// Opens the blosc chunk `data` (of `full` decoded bytes) for the bytes `range` through
@@ -94,14 +92,14 @@ fn with_blosc_block<R>(
     data: &[u8],
     full: usize,
     range: Range<usize>,
-    f: impl FnOnce(&blosc_block::Chunk<'_>) -> R,
+    f: impl FnOnce(&blosc::Chunk<'_>) -> R,
 ) -> Option<(R, DecodeCost)> {
-    if blosc_block::decoded_size(data) != Some(full) {
+    if blosc::decoded_size(data) != Some(full) {
         return None;
     }
     BLOSC_SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
-        let chunk = blosc_block::open(data, range, &mut scratch).ok()?;
+        let chunk = blosc::open(data, range, &mut scratch).ok()?;
         let cost = DecodeCost {
             bytes_decoded: chunk.decoded_bytes() as u64,
         };
@@ -109,16 +107,16 @@ fn with_blosc_block<R>(
     })
 }
 
-fn with_zstd<R>(f: impl FnOnce(&mut zstd::zstd_safe::DCtx<'static>) -> R) -> R {
+fn with_zstd<R>(f: impl FnOnce(&mut ::zstd::zstd_safe::DCtx<'static>) -> R) -> R {
     ZSTD.with(|cell| {
         let mut slot = cell.borrow_mut();
-        let dctx = slot.get_or_insert_with(zstd::zstd_safe::DCtx::create);
+        let dctx = slot.get_or_insert_with(::zstd::zstd_safe::DCtx::create);
         f(dctx)
     })
 }
 
 fn zstd_err(code: usize) -> String {
-    format!("zstd: {}", zstd::zstd_safe::get_error_name(code))
+    format!("zstd: {}", ::zstd::zstd_safe::get_error_name(code))
 }
 
 impl LeafDecoder {
@@ -274,7 +272,7 @@ impl LeafDecoder {
 
     /// Decodes several chunks, each with the byte range crops need, and calls `f(k, decoded)`
     /// for each (at least the range valid, as in [`Self::with_decoded`]). zstd chunks of one
-    /// block decode their needed parts together ([`zstd_block::decode_many`]); the others one
+    /// block decode their needed parts together ([`zstd::decode_many`]); the others one
     /// by one. Returns each chunk's cost or error.
     pub(crate) fn with_decoded_group(
         &self,
@@ -315,7 +313,7 @@ impl LeafDecoder {
                 {
                     Ok(src) => {
                         members.push(k);
-                        jobs.push(zstd_block::Job {
+                        jobs.push(zstd::Job {
                             src,
                             out: chunk,
                             want: range,
@@ -325,7 +323,7 @@ impl LeafDecoder {
                     Err(e) => results[k] = Some(Err(e)),
                 }
             }
-            let decoded = zstd_block::decode_many(&mut jobs, zstd_block::MAX_SHARE);
+            let decoded = zstd::decode_many(&mut jobs, zstd::MAX_SHARE);
             drop(jobs);
             for (&k, r) in members.iter().zip(decoded) {
                 if let Ok(r) = r {
@@ -539,16 +537,16 @@ impl LeafDecoder {
                 // Only a chunk that fits one block can be a one-block frame.
                 let within_block = if partial && full <= ZSTD_MAX_BLOCK {
                     ZSTD_BLOCK_SCRATCH.with(|s| {
-                        zstd_block::decode_range(
+                        zstd::decode_range(
                             data,
                             out,
                             range.clone(),
                             &mut s.borrow_mut(),
-                            zstd_block::MAX_SHARE,
+                            zstd::MAX_SHARE,
                         )
                     })
                 } else {
-                    Err(zstd_block::Error::Unsupported("whole chunk"))
+                    Err(zstd::Error::Unsupported("whole chunk"))
                 };
                 let stop_early = partial && range.end + ZSTD_MAX_BLOCK <= full;
                 if let Ok(r) = within_block {
@@ -639,7 +637,7 @@ impl LeafDecoder {
     }
 
     /// Asks the CPU for the bytes of `encoded` that decoding `range` reads (the blosc header's
-    /// cache line must have been asked for earlier; see [`blosc_block::prefetch`]); all of
+    /// cache line must have been asked for earlier; see [`blosc::prefetch`]); all of
     /// `encoded` for other chains.
     pub(crate) fn prefetch(&self, encoded: &[u8], range: &Range<usize>) {
         if let Kind::Fast {
@@ -653,7 +651,7 @@ impl LeafDecoder {
             } else {
                 encoded
             };
-            blosc_block::prefetch(data, self.element_range(range));
+            blosc::prefetch(data, self.element_range(range));
         } else {
             crate::stitch::prefetch_read(encoded);
         }
@@ -661,13 +659,13 @@ impl LeafDecoder {
 
     /// For blosc chunks [`blosc_block`] reads (native byte order): opens `encoded` for the
     /// bytes `range` and calls `f` with it, to unshuffle the needed bytes straight into the
-    /// crops ([`blosc_block::Chunk::gather`]) instead of into a decoded chunk first. `None`
+    /// crops ([`blosc::Chunk::gather`]) instead of into a decoded chunk first. `None`
     /// for other chains and chunks (decode those with [`Self::with_decoded`]).
     pub(crate) fn with_blosc_chunk<R>(
         &self,
         encoded: &[u8],
         range: Range<usize>,
-        f: impl FnOnce(&blosc_block::Chunk<'_>) -> R,
+        f: impl FnOnce(&blosc::Chunk<'_>) -> R,
     ) -> Option<Result<(R, DecodeCost), DecodeError>> {
         let Kind::Fast {
             compressor: Compressor::Blosc,
@@ -748,7 +746,7 @@ pub(crate) fn codec_name(name: Option<Cow<'static, str>>) -> String {
 
 /// Streams a zstd frame into `out` and stops once it is full.
 fn zstd_prefix(src: &[u8], out: &mut [u8]) -> Result<(), String> {
-    use zstd::zstd_safe::{InBuffer, OutBuffer, ResetDirective};
+    use ::zstd::zstd_safe::{InBuffer, OutBuffer, ResetDirective};
     let want = out.len();
     with_zstd(|dctx| {
         dctx.reset(ResetDirective::SessionOnly).map_err(zstd_err)?;

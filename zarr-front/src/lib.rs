@@ -34,22 +34,18 @@
 //! Every block has a `// SAFETY:` comment.
 
 mod array;
-mod blosc_block;
 mod cache;
 mod codec;
 mod decode;
 pub mod error;
-mod ffi;
+mod hierarchy;
 mod layout;
-mod lz4;
-mod node;
 pub mod plan;
+mod shard;
 mod stitch;
 mod store;
 mod throttle;
 pub mod transform;
-mod unshuffle;
-mod zstd_block;
 
 /// The fuzz targets, for `zarr-front/fuzz` (feature `fuzzing`) and the tests: not a public
 /// API.
@@ -61,6 +57,6 @@ pub use array::{
     Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadStats, StorageSummary,
 };
 pub use error::{Location, Result, ZarrError};
-pub use node::{Group, Node, NodeKind, open, open_with};
+pub use hierarchy::{Group, Node, NodeKind, open, open_with};
 pub use plan::{DimSelection, Plan, PlanError};
 pub use transform::StitchTransform;

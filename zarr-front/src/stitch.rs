@@ -11,9 +11,9 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
+use crate::codec::shuffle::interleave;
 use crate::plan::{Copy, Piece, Plan};
 use crate::transform::StitchTransform;
-use crate::unshuffle::interleave;
 
 /// Hints the CPU to fetch the cache lines of `bytes` for reading, so that a decoder that reads
 /// them later (or sequentially, one miss at a time) finds them in cache: e.g. a blosc chunk's

@@ -260,7 +260,7 @@ impl Val {
     }
 
     /// Casts the value to `num` as numpy does and writes it to `out` (`num.size()` bytes).
-    fn store(self, num: Num, out: &mut [u8]) {
+    pub(crate) fn store(self, num: Num, out: &mut [u8]) {
         let mut b = [0u8; 8];
         let bytes: &[u8] = match num {
             Num::F64 => {

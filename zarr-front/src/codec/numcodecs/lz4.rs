@@ -176,7 +176,7 @@ pub(crate) fn decode(src: &[u8], limit: Option<Limit>) -> Result<Vec<u8>, Decode
         )));
     }
     let mut out = zeroed(size)?;
-    match crate::ffi::lz4_decompress(block, &mut out, size) {
+    match crate::codec::ffi::lz4_decompress(block, &mut out, size) {
         Some(n) if n == size => Ok(out),
         Some(n) => Err(DecodeError::WrongSize { got: n, want: size }),
         None => Err(DecodeError::Corrupt("malformed LZ4 block".into())),
@@ -188,7 +188,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::ffi::tests::lz4_compress;
+    use crate::codec::ffi::tests::lz4_compress;
 
     /// What numcodecs' `LZ4.encode` writes (`hc`: liblz4's high-compression mode instead).
     fn encode(data: &[u8], hc: bool) -> Vec<u8> {

@@ -3,7 +3,7 @@
 //! zarrs decodes blosc into a fresh `Vec` and then copies; zcrop decodes straight into the
 //! caller's buffer (a reused scratch buffer, or the crop itself), and can decode only the blocks
 //! that hold a prefix of the chunk. Most blosc chunks do not come here at all:
-//! [`crate::blosc_block`] reads them, calling only [`lz4_decompress`] for their LZ4 splits.
+//! [`crate::codec::blosc`] reads them, calling only [`lz4_decompress`] for their LZ4 splits.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;

@@ -61,7 +61,7 @@ pub(crate) fn decompress_along(
         // SAFETY: the CPU has SSSE3, the one feature `ssse3::decompress` is built with.
         return unsafe { ssse3::decompress(src, out, want, along) };
     }
-    crate::ffi::lz4_decompress(src, out, want)
+    crate::codec::ffi::lz4_decompress(src, out, want)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -267,7 +267,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::decompress;
-    use crate::ffi::tests::lz4_compress as compress;
+    use crate::codec::ffi::tests::lz4_compress as compress;
 
     /// Data that compresses with matches of every kind: runs of `period` (1 to 40) repeated
     /// bytes, noise, copies from far back, smooth 16-bit-like high bytes; chosen by `seed`.
@@ -383,7 +383,7 @@ mod tests {
                 }
             }
             let mut theirs = vec![0u8; cap];
-            if let Some(n) = crate::ffi::lz4_decompress(&block, &mut theirs, cap) {
+            if let Some(n) = crate::codec::ffi::lz4_decompress(&block, &mut theirs, cap) {
                 let (plain_n, plain) = reference(&block, cap, cap);
                 // liblz4 lets an offset of 0 through (it copies what is there); the format
                 // and this decoder do not.

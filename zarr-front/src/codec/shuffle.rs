@@ -64,7 +64,7 @@ mod sse2 {
     }
 
     /// Stores `v` into `out[at..at + 16]` (checked).
-    fn store(out: &mut [u8], at: usize, v: __m128i) {
+    pub(crate) fn store(out: &mut [u8], at: usize, v: __m128i) {
         let bytes = &mut out[at..at + 16];
         // SAFETY: `bytes` is 16 writable bytes of `out`, borrowed mutably here alone; an
         // unaligned store needs no alignment. SSE2 is part of every x86-64 CPU.

@@ -9,7 +9,7 @@
 //!
 //! This module parses the buffer itself and, for each block that holds needed bytes:
 //! - takes splits stored raw straight from the encoded bytes, without copying them;
-//! - decompresses LZ4 splits only as far as the last needed byte ([`crate::lz4`]);
+//! - decompresses LZ4 splits only as far as the last needed byte ([`crate::codec::lz4`]);
 //!
 //! and [`Chunk::gather`] unshuffles just the bytes asked for, into a scratch chunk or straight
 //! into the crops (`DisjointOut::copy_groups_with`), so the needed bytes are touched once.
@@ -21,9 +21,10 @@
 
 use std::ops::Range;
 
+use crate::codec::lz4;
+use crate::codec::shuffle::interleave;
+use crate::stitch;
 use crate::stitch::{PrefetchAlong, Rows, RunGroup};
-use crate::unshuffle::interleave;
-use crate::{lz4, stitch};
 
 /// Bytes of a blosc header.
 const HEADER: usize = 16;
@@ -619,7 +620,7 @@ impl<'a> Chunk<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::tests::blosc_compress as compress;
+    use crate::codec::ffi::tests::blosc_compress as compress;
     use rand::{RngExt, SeedableRng};
 
     /// Imagery-like 16-bit samples: a smooth field plus noise in the low byte.

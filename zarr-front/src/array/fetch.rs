@@ -1,0 +1,631 @@
+//! Executing a planned read: every located leaf's bytes submitted to `zcrop-io` at once,
+//! each chunk decoded on the rayon pool as its bytes arrive (several at a time where the codec
+//! gains from it) and copied into every output block that needs it while it is in cache.
+//! Results are taken from `zcrop-io` only while few decode tasks wait ([`crate::throttle`]),
+//! so reading stays just ahead of decoding.
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use zcrop_io::{IoError, ReadRange, ReadRequest};
+
+use crate::decode::DecodeError;
+use crate::error::{Location, Result, ZarrError};
+use crate::plan::Plan;
+use crate::stitch::{DisjointOut, contiguous_target};
+use crate::store::Reader;
+use crate::throttle::Throttle;
+use crate::transform::StitchTransform;
+
+use super::Array;
+use super::locate::{FIRST_LOCATED, FileStamp};
+use super::options::{ReadOptions, ReadStats};
+
+/// The shared state of one read's stitch tasks.
+pub(crate) struct StitchCtx<'p, 'o> {
+    plan: &'p Plan,
+    out: &'p DisjointOut<'o>,
+    transform: Option<&'p dyn StitchTransform>,
+    /// Copies still to write, per request; the task that writes a block's last copy finishes it
+    /// (counted only with a transform, the only one that finishes blocks).
+    remaining: Vec<AtomicU32>,
+    failed: AtomicBool,
+    /// The first failure.
+    error: Mutex<Option<Failure>>,
+    pub(crate) stats: Mutex<ReadStats>,
+    cancel: Option<&'p AtomicBool>,
+}
+
+impl StitchCtx<'_, '_> {
+    fn cancelled(&self) -> bool {
+        self.cancel.is_some_and(|c| c.load(Ordering::Acquire))
+    }
+
+    fn fail(&self, e: ZarrError) {
+        self.failed.store(true, Ordering::Release);
+        self.error.lock().get_or_insert(Failure::Error(e));
+    }
+
+    /// Records a fault of the bytes of `chunk`.
+    fn fail_chunk(&self, chunk: &Fetched, fault: ChunkFault) {
+        self.failed.store(true, Ordering::Release);
+        self.error.lock().get_or_insert(Failure::Chunk {
+            storage: chunk.storage,
+            range: chunk.range,
+            fault,
+        });
+    }
+
+    /// Writes every copy of leaf `i` from its decoded bytes.
+    fn stitch_leaf(&self, i: usize, chunk: &[u8]) {
+        for c in self.plan.copies(&self.plan.leaves[i]) {
+            self.out
+                .copy_from_chunk(self.plan, c, chunk, self.transform);
+            self.copy_done(c.index);
+        }
+    }
+
+    /// Writes every copy of leaf `i` with the fill value.
+    fn fill_leaf(&self, i: usize, fill: &[u8]) {
+        for c in self.plan.copies(&self.plan.leaves[i]) {
+            self.out.fill(self.plan, c, fill, self.transform);
+            self.copy_done(c.index);
+        }
+    }
+
+    /// Records one finished copy of `request`; the last one finishes the block.
+    fn copy_done(&self, request: usize) {
+        // Only a transform finishes blocks; without one, counting would only bounce the
+        // counters' cache lines between the threads.
+        if self.transform.is_none() {
+            return;
+        }
+        if self.remaining[request].fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish_block(request);
+        }
+    }
+
+    fn finish_block(&self, request: usize) {
+        let Some(t) = self.transform else { return };
+        if self.failed.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(reason) = self
+            .out
+            .with_block(self.plan, request, |block| t.finish_block(request, block))
+        {
+            self.fail(ZarrError::Transform { request, reason });
+        }
+    }
+}
+
+/// Where a leaf chunk's bytes are.
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    /// Not stored: fill value.
+    Missing,
+    /// In the decoded-chunk cache.
+    Cached(Arc<[u8]>),
+    /// These bytes of storage chunk `storage`.
+    Read { storage: usize, range: ReadRange },
+}
+
+/// A storage chunk (a file) a read touches.
+pub(crate) struct Storage {
+    pub(crate) key: String,
+    pub(crate) path: Arc<Path>,
+    /// Its version, for the caches (see [`FileStamp`]).
+    pub(crate) stamp: Option<FileStamp>,
+}
+
+/// The storage chunks a read has located so far: the list grows as the read locates more of
+/// its leaves (see [`FIRST_LOCATED`]).
+#[derive(Default)]
+pub(crate) struct Storages {
+    pub(crate) list: Vec<Storage>,
+    /// Each one's index in `list`, by its coordinates in the storage grid.
+    pub(crate) index: FxHashMap<Vec<u64>, usize>,
+}
+
+/// A leaf's encoded bytes, as read, and where they are from.
+struct Fetched {
+    leaf: usize,
+    bytes: Bytes,
+    /// The storage chunk (an index in [`Storages::list`]) and the range of it.
+    storage: usize,
+    range: ReadRange,
+    /// The storage chunk's version when the read located it.
+    stamp: Option<FileStamp>,
+}
+
+/// The first failure of a read. A decode task names a faulty chunk by its storage chunk's
+/// index: the storage list grows while tasks run, so the read names the key once it is over.
+enum Failure {
+    Error(ZarrError),
+    Chunk {
+        storage: usize,
+        range: ReadRange,
+        fault: ChunkFault,
+    },
+}
+
+/// What was wrong with a chunk's bytes.
+enum ChunkFault {
+    /// They came from a mapping of a file that shrank meanwhile.
+    Lost,
+    /// The codec rejected them, or there was no memory to decode them into.
+    Decode(DecodeError),
+}
+
+/// Chunks decoded per task where the decoder gains from decoding several together: four
+/// zstd chunks of more than 64 KiB interleave enough independent literal streams to keep a
+/// core busy (grouped by two cost ~10% more per chunk, measured on the benchmark's v2 chunks;
+/// smaller zstd chunks go by [`SMALL_ZSTD_DECODE_GROUP`]); small chunks of other codecs go at
+/// least this many at a time for their prefetches (see [`SMALL_DECODE_GROUP`]).
+const DECODE_GROUP: usize = 4;
+
+/// Chunks of at most this many decoded bytes are decoded in groups (see [`SMALL_DECODE_GROUP`])
+/// with the next chunk's bytes prefetched (see `Array::decode_and_stitch_each`).
+const PREFETCHED_CHUNK_BYTES: usize = 64 << 10;
+
+/// zstd chunks of at most [`PREFETCHED_CHUNK_BYTES`] decode in groups of this many: a crop's
+/// band needs only one or two of such a chunk's four literal streams, so four chunks left the
+/// lockstep with ~2.6 streams. Measured on the benchmark's 32 KiB chunks, 3 alternating runs:
+/// groups of 4, 8, 16 gave 569-585, 586-598, 587-602 crops/s; 8 keeps tasks finer.
+const SMALL_ZSTD_DECODE_GROUP: usize = 8;
+
+/// Small chunks of codecs other than zstd (see [`PREFETCHED_CHUNK_BYTES`]) decode in groups of
+/// up to this many, fewer where a read has too few chunks to give every thread 8 groups (but at
+/// least [`DECODE_GROUP`]). Longer groups spawn fewer tasks and break the prefetch of the next
+/// chunk's bytes less often. `zcrop bench --codec blosc-lz4` (32 KiB chunks, about 6000 a
+/// batch), alternating runs: groups of 4 -> 16 gave 1572 -> 1676 crops/s (4 rounds); 16 -> 32
+/// 1670 -> 1695 (3 rounds, within the noise then). Later, in runs whose batches alternated
+/// between 16 and 32 (2026-11-25, after the stitch got cheaper), 32 gave a median 2.0% more
+/// chunks/s over 6 runs (-1.4% to +4.0% each); 64 against 16 was mixed (-1.9% to +2.3%, 3 runs).
+const SMALL_DECODE_GROUP: usize = 32;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Array {
+    /// Runs a plan: locate, fetch, decode and stitch.
+    pub(super) fn execute(
+        &self,
+        plan: &Plan,
+        out: &mut [u8],
+        options: ReadOptions<'_>,
+    ) -> Result<ReadStats> {
+        let mut stats = ReadStats {
+            chunks: plan.num_leaves() as u64,
+            output_bytes: plan.out_len as u64,
+            ..ReadStats::default()
+        };
+        if options.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
+            return Err(ZarrError::Cancelled);
+        }
+        let out_buf = DisjointOut::new(out, plan);
+        let ctx = StitchCtx {
+            plan,
+            out: &out_buf,
+            transform: options.transform,
+            remaining: plan
+                .copies_per_request
+                .iter()
+                .map(|&n| AtomicU32::new(n))
+                .collect(),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+            stats: Mutex::new(ReadStats::default()),
+            cancel: options.cancel,
+        };
+        if plan.num_leaves() > 0 {
+            self.fetch_and_stitch(&ctx, &mut stats)?;
+        }
+        stats += ctx.stats.into_inner();
+        Ok(stats)
+    }
+
+    pub(crate) fn fetch_and_stitch(
+        &self,
+        ctx: &StitchCtx<'_, '_>,
+        stats: &mut ReadStats,
+    ) -> Result<()> {
+        let core = &*self.core;
+        let plan = ctx.plan;
+        let n = plan.num_leaves();
+        let mut known: Vec<Option<Source>> = vec![None; n];
+        if let Some(cache) = &core.chunk_cache {
+            // A cached chunk counts while its file is the one it was decoded from.
+            let mut stamps: FxHashMap<Vec<u64>, Option<FileStamp>> = FxHashMap::default();
+            let (mut storage, mut inner) = (Vec::new(), vec![0; core.layout.levels.len()]);
+            for (i, leaf) in plan.leaves.iter().enumerate() {
+                if let Some((stamp, chunk)) = cache.get(leaf.coords.as_slice()) {
+                    core.layout.locate(&leaf.coords, &mut storage, &mut inner);
+                    let now = match stamps.get(&storage) {
+                        Some(&s) => s,
+                        None => {
+                            let rel = core.meta.chunk_key(&storage).to_string();
+                            let s = self.stamp(&core.dir.join(rel));
+                            stamps.insert(storage.clone(), s);
+                            s
+                        }
+                    };
+                    if now == stamp {
+                        known[i] = Some(Source::Cached(chunk));
+                        stats.chunks_cached += 1;
+                    }
+                }
+            }
+        }
+        // A large read of a sharded array from local files locates its first leaves alone (see
+        // FIRST_LOCATED); from an object store the rest would wait for the first reads' round
+        // trips.
+        let sharded = !core.layout.levels.is_empty();
+        let first = if sharded && matches!(core.reader, Reader::Local(_)) && n > 2 * FIRST_LOCATED {
+            FIRST_LOCATED
+        } else {
+            n
+        };
+        let rest_known = known.split_off(first);
+        let mut storages = Storages::default();
+        let first_sources = self.locate(plan, 0..first, known, &mut storages, stats)?;
+
+        let throttle = Throttle::for_current_pool();
+        let throttle = &throttle;
+        // zstd chunks decode their needed parts faster several at a time (their literal
+        // streams interleave): completions go to tasks in groups.
+        // Small chunks go to tasks in groups too, decoded one after the other, each with
+        // the next one's bytes asked for meanwhile (see `decode_and_stitch_each`).
+        let small = core.decoder.chunk_bytes <= PREFETCHED_CHUNK_BYTES;
+        let group_size = if core.chunk_cache.is_some() {
+            1
+        } else if core.decoder.decodes_in_groups() {
+            if small {
+                SMALL_ZSTD_DECODE_GROUP
+            } else {
+                DECODE_GROUP
+            }
+        } else if small {
+            // Up to SMALL_DECODE_GROUP while every thread still gets 8 groups; never
+            // fewer than DECODE_GROUP chunks a group.
+            (n / (8 * rayon::current_num_threads())).clamp(DECODE_GROUP, SMALL_DECODE_GROUP)
+        } else {
+            1
+        };
+        rayon::in_place_scope(|scope| {
+            let spawn_group = |group: Vec<Fetched>| {
+                let slot = throttle.acquire();
+                scope.spawn(move |_| {
+                    let _slot = slot;
+                    if ctx.failed.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if ctx.cancelled() {
+                        ctx.fail(ZarrError::Cancelled);
+                        return;
+                    }
+                    let decoded = if group.len() == 1 {
+                        vec![self.decode_and_stitch(ctx, &group[0])]
+                    } else if core.decoder.decodes_in_groups() {
+                        self.decode_and_stitch_group(ctx, &group)
+                    } else {
+                        self.decode_and_stitch_each(ctx, &group)
+                    };
+                    // Summed here, added to the shared total once per group.
+                    let mut group_stats = ReadStats::default();
+                    for (chunk, decoded) in group.iter().zip(decoded) {
+                        // Bytes from a mapping of a file truncated meanwhile read as zeros:
+                        // that, not what the decoder made of them, is the error.
+                        if !zcrop_io::mapped_intact(&chunk.bytes) {
+                            ctx.fail_chunk(chunk, ChunkFault::Lost);
+                            return;
+                        }
+                        match decoded {
+                            Ok(s) => group_stats += s,
+                            Err(e) => ctx.fail_chunk(chunk, ChunkFault::Decode(e)),
+                        }
+                    }
+                    *ctx.stats.lock() += group_stats;
+                });
+            };
+            let mut group: Vec<Fetched> = Vec::with_capacity(group_size);
+            // Fetches, decodes and stitches the leaves from `base` on, located as `sources`.
+            let mut run = |base: usize, sources: &[Source], storages: &Storages| {
+                let mut requests = Vec::with_capacity(sources.len());
+                let mut missing = 0;
+                for (i, s) in (base..).zip(sources) {
+                    match s {
+                        Source::Missing => {
+                            missing += 1;
+                            scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
+                        }
+                        Source::Cached(chunk) => {
+                            let chunk = Arc::clone(chunk);
+                            scope.spawn(move |_| ctx.stitch_leaf(i, &chunk));
+                        }
+                        Source::Read { storage, range } => requests.push(ReadRequest::new(
+                            i as u64,
+                            Arc::clone(&storages.list[*storage].path),
+                            *range,
+                        )),
+                    }
+                }
+                ctx.stats.lock().chunks_missing += missing;
+                if requests.is_empty() {
+                    return;
+                }
+                // Mapped results are checked once decoded (above).
+                for done in core.reader.submit_mapped(requests) {
+                    if ctx.failed.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if ctx.cancelled() {
+                        ctx.fail(ZarrError::Cancelled);
+                        break;
+                    }
+                    let i = done.id as usize;
+                    let source = i.checked_sub(base).and_then(|j| sources.get(j));
+                    let Some(&Source::Read { storage, range }) = source else {
+                        continue;
+                    };
+                    match done.result {
+                        Ok(bytes) => {
+                            group.push(Fetched {
+                                leaf: i,
+                                bytes,
+                                storage,
+                                range,
+                                stamp: storages.list[storage].stamp,
+                            });
+                            if group.len() == group_size {
+                                spawn_group(std::mem::replace(
+                                    &mut group,
+                                    Vec::with_capacity(group_size),
+                                ));
+                            }
+                        }
+                        // An unsharded chunk that does not exist is all fill value.
+                        Err(e) if e.is_not_found() && !sharded => {
+                            scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
+                            ctx.stats.lock().chunks_missing += 1;
+                        }
+                        Err(e) => {
+                            let key = &storages.list[storage].key;
+                            ctx.fail(self.chunk_read_error(key, e, sharded));
+                        }
+                    }
+                }
+            };
+            run(0, &first_sources, &storages);
+            if first < n && !ctx.failed.load(Ordering::Acquire) {
+                match self.locate(plan, first..n, rest_known, &mut storages, stats) {
+                    Ok(sources) => run(first, &sources, &storages),
+                    Err(e) => ctx.fail(e),
+                }
+            }
+            if !group.is_empty() {
+                spawn_group(group);
+            }
+        });
+        match ctx.error.lock().take() {
+            None => Ok(()),
+            Some(Failure::Error(e)) => Err(e),
+            Some(Failure::Chunk {
+                storage,
+                range,
+                fault,
+            }) => {
+                let Storage { key, path, .. } = &storages.list[storage];
+                let at = self.location(key, Some(range));
+                Err(match fault {
+                    ChunkFault::Lost => ZarrError::Io {
+                        at,
+                        source: Box::new(IoError::FileChanged {
+                            path: Arc::clone(path),
+                            range,
+                        }),
+                    },
+                    ChunkFault::Decode(e) => decode_error(at, e),
+                })
+            }
+        }
+    }
+
+    pub(crate) fn chunk_read_error(&self, key: &str, e: IoError, sharded: bool) -> ZarrError {
+        match e {
+            IoError::RangePastEof {
+                range, file_len, ..
+            } if sharded => ZarrError::ShardIndex {
+                at: self.location(key, Some(range)),
+                reason: format!("it points past the end of the shard file ({file_len} bytes)"),
+            },
+            e => ZarrError::Io {
+                at: self.location(key, Some(e.range())),
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// Decodes the leaves of `group` together where the decoder can
+    /// ([`LeafDecoder::with_decoded_group`]) and writes all their copies; returns each one's
+    /// cost. Leaves needed whole take [`Self::decode_and_stitch`] (straight into the output).
+    fn decode_and_stitch_group(
+        &self,
+        ctx: &StitchCtx<'_, '_>,
+        group: &[Fetched],
+    ) -> Vec<Result<ReadStats, DecodeError>> {
+        let core = &*self.core;
+        let plan = ctx.plan;
+        let full = core.decoder.chunk_bytes;
+        let mut results: Vec<Option<Result<ReadStats, DecodeError>>> = vec![None; group.len()];
+        let mut members = Vec::with_capacity(group.len());
+        for (k, chunk) in group.iter().enumerate() {
+            if plan.leaves[chunk.leaf].needed.len() >= full {
+                results[k] = Some(self.decode_and_stitch(ctx, chunk));
+            } else {
+                members.push(k);
+            }
+        }
+        for &k in &members {
+            crate::stitch::prefetch_read(&group[k].bytes);
+        }
+        let items: Vec<(&[u8], Range<usize>)> = members
+            .iter()
+            .map(|&k| {
+                let chunk = &group[k];
+                (&chunk.bytes[..], plan.leaves[chunk.leaf].needed.clone())
+            })
+            .collect();
+        let costs = core.decoder.with_decoded_group(&items, |m, chunk| {
+            ctx.stitch_leaf(group[members[m]].leaf, chunk);
+        });
+        for (&k, cost) in members.iter().zip(costs) {
+            results[k] = Some(cost.map(|c| ReadStats {
+                chunks_decoded: 1,
+                chunk_bytes_read: group[k].bytes.len() as u64,
+                bytes_decoded: c.bytes_decoded,
+                ..ReadStats::default()
+            }));
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(DecodeError::from("chunk left undecoded"))))
+            .collect()
+    }
+
+    /// Decodes the leaves of `group` one after the other ([`Self::decode_and_stitch`]); while
+    /// one decodes, the next one's encoded bytes are asked for, so that they come from memory
+    /// (a mapping of the page cache, which the CPU has not seen) in parallel rather than one
+    /// cache miss at a time as the decoder reaches them.
+    fn decode_and_stitch_each(
+        &self,
+        ctx: &StitchCtx<'_, '_>,
+        group: &[Fetched],
+    ) -> Vec<Result<ReadStats, DecodeError>> {
+        let decoder = &self.core.decoder;
+        // Two steps ahead, the first cache line (a blosc header); one step ahead, what the
+        // decoder reads from there.
+        let first_line =
+            |bytes: &Bytes| crate::stitch::prefetch_read(&bytes[..bytes.len().min(64)]);
+        for chunk in group.iter().take(2) {
+            first_line(&chunk.bytes);
+        }
+        group
+            .iter()
+            .enumerate()
+            .map(|(k, chunk)| {
+                if let Some(later) = group.get(k + 2) {
+                    first_line(&later.bytes);
+                }
+                if let Some(next) = group.get(k + 1) {
+                    decoder.prefetch(&next.bytes, &ctx.plan.leaves[next.leaf].needed);
+                }
+                self.decode_and_stitch(ctx, chunk)
+            })
+            .collect()
+    }
+
+    /// Decodes the leaf `fetched` holds and writes all its copies; returns what it cost.
+    fn decode_and_stitch(
+        &self,
+        ctx: &StitchCtx<'_, '_>,
+        fetched: &Fetched,
+    ) -> Result<ReadStats, DecodeError> {
+        let (i, bytes) = (fetched.leaf, &fetched.bytes);
+        let core = &*self.core;
+        let plan = ctx.plan;
+        let leaf = &plan.leaves[i];
+        let mut stats = ReadStats {
+            chunks_decoded: 1,
+            chunk_bytes_read: bytes.len() as u64,
+            ..ReadStats::default()
+        };
+        if let Some(cache) = &core.chunk_cache {
+            let mut chunk = Vec::new();
+            crate::decode::zeroed(&mut chunk, core.decoder.chunk_bytes)?;
+            let cost = core.decoder.decode_full_into(bytes, &mut chunk)?;
+            stats.bytes_decoded = cost.bytes_decoded;
+            let chunk: Arc<[u8]> = chunk.into();
+            ctx.stitch_leaf(i, &chunk);
+            if !zcrop_io::mapped_intact(bytes) {
+                // The caller reports it; a chunk decoded from lost bytes is not kept.
+                return Ok(stats);
+            }
+            cache.insert(
+                leaf.coords.to_vec(),
+                (fetched.stamp, Arc::clone(&chunk)),
+                chunk.len(),
+            );
+            return Ok(stats);
+        }
+        // A copy that takes the whole chunk contiguously: decode straight into the output, then
+        // serve the chunk's other copies from there.
+        if core.decoder.decodes_in_place()
+            && ctx.transform.is_none()
+            && let Some(direct) = plan
+                .copies(leaf)
+                .find(|c| contiguous_target(plan, *c).is_some())
+            && let Some(decoded) = ctx.out.with_whole_chunk_target(plan, direct, |target| {
+                core.decoder.decode_full_into(bytes, target)
+            })
+        {
+            let range = contiguous_target(plan, direct).unwrap_or_default();
+            stats.bytes_decoded = decoded?.bytes_decoded;
+            let chunk = ctx.out.written(range.clone());
+            for c in plan.copies(leaf) {
+                if contiguous_target(plan, c) != Some(range.clone()) {
+                    ctx.out.copy_from_chunk(plan, c, chunk, None);
+                }
+            }
+            // Count the copies only after the direct one has been read back from.
+            for c in plan.copies(leaf) {
+                ctx.copy_done(c.index);
+            }
+            return Ok(stats);
+        }
+        // A blosc chunk unshuffles just the bytes each crop needs, straight into it.
+        if ctx.transform.is_none()
+            && let Some(opened) =
+                core.decoder
+                    .with_blosc_chunk(bytes, leaf.needed.clone(), |chunk| {
+                        for c in plan.copies(leaf) {
+                            ctx.out
+                                .copy_groups_with(plan, c, |g, rows| chunk.gather_group(g, rows));
+                            ctx.copy_done(c.index);
+                        }
+                    })
+        {
+            let ((), cost) = opened?;
+            stats.bytes_decoded = cost.bytes_decoded;
+            return Ok(stats);
+        }
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let ((), cost) =
+                core.decoder
+                    .with_decoded(bytes, leaf.needed.clone(), &mut scratch, |chunk| {
+                        ctx.stitch_leaf(i, chunk);
+                    })?;
+            stats.bytes_decoded = cost.bytes_decoded;
+            Ok(stats)
+        })
+    }
+}
+
+/// The error for a chunk at `at` that did not decode.
+pub(crate) fn decode_error(at: Box<Location>, e: DecodeError) -> ZarrError {
+    match e {
+        DecodeError::Corrupt(reason) => ZarrError::Codec { at, reason },
+        DecodeError::NoMemory(bytes) => ZarrError::OutOfMemory {
+            what: format!("{at}: decoding a chunk"),
+            bytes: bytes as u64,
+        },
+    }
+}

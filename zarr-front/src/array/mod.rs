@@ -1,0 +1,490 @@
+//! [`Array`]: an opened Zarr array, what it says of itself, and its read path:
+//!
+//! - [`read`]: the public read entry points (regions, batches of crops, selections), each
+//!   planned whole ([`crate::plan`]) and executed;
+//! - [`locate`]: where each leaf chunk's bytes are, through the shard indexes level by level
+//!   (cached with their file's version);
+//! - [`fetch`]: all those byte ranges to `zcrop-io` in one submission, each chunk decoded on
+//!   the rayon pool as soon as its bytes arrive and copied into every output block that needs
+//!   it while it is still in cache;
+//! - [`options`]: how to open and read, and what a read did.
+
+mod fetch;
+mod locate;
+pub(crate) mod options;
+mod read;
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use zcrop_io::{IoEngine, ObjectEngine, ReadRange, ReadRequest};
+
+use crate::cache::LruCache;
+use crate::decode::LeafDecoder;
+use crate::error::{Location, Result, ZarrError};
+use crate::layout::Layout;
+use crate::shard::{IndexEntry, ShardLevel};
+use crate::store::{Reader, Store};
+
+use self::fetch::decode_error;
+
+use self::locate::FileStamp;
+pub use self::options::{OpenOptions, ReadOptions, ReadStats};
+
+/// Default byte budget of the shard-index cache of one array (64 MiB).
+pub const DEFAULT_INDEX_CACHE_BYTES: usize = 64 << 20;
+
+/// What an array has in storage (see [`Array::storage_summary`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StorageSummary {
+    /// Storage chunks (files) in the grid.
+    pub storage_chunks: u64,
+    /// Of those, stored.
+    pub storage_chunks_present: u64,
+    /// Bytes of the stored chunk files.
+    pub stored_bytes: u64,
+    /// For a sharded array: inner chunks in all shards of the grid.
+    pub inner_chunks: Option<u64>,
+    /// For a sharded array: inner chunks the shard indexes list as stored.
+    pub inner_chunks_present: Option<u64>,
+}
+
+/// An opened Zarr array (v2 or v3). Cheap to clone; clones share caches.
+#[derive(Clone)]
+pub struct Array {
+    pub(crate) core: Arc<Core>,
+}
+
+impl std::fmt::Debug for Array {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Array")
+            .field("name", &self.core.name)
+            .field("shape", &self.core.layout.shape)
+            .field("data_type", &self.data_type())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Core {
+    /// Path inside the store, `/`-rooted.
+    name: String,
+    /// Key prefix of this array relative to the store root (`""` or `a/b/`).
+    key_prefix: String,
+    /// The array's directory, or its key prefix in the object store.
+    pub(crate) dir: PathBuf,
+    meta: zarrs::array::Array<()>,
+    layout: Layout,
+    decoder: LeafDecoder,
+    reader: Reader,
+    /// How it was opened (its parent group opens the same way).
+    pub(crate) options: OpenOptions,
+    verify_checksums: bool,
+    index_cache: IndexCache,
+    chunk_cache: Option<ChunkCache>,
+}
+
+/// Decoded shard indexes by (file, level, shard start), with the version of their file.
+type IndexCache = LruCache<(Arc<Path>, usize, u64), (Option<FileStamp>, Arc<[u64]>)>;
+
+/// Decoded chunks by their leaf coordinates.
+type ChunkCache = LruCache<Vec<u64>, (Option<FileStamp>, Arc<[u8]>)>;
+
+impl Array {
+    /// Builds an array from parsed metadata. `name` is its `/`-rooted path in the store,
+    /// `key_prefix` its key prefix relative to the store root, `dir` its directory (or key
+    /// prefix in `store`).
+    pub(crate) fn from_metadata(
+        name: String,
+        key_prefix: String,
+        dir: PathBuf,
+        store: &Store,
+        meta: zarrs::array::Array<()>,
+        options: &OpenOptions,
+    ) -> Result<Array> {
+        let (layout, decoder) = Layout::new(&name, &meta, options.verify_checksums)?;
+        let reader = store.reader(options.engine.as_ref())?;
+        Ok(Array {
+            core: Arc::new(Core {
+                name,
+                key_prefix,
+                dir,
+                meta,
+                layout,
+                decoder,
+                reader,
+                options: options.clone(),
+                verify_checksums: options.verify_checksums,
+                index_cache: LruCache::new(options.index_cache_bytes),
+                chunk_cache: (options.chunk_cache_bytes > 0)
+                    .then(|| LruCache::new(options.chunk_cache_bytes)),
+            }),
+        })
+    }
+
+    /// Decodes the bytes of one chunk (for a sharded array: one innermost chunk) into its
+    /// elements: C order, native endian, the full chunk shape ([`Array::chunk_shape`]).
+    pub fn decode_chunk(&self, encoded: &[u8]) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        crate::decode::zeroed(&mut out, self.core.decoder.chunk_bytes)
+            .map_err(|e| decode_error(self.location("", None), e))?;
+        self.decode_chunk_into(encoded, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Array::decode_chunk`] into `out`, which must be exactly one decoded chunk long (an
+    /// error otherwise): for callers that decode many chunks into one reused buffer.
+    pub fn decode_chunk_into(&self, encoded: &[u8], out: &mut [u8]) -> Result<()> {
+        self.core
+            .decoder
+            .decode_full_into(encoded, out)
+            .map_err(|e| decode_error(self.location("", None), e))?;
+        Ok(())
+    }
+
+    /// The bytes `range` of one decoded chunk (as [`Array::decode_chunk`] lays it out), decoding
+    /// no more of it than the codecs need to produce them: zstd chunks of one block decode only
+    /// the literal streams that hold the range, other codecs stop where they can. Parts of the
+    /// chunk outside `range` are not verified.
+    pub fn decode_chunk_range(&self, encoded: &[u8], range: Range<usize>) -> Result<Vec<u8>> {
+        let full = self.core.decoder.chunk_bytes;
+        if range.start > range.end || range.end > full {
+            return Err(ZarrError::Codec {
+                at: self.location("", None),
+                reason: format!("range {range:?} outside a chunk of {full} bytes"),
+            });
+        }
+        // As a read does before decoding a chunk (here it exercises its header parsing).
+        self.core.decoder.prefetch(encoded, &range);
+        let mut scratch = Vec::new();
+        let (bytes, _) = self
+            .core
+            .decoder
+            .with_decoded(encoded, range.clone(), &mut scratch, |chunk| {
+                chunk[range.clone()].to_vec()
+            })
+            .map_err(|e| decode_error(self.location("", None), e))?;
+        Ok(bytes)
+    }
+
+    /// Size in bytes of the index of an outermost shard; `None` for an unsharded array.
+    pub fn shard_index_size(&self) -> Option<u64> {
+        self.core.layout.levels.first().map(|l| l.index_bytes)
+    }
+
+    /// Decodes the index of an outermost shard (exactly [`Array::shard_index_size`] bytes) of a
+    /// shard of `shard_len` bytes, if known: per inner chunk in C order, its `(offset, length)`
+    /// in the shard, or `None` when it is not stored. Checks the checksum and that every entry
+    /// lies inside the shard.
+    pub fn decode_shard_index(
+        &self,
+        bytes: &[u8],
+        shard_len: Option<u64>,
+    ) -> Result<Vec<Option<(u64, u64)>>> {
+        let bad = |reason: String| ZarrError::ShardIndex {
+            at: self.location("", None),
+            reason,
+        };
+        let Some(level) = self.core.layout.levels.first() else {
+            return Err(ZarrError::InvalidArgument(format!(
+                "array {:?} is not sharded",
+                self.core.name
+            )));
+        };
+        let index = level
+            .decode_index(bytes, self.core.verify_checksums)
+            .map_err(bad)?;
+        (0..index.len() / 2)
+            .map(
+                |i| match ShardLevel::entry(&index, i, shard_len).map_err(bad)? {
+                    IndexEntry::Missing => Ok(None),
+                    IndexEntry::At { offset, len } => Ok(Some((offset, len))),
+                },
+            )
+            .collect()
+    }
+
+    /// The array's path in its store, e.g. `/` or `/group/temperature`.
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// The array's path relative to the store root, e.g. `` or `group/temperature`.
+    pub fn path(&self) -> &str {
+        self.core.key_prefix.trim_end_matches('/')
+    }
+
+    /// The array's directory on disk, or for an object store its key prefix under the bucket
+    /// (or container, or host).
+    pub fn dir(&self) -> &Path {
+        &self.core.dir
+    }
+
+    /// Where the array is: its directory, or its URL.
+    pub fn uri(&self) -> String {
+        self.store().uri(&self.core.dir)
+    }
+
+    /// The storage options the array was opened with (empty for a local array).
+    pub fn storage_options(&self) -> &[(String, String)] {
+        &self.core.options.storage_options
+    }
+
+    pub(crate) fn store(&self) -> Store {
+        self.core.reader.store()
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> &[u64] {
+        &self.core.layout.shape
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.core.layout.shape.len()
+    }
+
+    /// Zarr format: 2 or 3.
+    pub fn zarr_format(&self) -> u8 {
+        match self.core.meta.metadata() {
+            zarrs::metadata::ArrayMetadata::V2(_) => 2,
+            zarrs::metadata::ArrayMetadata::V3(_) => 3,
+        }
+    }
+
+    /// The v3 data type name (`uint16`, `float32`, `bool`, ...).
+    pub fn data_type(&self) -> String {
+        self.core
+            .meta
+            .data_type()
+            .name_v3()
+            .map_or_else(String::new, std::borrow::Cow::into_owned)
+    }
+
+    /// The numpy dtype string zarr-python reports for this array: the stored byte order for v2
+    /// (`>u2`), native order for v3 (where byte order belongs to the `bytes` codec).
+    pub fn numpy_dtype(&self) -> String {
+        numpy_dtype(&self.data_type(), self.core.meta.metadata())
+    }
+
+    /// Bytes per element.
+    pub fn element_size(&self) -> usize {
+        self.core.layout.elsize
+    }
+
+    /// The fill value, one element of native-endian bytes.
+    pub fn fill_value_bytes(&self) -> &[u8] {
+        &self.core.layout.fill
+    }
+
+    /// Shape of a storage chunk: the chunk, or the shard of a sharded array.
+    pub fn storage_chunk_shape(&self) -> &[u64] {
+        &self.core.layout.storage_chunk
+    }
+
+    /// Shape of the chunks that are read and decoded: the chunk, or the innermost chunk of a
+    /// sharded array (what zarr-python calls `chunks`).
+    pub fn chunk_shape(&self) -> &[u64] {
+        &self.core.layout.leaf
+    }
+
+    /// The shard shape of a sharded array (zarr-python's `shards`), else `None`.
+    pub fn shard_shape(&self) -> Option<&[u64]> {
+        (!self.core.layout.levels.is_empty()).then_some(&self.core.layout.storage_chunk[..])
+    }
+
+    /// Number of sharding levels (0 unsharded, 2 for sharding inside sharding).
+    pub fn sharding_levels(&self) -> usize {
+        self.core.layout.levels.len()
+    }
+
+    /// The array's attributes.
+    pub fn attributes(&self) -> &serde_json::Map<String, serde_json::Value> {
+        self.core.meta.attributes()
+    }
+
+    /// Dimension names (v3), if set.
+    pub fn dimension_names(&self) -> Option<Vec<Option<String>>> {
+        self.core.meta.dimension_names().as_ref().map(|names| {
+            names
+                .iter()
+                .map(|n| n.as_ref().map(ToString::to_string))
+                .collect()
+        })
+    }
+
+    /// The array's metadata as JSON, as stored (v2 metadata merged with its attributes).
+    pub fn metadata_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.core.meta.metadata()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// How leaf chunks are decoded, in words (for `zcrop info`).
+    pub fn decoder_description(&self) -> String {
+        self.core.decoder.describe()
+    }
+
+    /// The IO engine this array reads through, for an array of local files.
+    pub fn engine(&self) -> Option<&IoEngine> {
+        match &self.core.reader {
+            Reader::Local(e) => Some(e),
+            Reader::Object(_) => None,
+        }
+    }
+
+    /// The object engine this array reads through, for an array in an object store.
+    pub fn object_engine(&self) -> Option<&ObjectEngine> {
+        match &self.core.reader {
+            Reader::Object(e) => Some(e),
+            Reader::Local(_) => None,
+        }
+    }
+
+    /// The store key of storage chunk `coords`, relative to the store root.
+    pub fn storage_key(&self, coords: &[u64]) -> String {
+        format!(
+            "{}{}",
+            self.core.key_prefix,
+            self.core.meta.chunk_key(coords)
+        )
+    }
+
+    /// Number of storage chunks along each dimension.
+    pub fn storage_grid_shape(&self) -> Vec<u64> {
+        let l = &self.core.layout;
+        l.shape
+            .iter()
+            .zip(&l.storage_chunk)
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect()
+    }
+
+    /// Counts what is stored: storage chunks (files) present and their bytes, and for a sharded
+    /// array the inner chunks its shard indexes list (all indexes read in one submission).
+    pub fn storage_summary(&self) -> Result<StorageSummary> {
+        let grid = self.storage_grid_shape();
+        let total = grid
+            .iter()
+            .try_fold(1u64, |n, &g| n.checked_mul(g))
+            .ok_or_else(|| {
+                ZarrError::InvalidArgument(format!(
+                    "array {:?}: its grid {grid:?} has more than 2^64 storage chunks to count",
+                    self.core.name
+                ))
+            })?;
+        let mut summary = StorageSummary {
+            storage_chunks: total,
+            ..StorageSummary::default()
+        };
+        let mut present: Vec<(String, Arc<Path>, u64)> = Vec::new();
+        let mut coords = vec![0u64; grid.len()];
+        // An object store lists the array's objects once; local files are asked one by one.
+        let listed = self.store().object_sizes(&self.core.dir)?;
+        for i in 0..total {
+            let mut rem = i;
+            for d in (0..grid.len()).rev() {
+                coords[d] = rem % grid[d];
+                rem /= grid[d];
+            }
+            let rel = self.core.meta.chunk_key(&coords).to_string();
+            let path = self.core.dir.join(&rel);
+            let size = match &listed {
+                Some(sizes) => sizes.get(&rel).copied(),
+                None => std::fs::metadata(&path)
+                    .ok()
+                    .filter(std::fs::Metadata::is_file)
+                    .map(|m| m.len()),
+            };
+            if let Some(len) = size {
+                summary.storage_chunks_present += 1;
+                summary.stored_bytes += len;
+                present.push((
+                    format!("{}{rel}", self.core.key_prefix),
+                    Arc::from(path.as_path()),
+                    len,
+                ));
+            }
+        }
+        if let Some(level) = self.core.layout.levels.first() {
+            let per_shard: u64 = level.per_shard.iter().product();
+            summary.inner_chunks = Some(per_shard * total);
+            let range = if level.index_at_start {
+                ReadRange::new(0, level.index_bytes)
+            } else {
+                ReadRange::Suffix(level.index_bytes)
+            };
+            let requests = present
+                .iter()
+                .enumerate()
+                .map(|(i, (_, path, _))| ReadRequest::new(i as u64, Arc::clone(path), range));
+            let mut inner_present = 0u64;
+            for done in self.core.reader.submit(requests) {
+                let (key, _, len) = &present[done.id as usize];
+                let bytes = done.result.map_err(|e| ZarrError::Io {
+                    at: self.location(key, Some(range)),
+                    source: Box::new(e),
+                })?;
+                let entries = self
+                    .decode_shard_index(&bytes, Some(*len))
+                    .map_err(|e| match e {
+                        ZarrError::ShardIndex { reason, .. } => ZarrError::ShardIndex {
+                            at: self.location(key, Some(range)),
+                            reason,
+                        },
+                        other => other,
+                    })?;
+                inner_present += entries.iter().filter(|e| e.is_some()).count() as u64;
+            }
+            summary.inner_chunks_present = Some(inner_present);
+        }
+        Ok(summary)
+    }
+
+    /// Drops cached shard indexes and decoded chunks.
+    pub fn clear_caches(&self) {
+        self.core.index_cache.clear();
+        if let Some(c) = &self.core.chunk_cache {
+            c.clear();
+        }
+    }
+
+    #[allow(clippy::unnecessary_box_returns)] // errors box their location to stay small
+    fn location(&self, key: &str, range: Option<ReadRange>) -> Box<Location> {
+        Box::new(Location {
+            node: self.core.name.clone(),
+            key: key.to_string(),
+            range,
+        })
+    }
+}
+
+/// The numpy dtype string zarr-python gives an array of v3 data type `name`.
+fn numpy_dtype(name: &str, meta: &zarrs::metadata::ArrayMetadata) -> String {
+    if let zarrs::metadata::ArrayMetadata::V2(m) = meta
+        && let zarrs::metadata::v2::DataTypeMetadataV2::Simple(s) = &m.dtype
+    {
+        return s.clone();
+    }
+    let native = if cfg!(target_endian = "little") {
+        '<'
+    } else {
+        '>'
+    };
+    let (kind, size) = match name {
+        "bool" => return "|b1".into(),
+        "int8" => return "|i1".into(),
+        "uint8" => return "|u1".into(),
+        "int16" => ('i', 2),
+        "int32" => ('i', 4),
+        "int64" => ('i', 8),
+        "uint16" => ('u', 2),
+        "uint32" => ('u', 4),
+        "uint64" => ('u', 8),
+        "float16" => ('f', 2),
+        "float32" => ('f', 4),
+        "float64" => ('f', 8),
+        "complex64" => ('c', 8),
+        "complex128" => ('c', 16),
+        other => return other.to_string(),
+    };
+    format!("{native}{kind}{size}")
+}

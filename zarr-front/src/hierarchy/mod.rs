@@ -1,0 +1,10 @@
+//! Zarr hierarchies: opening arrays and groups from a local directory or an object store (a
+//! URL), their metadata documents, and groups' members.
+
+mod metadata;
+mod node;
+mod open;
+
+pub use self::metadata::NodeKind;
+pub use self::node::{Group, Node};
+pub use self::open::{open, open_with};

@@ -1,0 +1,334 @@
+//! What a path holds: a [`Node`] (an [`Array`] or a [`Group`]), made from its metadata, and
+//! [`Group`], whose members are nodes again (so both live here).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use zarrs::array::ArrayCreateError;
+use zarrs::metadata::ArrayMetadata;
+use zarrs::plugin::PluginCreateError;
+
+use crate::array::{Array, OpenOptions};
+use crate::error::{Result, ZarrError};
+use crate::store::Store;
+
+use super::metadata::{
+    Consolidated, NodeKind, NodeMeta, codec_names, invalid, read_node, read_nodes, v2_codec_names,
+};
+
+/// An array or a group.
+#[derive(Debug, Clone)]
+pub enum Node {
+    /// An array.
+    Array(Array),
+    /// A group.
+    Group(Group),
+}
+
+impl Node {
+    /// "array" or "group".
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Node::Array(_) => "array",
+            Node::Group(_) => "group",
+        }
+    }
+}
+
+/// Builds an [`Array`] from metadata, turning zarrs' complaints into typed errors.
+pub(crate) fn make_array(
+    name: String,
+    key_prefix: String,
+    dir: PathBuf,
+    store: &Store,
+    md: ArrayMetadata,
+    options: &OpenOptions,
+) -> Result<Array> {
+    let meta_path = store.show(&dir.join(if matches!(md, ArrayMetadata::V2(_)) {
+        ".zarray"
+    } else {
+        "zarr.json"
+    }));
+    if let ArrayMetadata::V3(m) = &md {
+        if let Some((field, _)) = m
+            .additional_fields
+            .iter()
+            .find(|(_, f)| f.must_understand())
+        {
+            return Err(ZarrError::Unsupported {
+                array: name,
+                feature: format!("the metadata extension {field:?} (must_understand)"),
+            });
+        }
+        if let Some(t) = m.storage_transformers.first() {
+            return Err(ZarrError::Unsupported {
+                array: name,
+                feature: format!("the storage transformer {:?}", t.name()),
+            });
+        }
+        if m.chunk_grid.name() != "regular" {
+            return Err(ZarrError::Unsupported {
+                array: name,
+                feature: format!(
+                    "the chunk grid {:?} (only \"regular\")",
+                    m.chunk_grid.name()
+                ),
+            });
+        }
+    }
+    let names = match &md {
+        ArrayMetadata::V3(m) => {
+            let mut n = Vec::new();
+            codec_names(&m.codecs, &mut n);
+            n
+        }
+        ArrayMetadata::V2(m) => v2_codec_names(m),
+    };
+    let unsupported_codec = |msg: String| {
+        let codec = names
+            .iter()
+            .find(|n| msg.contains(n.as_str()))
+            .cloned()
+            .unwrap_or_else(|| "unknown".into());
+        ZarrError::UnsupportedCodec {
+            array: name.clone(),
+            codec,
+            reason: msg,
+        }
+    };
+    let meta = match zarrs::array::Array::new_with_metadata(Arc::new(()), "/", md) {
+        Ok(a) => a,
+        Err(ArrayCreateError::CodecsCreateError(e)) => {
+            return Err(unsupported_codec(e.to_string()));
+        }
+        Err(ArrayCreateError::UnsupportedZarrV2Array(msg)) => return Err(unsupported_codec(msg)),
+        Err(ArrayCreateError::DataTypeCreateError(PluginCreateError::Unsupported(e))) => {
+            return Err(ZarrError::UnsupportedDataType {
+                array: name,
+                data_type: e.to_string(),
+            });
+        }
+        Err(e) => return Err(invalid(&meta_path, e)),
+    };
+    Array::from_metadata(name, key_prefix, dir, store, meta, options)
+}
+
+pub(crate) fn node_from(
+    meta: NodeMeta,
+    consolidated: Option<Arc<Consolidated>>,
+    name: String,
+    key_prefix: String,
+    dir: PathBuf,
+    store: &Store,
+    options: &OpenOptions,
+) -> Result<Node> {
+    match meta {
+        NodeMeta::Array(md) => Ok(Node::Array(make_array(
+            name, key_prefix, dir, store, *md, options,
+        )?)),
+        NodeMeta::Group {
+            zarr_format,
+            attributes,
+        } => Ok(Node::Group(Group {
+            core: Arc::new(GroupCore {
+                name,
+                key_prefix,
+                dir,
+                store: store.clone(),
+                zarr_format,
+                attributes,
+                consolidated,
+                options: options.clone(),
+            }),
+        })),
+    }
+}
+
+/// An opened Zarr group. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Group {
+    core: Arc<GroupCore>,
+}
+
+#[derive(Debug)]
+struct GroupCore {
+    name: String,
+    key_prefix: String,
+    dir: PathBuf,
+    store: Store,
+    zarr_format: u8,
+    attributes: Map<String, Value>,
+    consolidated: Option<Arc<Consolidated>>,
+    options: OpenOptions,
+}
+
+impl Group {
+    /// The group's path in its store (`/` for the root).
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// The group's path relative to the store root.
+    pub fn path(&self) -> &str {
+        self.core.key_prefix.trim_end_matches('/')
+    }
+
+    /// The group's directory, or for an object store its key prefix under the bucket (or
+    /// container, or host).
+    pub fn dir(&self) -> &Path {
+        &self.core.dir
+    }
+
+    /// Where the group is: its directory, or its URL.
+    pub fn uri(&self) -> String {
+        self.core.store.uri(&self.core.dir)
+    }
+
+    /// Zarr format: 2 or 3.
+    pub fn zarr_format(&self) -> u8 {
+        self.core.zarr_format
+    }
+
+    /// The group's attributes.
+    pub fn attributes(&self) -> &Map<String, Value> {
+        &self.core.attributes
+    }
+
+    /// Whether the group's metadata is consolidated.
+    pub fn is_consolidated(&self) -> bool {
+        self.core.consolidated.is_some()
+    }
+
+    /// Keys of the consolidated metadata that were left out because no member can have them
+    /// (a path part that is empty, `.` or `..`); the rest of the group reads normally.
+    pub fn skipped_consolidated_keys(&self) -> &[String] {
+        self.core
+            .consolidated
+            .as_ref()
+            .map_or(&[], |c| c.skipped.as_slice())
+    }
+
+    fn child_names(&self, rel: &str) -> (String, String, PathBuf) {
+        let rel = rel.trim_matches('/');
+        let name = if self.core.name == "/" {
+            format!("/{rel}")
+        } else {
+            format!("{}/{rel}", self.core.name)
+        };
+        (
+            name,
+            format!("{}{rel}/", self.core.key_prefix),
+            self.core.dir.join(rel),
+        )
+    }
+
+    /// Opens the member at `path` (a name, or a `/`-separated path of nested members).
+    pub fn get(&self, path: &str) -> Result<Node> {
+        let rel = path.trim_matches('/');
+        if rel.is_empty()
+            || rel
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == "..")
+        {
+            return Err(ZarrError::InvalidArgument(format!(
+                "invalid member path {path:?}"
+            )));
+        }
+        let (name, key_prefix, dir) = self.child_names(rel);
+        // A node's own metadata files are authoritative; consolidated metadata stands in where
+        // they are absent.
+        if let Some((meta, consolidated)) = read_node(&self.core.store, &dir)? {
+            let consolidated = consolidated
+                .map(Arc::new)
+                .or_else(|| self.core.consolidated.clone());
+            return node_from(
+                meta,
+                consolidated,
+                name,
+                key_prefix,
+                dir,
+                &self.core.store,
+                &self.core.options,
+            );
+        }
+        if let Some(c) = &self.core.consolidated {
+            let full = format!("{}{rel}", self.core.key_prefix);
+            let hit = c.nodes.get(rel).or_else(|| c.nodes.get(&full));
+            if let Some(meta) = hit {
+                return node_from(
+                    meta.clone(),
+                    Some(Arc::clone(c)),
+                    name,
+                    key_prefix,
+                    dir,
+                    &self.core.store,
+                    &self.core.options,
+                );
+            }
+        }
+        Err(ZarrError::NodeNotFound {
+            path: self.core.store.show(&dir),
+        })
+    }
+
+    /// Whether there is a member at `path`.
+    pub fn contains(&self, path: &str) -> bool {
+        self.get(path).is_ok()
+    }
+
+    /// The direct members: `(name, kind)`, sorted by name.
+    pub fn members(&self) -> Result<Vec<(String, NodeKind)>> {
+        let mut out: BTreeMap<String, NodeKind> = BTreeMap::new();
+        if let Some(c) = &self.core.consolidated {
+            let prefix = self.core.key_prefix.clone();
+            for (path, meta) in &c.nodes {
+                let rel = path.strip_prefix(&prefix).unwrap_or(path);
+                if !rel.is_empty()
+                    && !rel.contains('/')
+                    && (prefix.is_empty() || path.starts_with(&prefix))
+                {
+                    out.insert(rel.to_string(), meta.kind());
+                }
+            }
+        }
+        let store = &self.core.store;
+        let names = match store.child_dirs(&self.core.dir) {
+            Ok(names) => names,
+            // Some object stores cannot list (plain HTTP); consolidated metadata says enough.
+            Err(_) if self.core.consolidated.is_some() && matches!(store, Store::Object(_)) => {
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let dirs: Vec<PathBuf> = names.iter().map(|n| self.core.dir.join(n)).collect();
+        let dir_refs: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
+        for (name, node) in names.into_iter().zip(read_nodes(store, &dir_refs)?) {
+            if let Some((meta, _)) = node {
+                out.insert(name, meta.kind());
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    /// Names of the member arrays.
+    pub fn array_names(&self) -> Result<Vec<String>> {
+        Ok(self
+            .members()?
+            .into_iter()
+            .filter(|(_, k)| *k == NodeKind::Array)
+            .map(|(n, _)| n)
+            .collect())
+    }
+
+    /// Names of the member groups.
+    pub fn group_names(&self) -> Result<Vec<String>> {
+        Ok(self
+            .members()?
+            .into_iter()
+            .filter(|(_, k)| *k == NodeKind::Group)
+            .map(|(n, _)| n)
+            .collect())
+    }
+}
