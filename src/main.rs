@@ -3,8 +3,7 @@
 
 /// mimalloc, not glibc's malloc: reads hand their buffers (and `Bytes` headers) from IO threads
 /// to the consumer, and glibc frees memory allocated by another thread slowly (its arena lock and
-/// consolidation). `zcrop bench io` (warm 4 KiB, 2 cores, 5 interleaved runs): +7% reads/s;
-/// `zcrop bench` crops/s unchanged within noise. The Python module uses it too.
+/// consolidation). The Python module uses it too.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -12,8 +12,8 @@
 //! numpy a buffer owned by a [`SpareOnDrop`]. When the last array over it goes, the buffer is
 //! kept (a few, bounded in bytes) and the next read of the same size takes it, zeroed, instead
 //! of fresh pages from the OS. A training loop that reads a batch, uses it and drops it would
-//! otherwise fault in and zero every page of every batch: 6-8% of the CPU of a read on this
-//! machine's VM, where fresh pages are also faulted in by the host.
+//! otherwise fault in and zero every page of every batch, a visible share of a read's CPU
+//! (more on VMs, where fresh pages are also faulted in by the host).
 //!
 //! This is the package's only module with `unsafe` code: filling in a `Py_buffer` is a C API,
 //! and so is giving a numpy array memory that another object owns.

@@ -24,7 +24,7 @@ mod read;
 use pyo3::prelude::*;
 
 /// The allocator of the Rust side of the module, as in the `zcrop` binary (see its `main.rs`
-/// for why and what it measured). Python's own objects are unaffected.
+/// for why). Python's own objects are unaffected.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

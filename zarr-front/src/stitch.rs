@@ -37,14 +37,11 @@ pub(crate) fn prefetch_read_l2(bytes: &[u8]) {
 ///
 /// A blosc chunk's raw split (up to 16 KiB of a 16-bit chunk of 32 KiB, read from memory) is
 /// read by the unshuffle only after the chunk's LZ4 split is decoded. Asked for in one burst
-/// before that decode, its 256 lines filled the core's outstanding misses and the burst itself
-/// waited on them (12.5% of the decode threads' samples landed on prefetch instructions); the
-/// LZ4 decoder now asks for one line per sequence it decodes (about 490 in such a split), so
+/// before that decode, its 256 lines would fill the core's outstanding misses and the burst
+/// itself wait on them; the LZ4 decoder now asks for one line per sequence it decodes (about 490 in such a split), so
 /// the lines arrive during the decode, which misses little itself. They are asked into the
-/// first-level cache ([`PrefetchAlong::new`]): into the second only
-/// ([`PrefetchAlong::second_level`], as until 2026-11-25), the unshuffle that reads them right
-/// after the decode measured 1% fewer chunks/s on blosc-lz4 (median of 7 `zcrop bench` runs
-/// whose batches alternated between the two; 0 to 4.6% each).
+/// first-level cache ([`PrefetchAlong::new`]), since the unshuffle reads them right after the
+/// decode ([`PrefetchAlong::second_level`] is for bytes read later).
 #[derive(Debug)]
 pub(crate) struct PrefetchAlong<'a> {
     /// The first line not asked for yet, as an offset from `base`, and the end of the bytes.
@@ -140,10 +137,8 @@ fn prefetch_lines<const HINT: i32>(start: *const u8, len: usize) {
 
 /// Rows ahead of the one being copied whose output lines [`DisjointOut`] asks for. A 16-bit
 /// blosc-lz4 crop row in a chunk (about 128 bytes) is copied in about 20 ns, and a line the
-/// CPU has not seen takes longer than four of them to arrive: 4 rows ahead (until 2026-11-25)
-/// measured 0.8-3.4% fewer chunks/s on blosc-lz4 than 12 (6 runs), 8 the same as 12, 16 1%
-/// fewer (batches alternating between the two within one `zcrop bench` run); sharded zstd the
-/// same.
+/// CPU has not seen takes longer than several of them to arrive; much further ahead, the lines
+/// asked for crowd out those in use.
 const WRITE_AHEAD: usize = 12;
 
 /// The output buffer of one planned read, shared by the decode tasks.
@@ -281,8 +276,8 @@ impl<'a> DisjointOut<'a> {
     fn prefetch_for_write(&self, start: usize, len: usize) {
         // Not `prefetch_lines`: a run's first and last cache lines can be shared with runs of
         // neighbouring chunks that other threads write. Stepping 64 bytes from `start` skips
-        // the last line when the run ends early in it; asking for every line measured 1.5-2%
-        // slower on blosc-lz4 (two sets of 5 alternating runs).
+        // the last line when the run ends early in it, which costs less than asking for
+        // every line.
         #[cfg(target_arch = "x86_64")]
         if start.checked_add(len).is_some_and(|end| end <= self.len) {
             use std::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
@@ -419,14 +414,9 @@ impl Rows<'_, '_> {
     /// non-temporal stores: no read-for-ownership of the line, as an ordinary store would
     /// make, and no cache room. Only the partial lines at its ends are stored (and asked for,
     /// [`WRITE_AHEAD`] runs on) as usual. [`DisjointOut::copy_groups_with`] orders the stores
-    /// before the copy counts as done.
-    ///
-    /// Interleaving into registers rather than into a copy of the run on the stack first (as
-    /// until 2026-11-26), on blosc-lz4 crop reads (batches alternating between the two within
-    /// one `zcrop bench` run): two batches at a time −0.8 to +1.1% chunks/s (7 runs, median
-    /// 0.0%), one at a time +1.8, +2.3 and −1.4%. It needs no stack buffer, so runs of any
-    /// length could take it. Non-temporal stores for the partial lines too (`maskmovdqu`) were
-    /// 23-26% slower.
+    /// before the copy counts as done. The samples are interleaved in registers, so no copy of
+    /// the run is needed; the partial lines are not streamed (masked non-temporal stores,
+    /// `maskmovdqu`, are much slower than ordinary ones).
     #[allow(
         clippy::cast_ptr_alignment,
         reason = "unaligned loads; the streaming stores' targets are 64-byte aligned (below)"

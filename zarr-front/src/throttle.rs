@@ -14,9 +14,8 @@
 use parking_lot::{Condvar, Mutex};
 
 /// Decode tasks allowed in flight per decode thread. A waiting reader refills when half of
-/// them have finished. Measured with `zcrop bench` (2 threads, warm): 16 per thread lost 5-10%
-/// in some runs to decoders running dry; 32, 64 and 128 were within 3% of each other, and 3-5%
-/// (sharded zstd; v2 1-3%) faster than no bound, with half the peak memory.
+/// them have finished: enough that decoders do not run dry, few enough to bound the memory of
+/// results waiting to be decoded.
 pub(crate) const TASKS_PER_THREAD: usize = 64;
 
 /// Counts tasks in flight; when `limit` are, [`Throttle::acquire`] waits until half of them

@@ -81,9 +81,8 @@ pub struct Batch {
 
 /// Requests in a row a batch failed to serve from mappings as it planned them (files not
 /// mapped, such as small ones, or data not recently found in memory) after which it stops
-/// trying for the rest of the batch: each try looks its file up among the open ones, and on
-/// the benchmark's v2 array (thousands of small files a batch) trying every request cost
-/// 1-5% chunks/s.
+/// trying for the rest of the batch: each try looks its file up among the open ones, which
+/// costs more than it saves on stores of many small files.
 const INLINE_MISSES: u32 = 64;
 
 /// Misses in a row after which a batch pauses helping (its data is not cached).

@@ -11,23 +11,14 @@ use crate::range::ReadRange;
 use crate::request::ReadRequest;
 use crate::worker::op::{Part, Parts, PhysOp, Run, Sink, Target};
 
-/// Requests planned (coalesced) together by [`IoEngine::submit`]. 4096 until 2026-11-26: the
-/// consumer's calls that planned the next group then held it ~0.65 ms (sorting, merging and
-/// resolving reads of a crop batch), while its decode threads waited for results. 1024 gave
-/// +2.5 to +4.8% chunks/s one batch at a time (3 runs) and +1.1 to +1.8% two at a time (3 runs)
-/// on `zcrop bench --codec blosc-lz4` (about 6000 cached reads a batch; batches alternating
-/// between the two in one run); 256 gave +2.6 and +2.8%, −0.2 and +3.1%.
+/// Requests planned (coalesced) together by [`IoEngine::submit`](crate::IoEngine::submit):
+/// large enough to merge a crop batch's neighbouring reads, small enough that planning the
+/// next group does not hold the consumer (and the decode threads waiting on it) for long.
 pub(crate) const PLAN_GROUP: usize = 1024;
 
-/// Requests of a batch of more than [`WHOLE_PLAN_UP_TO`] planned first: its first reads go out
-/// (and its consumer starts on their results) before the next [`PLAN_GROUP`] requests are
-/// planned, at the cost of not coalescing reads across this one boundary. 256 until 2026-11-26; 32 gave +1.0 to +3.8%
-/// chunks/s (7 runs, median +2.2%) on `zcrop bench --codec blosc-lz4` one batch at a time
-/// (about 6000 cached reads a batch; batches alternating between the two in one run), −0.9 to
-/// +2.8% (5 runs, median −0.3%) two at a time; 8 was no better (+3.2, +1.5%), nor a ramp of
-/// 32, 256, 2048. Not by starting the decoding much sooner: `submit` went on to plan the next
-/// 4096 ([`PLAN_GROUP`] then) before it returned (~0.65 ms of such a batch), and the first
-/// decode task began 1.17–1.22 ms into a 16 ms batch, against 1.19–1.37 ms with 256.
+/// Requests of a batch of more than [`WHOLE_PLAN_UP_TO`] planned first, on their own: their
+/// reads go out (and the consumer starts on their results) before the next [`PLAN_GROUP`]
+/// requests are planned, at the cost of not coalescing reads across this one boundary.
 pub(crate) const FIRST_PLAN_GROUP: usize = 32;
 
 /// Batches of at most this many requests are planned whole, their reads coalesced as one (see

@@ -165,9 +165,8 @@ enum ChunkFault {
 
 /// Chunks decoded per task where the decoder gains from decoding several together: four
 /// zstd chunks of more than 64 KiB interleave enough independent literal streams to keep a
-/// core busy (grouped by two cost ~10% more per chunk, measured on the benchmark's v2 chunks;
-/// smaller zstd chunks go by [`SMALL_ZSTD_DECODE_GROUP`]); small chunks of other codecs go at
-/// least this many at a time for their prefetches (see [`SMALL_DECODE_GROUP`]).
+/// core busy (smaller zstd chunks go by [`SMALL_ZSTD_DECODE_GROUP`]); small chunks of other
+/// codecs go at least this many at a time for their prefetches (see [`SMALL_DECODE_GROUP`]).
 const DECODE_GROUP: usize = 4;
 
 /// Chunks of at most this many decoded bytes are decoded in groups (see [`SMALL_DECODE_GROUP`])
@@ -175,19 +174,15 @@ const DECODE_GROUP: usize = 4;
 const PREFETCHED_CHUNK_BYTES: usize = 64 << 10;
 
 /// zstd chunks of at most [`PREFETCHED_CHUNK_BYTES`] decode in groups of this many: a crop's
-/// band needs only one or two of such a chunk's four literal streams, so four chunks left the
-/// lockstep with ~2.6 streams. Measured on the benchmark's 32 KiB chunks, 3 alternating runs:
-/// groups of 4, 8, 16 gave 569-585, 586-598, 587-602 crops/s; 8 keeps tasks finer.
+/// band needs only one or two of such a chunk's four literal streams, so more chunks are
+/// needed to keep the streams' lockstep busy; larger groups gain nothing more and make
+/// tasks coarser.
 const SMALL_ZSTD_DECODE_GROUP: usize = 8;
 
 /// Small chunks of codecs other than zstd (see [`PREFETCHED_CHUNK_BYTES`]) decode in groups of
 /// up to this many, fewer where a read has too few chunks to give every thread 8 groups (but at
 /// least [`DECODE_GROUP`]). Longer groups spawn fewer tasks and break the prefetch of the next
-/// chunk's bytes less often. `zcrop bench --codec blosc-lz4` (32 KiB chunks, about 6000 a
-/// batch), alternating runs: groups of 4 -> 16 gave 1572 -> 1676 crops/s (4 rounds); 16 -> 32
-/// 1670 -> 1695 (3 rounds, within the noise then). Later, in runs whose batches alternated
-/// between 16 and 32 (2026-11-25, after the stitch got cheaper), 32 gave a median 2.0% more
-/// chunks/s over 6 runs (-1.4% to +4.0% each); 64 against 16 was mixed (-1.9% to +2.3%, 3 runs).
+/// chunk's bytes less often.
 const SMALL_DECODE_GROUP: usize = 32;
 
 thread_local! {

@@ -63,10 +63,9 @@ enum Cursor {
 
 /// Leaves a read of more than twice as many leaves of a sharded array from local files locates
 /// first, on its own: their reads go out and their decoding starts while the read locates the
-/// rest (a batch of crops locates thousands of leaves through the shard indexes, and the decode
-/// threads waited for all of them). Not for unsharded arrays: on the benchmark's v2 array the
-/// split cost 0.4 to 2.9% chunks/s (4 runs; its chunks are read, not mapped, and each takes
-/// ~100 us to decode, so the serial start weighs little).
+/// rest (a batch of crops locates thousands of leaves through the shard indexes). Not for
+/// unsharded arrays, whose chunks are read (not mapped) and slow to decode, so the serial
+/// start weighs little and the split only costs.
 pub(crate) const FIRST_LOCATED: usize = 256;
 
 impl Array {

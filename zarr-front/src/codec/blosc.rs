@@ -363,13 +363,9 @@ pub(crate) fn prefetch(src: &[u8], want: Range<usize>) {
 /// decoder; returns the needed bytes if it is raw, read only after that, by the unshuffle.
 ///
 /// [`open`] asks for those raw bytes one line at a time while the compressed split decodes
-/// ([`PrefetchAlong`]); [`prefetch`], a chunk ahead, leaves them. Asked for a chunk ahead in one
-/// burst (into the first-level cache until 2026-11-25, then the second), up to 256 lines
-/// filled the core's outstanding misses and the burst waited on them. `zcrop bench --codec
-/// blosc-lz4`, 9 alternating rounds: medians 1820 -> 1833 crops/s, whole chunks decoded from
-/// memory 332-340k -> 357-393k a second, and in the caches 4.8% slower (219.7k -> 209.1k a
-/// second per core: the lines asked for are there already, and the decoder checks for one per
-/// sequence).
+/// ([`PrefetchAlong`]); [`prefetch`], a chunk ahead, leaves them: asked for in one burst a
+/// chunk ahead, hundreds of lines fill the core's outstanding misses and the burst waits on
+/// them.
 fn prefetch_split<'s>(
     src: &'s [u8],
     data: Range<usize>,
@@ -440,11 +436,8 @@ fn needed_ranges(
 
 /// The longest run (bytes) that [`Chunk::gather_group`] writes with streaming stores
 /// ([`Rows::write_interleaved2`]); longer runs take the per-run gather. A run's whole cache
-/// lines then go to memory without being read first: 16-bit blosc-lz4 crop reads gave +1.9%
-/// chunks/s (median; +0.0 to +3.7%, 5 runs) two batches at a time, −0.8 and +0.6% one at a
-/// time (batches alternating between the two within one `zcrop bench` run, 2026-11-26, the
-/// run interleaved into a copy on the stack first). Runs of 128 bytes at any alignment have one
-/// whole line in most cases; the partial lines at their ends are stored as usual.
+/// lines then go to memory without being read first. Runs of 128 bytes at any alignment have
+/// one whole line in most cases; the partial lines at their ends are stored as usual.
 const STREAMED_RUN: usize = 512;
 
 impl<'a> Chunk<'a> {

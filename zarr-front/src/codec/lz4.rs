@@ -1,36 +1,26 @@
-//! LZ4 block decoding that stops once the bytes a crop needs are out: the unsafe module of
-//! zarr-front for the LZ4 splits of blosc chunks, besides `stitch`, `ffi` and `unshuffle`.
+//! LZ4 block decoding that stops once the bytes a crop needs are out: one of zarr-front's
+//! unsafe modules (SSSE3 loads and stores), for the LZ4 splits of blosc chunks.
 //!
-//! A crop needs a prefix of a chunk's compressed split (on average 76% of it in the benchmark's
-//! crops), but liblz4 decodes a prefix 20-30% slower per byte than a whole block: its partial
-//! decoder checks the end more often and copies a match that crosses the target byte by byte.
-//! Below 80% zcrop used to ask it for the prefix and above that for the whole split, which left
-//! a crop's LZ4 work at 85% of the whole splits' for 76% of their bytes.
+//! A crop needs a prefix of a chunk's compressed split (most of it, on the benchmark's crops),
+//! but liblz4 decodes a prefix slower per byte than a whole block: its partial decoder checks
+//! the end more often and copies a match that crosses the target byte by byte. This decoder
+//! runs one loop for both: it stops after the first sequence that reaches the target.
 //!
-//! This decoder runs one loop for both: it stops after the first sequence that reaches the
-//! target. What costs time in these splits is not bytes but sequences (about 490 in a 16 KiB
-//! split of 16-bit imagery's high bytes, mostly matches: long runs with offsets of 2 or 3,
-//! short matches further back), and a branch mispredicted per sequence costs more than the
-//! copy. So every match begins with one 16-byte store made the same way whatever its offset:
-//! a 16-byte load from the match's source, shuffled (SSSE3 `pshufb`) into the offset's
-//! repeating pattern when the offset is under 16 and kept as it is otherwise. Longer matches
-//! go on in 16-byte steps: copies for offsets of 16 or more, the same pattern stored again
-//! every multiple of the offset below them. Near the end of the output (a match that ends
-//! less than 32 bytes before it) the steps go only as far as they stay inside the match, and
-//! the last bytes one at a time; long literal runs are slice copies.
+//! What costs time in these splits is not bytes but sequences (hundreds in a 16 KiB split of
+//! 16-bit imagery's high bytes, mostly matches: long runs with offsets of 2 or 3, short
+//! matches further back), and a branch mispredicted per sequence costs more than the copy. So
+//! every match begins with one 16-byte store made the same way whatever its offset: a 16-byte
+//! load from the match's source, shuffled (SSSE3 `pshufb`) into the offset's repeating pattern
+//! when the offset is under 16 and kept as it is otherwise. Longer matches go on in 16-byte
+//! steps: copies for offsets of 16 or more, the same pattern stored again every multiple of the
+//! offset below them. Near the end of the output (a match that ends less than 32 bytes before
+//! it) the steps go only as far as they stay inside the match, and the last bytes one at a
+//! time; long literal runs are slice copies. Where SSSE3 is missing (or off x86-64), liblz4
+//! decodes.
 //!
-//! On the benchmark's splits (the LZ4-compressed high-byte splits of `zcrop bench --codec
-//! blosc-lz4`, 16 KiB each, 12288 of them decoded in turn, so input from memory; a temporary
-//! harness, not committed, 2 runs): a whole split in 3.46-3.48 µs against liblz4's 3.96, and
-//! the prefixes crops need (half the splits whole, half to a random row) in 2.66-2.67 µs against
-//! 3.38 through liblz4 (prefix or whole as above). Where SSSE3 is missing (or off x86-64),
-//! liblz4 decodes.
-//!
-//! Every read and write stays inside `src` and `out` whatever the input (tested against
-//! liblz4 on compressed data of many kinds and on damaged blocks, and fuzzed: the `lz4` fuzz
-//! target compares it with liblz4 on arbitrary bytes). The unsafe code also ran clean under
-//! Miri (Stacked Borrows, with SSSE3 enabled) on whole, partial and damaged blocks, through a
-//! temporary harness: Miri cannot run this crate's tests, which call liblz4 to compress.
+//! Every read and write stays inside `src` and `out` whatever the input: tested against
+//! liblz4 on compressed data of many kinds and on damaged blocks, and fuzzed (the `lz4` fuzz
+//! target compares it with liblz4 on arbitrary bytes).
 #![allow(unsafe_code)]
 
 use crate::stitch::PrefetchAlong;

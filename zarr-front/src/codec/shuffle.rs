@@ -92,15 +92,13 @@ mod sse2 {
     /// Interleaves two streams (each at least `out.len() / 2` bytes) into `out`; returns the
     /// elements done: all of them from 8 on, else none. A crop's row in a chunk is any length
     /// from 1 to the chunk's width, so the last step overlaps the one before it (writing the
-    /// same bytes again) instead of leaving up to 15 elements to a loop of byte stores: that
-    /// loop, the remainder of the compiler's own vectorized loop, held about 30% of the samples
-    /// of the code unshuffling 16-bit rows into crops (perf annotate, blosc-lz4 crop reads).
+    /// same bytes again) instead of leaving up to 15 elements to a loop of byte stores, which
+    /// was where the time of unshuffling short rows went.
     ///
     /// Inlined into its caller, as [`super::interleave`] is: both run once per row of a crop in
-    /// a chunk (a 16-bit row of 64 elements takes a few nanoseconds), and as two calls they
-    /// cost 2.4% of blosc-lz4's chunks/s (median of 4 `zcrop bench` runs whose batches
-    /// alternated between the two forms; +1.3 to +3.0% each).
-    #[allow(clippy::inline_always, reason = "once per crop row; measured above")]
+    /// a chunk (a 16-bit row of 64 elements takes a few nanoseconds), where a call costs a
+    /// visible share of the time.
+    #[allow(clippy::inline_always, reason = "once per crop row")]
     #[inline(always)]
     pub(super) fn interleave2(a: &[u8], b: &[u8], out: &mut [u8]) -> usize {
         let n = out.len() / 2;

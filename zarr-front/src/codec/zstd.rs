@@ -22,9 +22,7 @@ pub(crate) const MAX_SEQUENCES: usize = 512;
 
 /// Decoding here pays when the needed literal streams hold at most this share of a block's
 /// literals: per literal this decoder costs about twice libzstd's four-stream assembly loop,
-/// and building its Huffman table 1.5-2 µs more per chunk (measured on the benchmark's 32 KiB
-/// imagery chunks, crops' bands in groups of four and of eight; from 0.5 to 0.9 the total
-/// barely moves).
+/// and building its Huffman table adds a little per chunk.
 pub(crate) const MAX_SHARE: f64 = 0.6;
 
 const MAGIC: u32 = 0xFD2F_B528;
