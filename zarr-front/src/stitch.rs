@@ -155,8 +155,30 @@ unsafe impl Send for DisjointOut<'_> {}
 unsafe impl Sync for DisjointOut<'_> {}
 
 impl<'a> DisjointOut<'a> {
-    /// Wraps the output buffer of `plan`, which must be exactly `plan.out_len` bytes.
-    pub(crate) fn new(buf: &'a mut [u8], plan: &Plan) -> Self {
+    /// Wraps the output buffer of `plan`, which must be exactly `plan.out_len` bytes, for the
+    /// decode tasks to write their copies into at once.
+    ///
+    /// # Safety
+    /// No two copies of `plan` may write the same byte of `buf`: the copies are then written
+    /// from many threads through one pointer without a data race. A [`Plan`] built by
+    /// [`Plan::with_output_element`] guarantees this (chunks tile the array and requests
+    /// tile the output: see "Disjointness" in [`crate::plan`], checked by its exact-cover
+    /// tests); a hand-made plan might not.
+    pub(crate) unsafe fn new(buf: &'a mut [u8], plan: &Plan) -> Self {
+        Self::wrap(buf, plan)
+    }
+
+    /// [`DisjointOut::new`] for a plan as this crate makes them: the one place that vouches
+    /// for the planner's disjointness.
+    pub(crate) fn for_plan(buf: &'a mut [u8], plan: &Plan) -> Self {
+        // SAFETY: a `Plan`'s fields are private to this crate, its only constructors
+        // (`Plan::new`, `Plan::with_output_element`) make copies that write disjoint bytes of
+        // the output (see "Disjointness" in `crate::plan`), and nothing in this crate changes a
+        // plan once it is built.
+        unsafe { Self::new(buf, plan) }
+    }
+
+    fn wrap(buf: &'a mut [u8], plan: &Plan) -> Self {
         assert_eq!(
             buf.len(),
             plan.out_len,
@@ -743,7 +765,7 @@ mod tests {
         let arr_strides = c_strides(shape);
         let leaf_elems: u64 = leaf.iter().product();
         {
-            let o = DisjointOut::new(out, &plan);
+            let o = DisjointOut::for_plan(out, &plan);
             for l in &plan.leaves {
                 // Build the decoded chunk: element j of the chunk has the array's linear index.
                 let mut chunk = Vec::with_capacity(leaf_elems as usize * es);

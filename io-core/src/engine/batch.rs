@@ -99,9 +99,12 @@ impl Batch {
     /// Plans `requests` (the first group now) and hands the first reads to the workers.
     pub(super) fn new(engine: Arc<Inner>, requests: Vec<ReadRequest>, map: bool) -> Batch {
         let (tx, rx) = crossbeam_channel::unbounded();
+        let map = map
+            && engine.ctx.map_files != MapFiles::Never
+            && crate::files::mapguard::check_in_place();
         let sink = Arc::new(Sink {
             tx,
-            map: map && engine.ctx.map_files != MapFiles::Never,
+            map,
             dropped: AtomicBool::new(false),
             generation: next_generation(),
         });

@@ -10,12 +10,15 @@
 //! the engine stops serving reads from a damaged mapping.
 //!
 //! Faults outside io-core's mappings go to the handler that was installed before (or the
-//! default action). The registry is a fixed array of atomics, so the handler neither locks nor
-//! allocates.
+//! default action). A handler another library installs later (Python's `faulthandler`, a
+//! PyTorch DataLoader worker's) would take our faults first: every batch that may use
+//! mappings checks that ours is still in place and puts it back on top, chained to the newer
+//! one; a signal passed on that comes back to ours takes the default action. The registry is a
+//! fixed array of atomics, so the handler neither locks nor allocates.
 #![allow(unsafe_code)]
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 /// Mappings that can be registered at once; beyond that, files are read instead of mapped.
 pub(crate) const SLOTS: usize = 4096;
@@ -46,12 +49,37 @@ static PAGE: AtomicUsize = AtomicUsize::new(4096);
 
 /// The `SIGBUS` action before ours, to pass faults that are not ours on to.
 struct Previous(libc::sigaction);
-// SAFETY: a plain C struct of function pointers, flags and a signal mask; written once before
-// the handler is installed and only read afterwards.
-unsafe impl Sync for Previous {}
-// SAFETY: as above.
-unsafe impl Send for Previous {}
-static PREVIOUS: OnceLock<Previous> = OnceLock::new();
+
+/// The action ours displaced last (leaked: a handler may be reading it at any time, and ours
+/// is installed again only when another library displaced it, a few times per process at
+/// most). Null before ours is installed.
+static PREVIOUS: AtomicPtr<Previous> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Handlers of ours passing a signal on, on this process's threads (the signal may come back:
+/// a handler that displaced ours may pass it on to ours).
+static PASSING_ON: AtomicUsize = AtomicUsize::new(0);
+
+/// Puts our handler in place, remembering the action it displaces.
+fn put_in_place() -> std::io::Result<()> {
+    // SAFETY: sigaction with a zeroed (valid: empty mask, no flags) struct and out-pointers to
+    // locals; the handler is an `extern "C"` function of the SA_SIGINFO signature.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &raw mut old) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Recorded before ours goes in, so the handler always finds it.
+        PREVIOUS.store(Box::into_raw(Box::new(Previous(old))), Ordering::Release);
+        let mut new: libc::sigaction = std::mem::zeroed();
+        new.sa_sigaction = on_sigbus as *const () as usize;
+        new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+        libc::sigemptyset(&raw mut new.sa_mask);
+        if libc::sigaction(libc::SIGBUS, &raw const new, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
 
 /// Installs the handler (once per process); whether it is in place.
 pub(crate) fn installed() -> bool {
@@ -67,24 +95,58 @@ pub(crate) fn installed() -> bool {
 
 fn install() -> std::io::Result<()> {
     PAGE.store(page_size(), Ordering::Relaxed);
-    // SAFETY: sigaction with a zeroed (valid: empty mask, no flags) struct and out-pointers to
-    // locals; the handler is an `extern "C"` function of the SA_SIGINFO signature.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &raw mut old) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // Recorded before ours goes in, so the handler always finds it.
-        let _ = PREVIOUS.set(Previous(old));
-        let mut new: libc::sigaction = std::mem::zeroed();
-        new.sa_sigaction = on_sigbus as *const () as usize;
-        new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
-        libc::sigemptyset(&raw mut new.sa_mask);
-        if libc::sigaction(libc::SIGBUS, &raw const new, std::ptr::null_mut()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    put_in_place()
+}
+
+/// Whether the guard was in place when last checked ([`check_in_place`]); mappings serve
+/// reads only while it is.
+static IN_PLACE: AtomicBool = AtomicBool::new(true);
+
+/// Whether mappings may serve reads: the guard was in place when last checked (one atomic
+/// load).
+pub(crate) fn in_place() -> bool {
+    IN_PLACE.load(Ordering::Acquire)
+}
+
+/// Checks (one system call) that the `SIGBUS` action is still ours, and puts ours back on top
+/// if another library replaced it since (Python's `faulthandler.enable()` called later, a
+/// PyTorch DataLoader worker's handlers): that handler would take a fault in one of our
+/// mappings first and end the process. Faults that are not ours still go to it. Whether the
+/// guard is in place now, for [`in_place`]; if it cannot be put back, files are read, not
+/// served from mappings. Called when a file is mapped and when a batch that may use mappings
+/// starts.
+pub(crate) fn check_in_place() -> bool {
+    if !installed() {
+        return false;
     }
-    Ok(())
+    // SAFETY: sigaction with a null new action only reads the current one into a local.
+    let current = unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &raw mut cur) != 0 {
+            IN_PLACE.store(false, Ordering::Release);
+            return false;
+        }
+        cur.sa_sigaction
+    };
+    let ours = current == on_sigbus as *const () as usize
+        || match put_in_place() {
+            Ok(()) => {
+                log::debug!("another SIGBUS handler replaced zcrop's; put zcrop's back on top");
+                true
+            }
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    log::warn!(
+                        "another SIGBUS handler replaced zcrop's and it cannot be put back \
+                         ({e}); files are read, not served from mappings"
+                    );
+                });
+                false
+            }
+        };
+    IN_PLACE.store(ours, Ordering::Release);
+    ours
 }
 
 /// The registered mapping holding `addr`, if any. Async-signal-safe.
@@ -123,23 +185,30 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             return;
         }
     }
-    // Not ours: whatever was there before.
-    let Some(Previous(prev)) = PREVIOUS.get() else {
-        return;
-    };
+    // Not ours: whatever was there before, once. A signal that comes back while we pass it
+    // on (the handler we displaced passes it to ours again) takes the default action.
+    let previous = PREVIOUS.load(Ordering::Acquire);
+    if PASSING_ON.fetch_add(1, Ordering::AcqRel) > 0 || previous.is_null() {
+        default_action(sig, code);
+    } else {
+        // SAFETY: a leaked `Previous`, never freed.
+        let prev = unsafe { &(*previous).0 };
+        pass_on(prev, sig, code, info, ctx);
+    }
+    PASSING_ON.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Hands the signal to the action `prev` stands for.
+fn pass_on(
+    prev: &libc::sigaction,
+    sig: libc::c_int,
+    code: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
     let handler = prev.sa_sigaction;
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // SAFETY: restoring the default action with a zeroed (empty mask) struct; a fault
-        // raised by the kernel then happens again on return and takes that action; a signal
-        // sent by a process is raised again.
-        unsafe {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &raw const dfl, std::ptr::null_mut());
-            if code <= 0 {
-                libc::raise(sig);
-            }
-        }
+        default_action(sig, code);
     } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this signature.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
@@ -152,14 +221,29 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     }
 }
 
+/// The default action for `sig`: a fault raised by the kernel happens again on return and
+/// takes it; a signal sent by a process is raised again.
+fn default_action(sig: libc::c_int, code: libc::c_int) {
+    // SAFETY: restoring the default action with a zeroed (empty mask) struct, then raising
+    // the signal: both async-signal-safe system calls.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &raw const dfl, std::ptr::null_mut());
+        if code <= 0 {
+            libc::raise(sig);
+        }
+    }
+}
+
 /// A registered mapping; unregistered when dropped (before the mapping is unmapped).
 #[derive(Debug)]
 pub(crate) struct Registration(usize);
 
-/// Registers the mapping `start..start + len`; `None` if the handler is not installed or every
+/// Registers the mapping `start..start + len`; `None` if the handler is not in place or every
 /// slot is taken (the file is then read instead of mapped).
 pub(crate) fn register(start: usize, len: usize) -> Option<Registration> {
-    if start == 0 || len == 0 || !installed() {
+    if start == 0 || len == 0 || !installed() || !check_in_place() {
         return None;
     }
     let i = REGISTRY.iter().position(|s| {

@@ -210,7 +210,11 @@ pub(crate) fn mapped_range(
         return None;
     };
     let end = offset.checked_add(len)?;
-    if len == 0 || end > whole.len() as u64 || !crate::files::mapguard::intact(whole.as_ptr()) {
+    if len == 0
+        || end > whole.len() as u64
+        || !crate::files::mapguard::in_place()
+        || !crate::files::mapguard::intact(whole.as_ptr())
+    {
         return None;
     }
     let (start, end) = (offset as usize, end as usize);

@@ -205,7 +205,7 @@ impl Array {
         if options.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
             return Err(ZarrError::Cancelled);
         }
-        let out_buf = DisjointOut::new(out, plan);
+        let out_buf = DisjointOut::for_plan(out, plan);
         let ctx = StitchCtx {
             plan,
             out: &out_buf,
