@@ -56,9 +56,9 @@
 //! `// SAFETY:` comment.
 
 pub mod bench;
-pub mod chunked_fft;
 mod coords;
 pub mod error;
+pub mod fft;
 mod loader;
 pub mod permutation;
 pub mod pinned;
@@ -68,11 +68,9 @@ mod space;
 pub mod spectral;
 pub mod transform;
 
-pub use chunked_fft::{
-    ChunkedFftOptions, ComplexType, FftError, FftReport, FftStrategy, fft_along_axis,
-};
 pub use coords::{CoordLabel, CoordValue};
 pub use error::{Result, SamplerError};
+pub use fft::{ChunkedFftOptions, ComplexType, FftError, FftReport, FftStrategy, fft_along_axis};
 pub use loader::{Batch, Loader, LoaderConfig, LoaderStatus};
 pub use permutation::Permutation;
 pub use pinned::{PinOptions, PinState, PinnedBuffer};

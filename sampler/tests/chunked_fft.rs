@@ -7,7 +7,7 @@ use std::path::Path;
 
 use common::write_v3;
 use rustfft::num_complex::Complex;
-use zcrop_sampler::chunked_fft::MIN_BUDGET;
+use zcrop_sampler::fft::MIN_BUDGET;
 use zcrop_sampler::{
     ChunkedFftOptions, ComplexType, FftError, FftNorm, FftStrategy, fft_along_axis,
 };

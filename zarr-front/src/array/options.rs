@@ -3,8 +3,9 @@
 
 use std::sync::atomic::AtomicBool;
 
-use zcrop_io::{IoEngine, ObjectEngine};
+use zcrop_io::{Budget, IoConfig, IoEngine, ObjectEngine};
 
+use crate::error::ZarrError;
 use crate::transform::StitchTransform;
 
 use super::DEFAULT_INDEX_CACHE_BYTES;
@@ -43,6 +44,26 @@ impl Default for OpenOptions {
             chunk_cache_bytes: 0,
             verify_checksums: true,
         }
+    }
+}
+
+impl OpenOptions {
+    /// These options with an IO engine of the array's own whose reads in flight hold at most
+    /// `in_flight_bytes` (a budget of its own, buffers not pooled): for work that must stay
+    /// within a memory budget, such as the out-of-core FFT, whatever else the process reads.
+    pub fn with_private_io(self, in_flight_bytes: u64) -> Result<Self, ZarrError> {
+        let engine = IoEngine::new(IoConfig {
+            budget: Some(Budget::new(256, in_flight_bytes)),
+            threads: 2,
+            queue_depth: 32,
+            // Pooled buffers outlive their reads; the budget counts only what is in use.
+            recycle_buffers: false,
+            ..IoConfig::default()
+        })?;
+        Ok(OpenOptions {
+            engine: Some(engine),
+            ..self
+        })
     }
 }
 
