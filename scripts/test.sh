@@ -2,8 +2,9 @@
 # zcrop's test command (`make test`): everything CI runs, on a machine that has only the Rust
 # toolchain, Python 3.10+ with pip, and apt. It installs what it needs itself.
 #
-#   cargo fmt --check, cargo clippy -D warnings, the Python test virtualenv (it holds moto, the
-#   S3-compatible server the object-store tests start on loopback), cargo test --workspace,
+#   cargo fmt --check, cargo clippy -D warnings, cargo doc (warnings denied), the Python test
+#   virtualenv (it holds moto, the S3-compatible server the object-store tests start on
+#   loopback), cargo test --workspace,
 #   the fuzz targets for a fixed time (ZCROP_FUZZ_SECONDS per target), then builds the Python
 #   package into the virtualenv and runs pytest.
 #
@@ -57,6 +58,9 @@ cargo fmt --all --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "cargo doc --workspace --no-deps (warnings denied)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 # --- Python test environment (also moto, the S3 server the object-store tests run) -------------
 PY="$(command -v python3.11 || command -v python3)"

@@ -61,8 +61,8 @@ fn a_crop_inside_one_inner_chunk_costs_two_reads_cold_one_warm() {
 
 #[test]
 fn a_batch_reads_and_decodes_each_shared_chunk_once() {
-    // Five crops over the same area (heavily overlapping) plus a far one: too few chunks to
-    // locate in two steps, so one submission.
+    // Five crops over the same area (heavily overlapping) plus a far one: a small batch, one
+    // submission.
     let origins: Vec<u64> = [
         [0, 0, 10, 10],
         [0, 0, 10, 10],
@@ -80,20 +80,21 @@ fn a_batch_reads_and_decodes_each_shared_chunk_once() {
 }
 
 #[test]
-fn a_large_batch_submits_its_first_chunks_alone_and_reads_each_chunk_once() {
-    // 540 chunks: the first 256, then the rest.
+fn a_large_batch_reads_each_chunk_once_in_few_submissions() {
+    // 540 chunks: the read may locate and submit its first chunks alone (their reads go out
+    // sooner), in a few submissions at most.
     let (crop, origins) = common::large_batch();
     let stats = check_each_chunk_read_once(&origins, &crop, 2);
     assert_eq!(stats.chunks, 540);
 }
 
 /// Reads crops of `crop` at `origins` of `v3_workload_4d_u2` twice (the first warms the
-/// shard-index cache) and checks the second: each distinct chunk read and decoded once, in
-/// `submissions` batches to the engine, and equal to the oracle.
+/// shard-index cache) and checks the second: each distinct chunk read and decoded once, in at
+/// most `max_submissions` batches to the engine, and equal to the oracle.
 fn check_each_chunk_read_once(
     origins: &[u64],
     crop: &[u64],
-    submissions: u64,
+    max_submissions: u64,
 ) -> zcrop_zarr::ReadStats {
     let (a, engine) = fresh(&OpenOptions::default());
     let f = zcrop_fixtures::get("v3_workload_4d_u2");
@@ -112,7 +113,7 @@ fn check_each_chunk_read_once(
         m.requests, stats.chunks_decoded,
         "one read per chunk present: {m:?}"
     );
-    assert_eq!(m.batches, submissions, "{m:?}");
+    assert!(m.batches >= 1 && m.batches <= max_submissions, "{m:?}");
     let want: Vec<u8> = origins
         .chunks_exact(4)
         .flat_map(|o| region(&data, &shape, es, o, crop))
