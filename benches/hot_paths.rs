@@ -10,11 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use zcrop::bench::{SplitMix, ensure_io_file};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use zcrop::bench::io::ensure_io_file;
+use zcrop::bench::synth::{self, Codec, Layout, Spec};
 use zcrop::io::{
     BackendChoice, CoalesceLimits, FastPath, IoConfig, IoEngine, ReadRange, ReadRequest, coalesce,
 };
-use zcrop::synth::{self, Codec, Layout, Spec};
 use zcrop::zarr::{Array, DimSelection, Plan};
 
 fn dataset() -> std::path::PathBuf {
@@ -24,13 +26,13 @@ fn dataset() -> std::path::PathBuf {
 }
 
 fn random_crops(shape: &[u64], crop: &[u64], n: usize, seed: u64) -> Vec<u64> {
-    let mut rng = SplitMix::new(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
     (0..n)
         .flat_map(|_| {
             shape
                 .iter()
                 .zip(crop)
-                .map(|(s, c)| rng.below(s - c + 1))
+                .map(|(s, c)| rng.random_range(0..s - c + 1))
                 .collect::<Vec<_>>()
         })
         .collect()
@@ -39,9 +41,14 @@ fn random_crops(shape: &[u64], crop: &[u64], n: usize, seed: u64) -> Vec<u64> {
 fn bench_coalesce(c: &mut Criterion) {
     let mut g = c.benchmark_group("coalesce");
     for n in [1_000usize, 100_000] {
-        let mut rng = SplitMix::new(1);
+        let mut rng = StdRng::seed_from_u64(1);
         let ranges: Vec<(u64, u64)> = (0..n)
-            .map(|_| (rng.below(1 << 30), 4096 + rng.below(60_000)))
+            .map(|_| {
+                (
+                    rng.random_range(0..1 << 30),
+                    4096 + rng.random_range(0..60_000),
+                )
+            })
             .collect();
         g.throughput(Throughput::Elements(n as u64));
         g.bench_with_input(BenchmarkId::new("random_ranges", n), &ranges, |b, r| {
@@ -155,14 +162,14 @@ fn bench_io(c: &mut Criterion) {
             })
             .expect("engine");
             let n = if direct { 2_000 } else { 20_000 };
-            let mut rng = SplitMix::new(block);
+            let mut rng = StdRng::seed_from_u64(block);
             let blocks = (1u64 << 30) / block;
             let reqs: Vec<ReadRequest> = (0..n)
                 .map(|i| {
                     ReadRequest::new(
                         i,
                         Arc::clone(&path),
-                        ReadRange::new(rng.below(blocks) * block, block),
+                        ReadRange::new(rng.random_range(0..blocks) * block, block),
                     )
                 })
                 .collect();

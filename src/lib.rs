@@ -16,5 +16,3 @@ pub use zcrop_zarr as zarr;
 
 pub mod bench;
 pub mod cli;
-pub mod info;
-pub mod synth;

@@ -140,7 +140,7 @@ pub(crate) fn cache_bytes(value: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         return Ok(0);
     };
     if let Ok(text) = value.extract::<String>() {
-        let bytes = zcrop::synth::parse_size(&text)
+        let bytes = zcrop::bench::synth::parse_size(&text)
             .map_err(|e| PyValueError::new_err(format!("chunk_cache: {e}")))?;
         return usize::try_from(bytes)
             .map_err(|_| PyValueError::new_err(format!("chunk_cache {text:?} is too large")));

@@ -1,73 +1,16 @@
-//! `zcrop bench`: random-crop throughput of a Zarr array, and random reads through io-core.
+//! `zcrop bench`: random crops of one shape from a Zarr array, batch after batch, with what
+//! they cost (chunks decoded, bytes decoded per output byte) and, for local arrays, the
+//! decode rate of the same chunks in the caches on one core (the decode limit) as a reference.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::sync::Arc;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use zcrop_io::{
-    CoalesceLimits, FastPath, IoConfig, IoEngine, ObjectConfig, ObjectEngine, ReadRange,
-    ReadRequest, is_object_url,
-};
+use zcrop_io::{IoConfig, IoEngine, ObjectConfig, ObjectEngine, is_object_url};
 use zcrop_zarr::{Array, Node, OpenOptions, ReadStats};
 
-/// Deterministic 64-bit generator (splitmix64) for crop origins and read offsets.
-pub struct SplitMix(u64);
-
-impl SplitMix {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        SplitMix(seed)
-    }
-
-    /// The next number.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-}
-
-/// CPU time (user + system) of this process, from `/proc/self/stat` (in USER_HZ = 100 ticks,
-/// fixed by the Linux ABI); `None` elsewhere.
-pub fn cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name, which is in parentheses and may contain spaces.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(Duration::from_millis((utime + stime) * 10))
-}
-
-/// Drops the page cache (`sync; echo 1 > /proc/sys/vm/drop_caches`) when permitted; returns why
-/// not otherwise.
-pub fn drop_page_cache() -> Result<(), String> {
-    let status = std::process::Command::new("sync").status();
-    if !status.is_ok_and(|s| s.success()) {
-        return Err("`sync` failed".into());
-    }
-    std::fs::write("/proc/sys/vm/drop_caches", b"1").map_err(|e| {
-        format!("cannot write /proc/sys/vm/drop_caches ({e}); run as root to measure a cold cache")
-    })
-}
-
-/// Percentile of sorted `v` (nearest rank).
-fn percentile(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
-}
+use super::{cpu_time, drop_page_cache, percentile, prewarm_tree, progress_bar};
 
 /// Options of an array benchmark.
 #[derive(Debug, Clone)]
@@ -229,9 +172,9 @@ pub fn sample_chunks(a: &Array, n: usize, seed: u64) -> Result<Vec<bytes::Bytes>
         .zip(a.chunk_shape())
         .map(|(s, c)| s.div_ceil(*c))
         .collect();
-    let mut rng = SplitMix::new(seed ^ 0x5eed);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let coords: Vec<Vec<u64>> = (0..n)
-        .map(|_| grid.iter().map(|&g| rng.below(g)).collect())
+        .map(|_| grid.iter().map(|&g| rng.random_range(0..g)).collect())
         .collect();
     Ok(a.read_encoded_chunks(&coords)?
         .into_iter()
@@ -378,8 +321,10 @@ impl DecodeProbe {
 
 /// Seconds of reading between two slices of the decode probes.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+
 /// Each probe's slice.
 const PROBE_SLICE: Duration = Duration::from_millis(100);
+
 /// Each probe's least time in all.
 const PROBE_MIN: Duration = Duration::from_millis(700);
 
@@ -621,12 +566,12 @@ pub fn run_array(
         bail!("at least one batch must be in flight");
     }
     let mut outs = vec![vec![0u8; crop_bytes * opts.batch_size]; opts.in_flight];
-    let mut rng = SplitMix::new(opts.seed);
+    let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut origins = vec![vec![0u64; nd * opts.batch_size]; opts.in_flight];
     let mut draw = |origins: &mut [Vec<u64>]| {
         for o in origins.iter_mut().flat_map(|o| o.chunks_exact_mut(nd)) {
             for d in 0..nd {
-                o[d] = rng.below(shape[d] - opts.crop[d] + 1);
+                o[d] = rng.random_range(0..shape[d] - opts.crop[d] + 1);
             }
         }
     };
@@ -808,465 +753,6 @@ pub fn run_array(
     })
 }
 
-/// A progress bar on stderr when it is a terminal and `enabled`.
-pub fn progress_bar(
-    enabled: bool,
-    len: Option<u64>,
-    duration: Option<Duration>,
-    unit: &str,
-) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    if !enabled || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let (len, template) = match (len, duration) {
-        (Some(n), _) => (n, format!("{{bar:40}} {{pos}}/{{len}} {unit} {{elapsed}}")),
-        (None, Some(d)) => (d.as_secs().max(1), "{bar:40} {pos}/{len} s".to_string()),
-        (None, None) => (0, "{spinner} {elapsed}".to_string()),
-    };
-    let bar = indicatif::ProgressBar::new(len);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
-        bar.set_style(style);
-    }
-    Some(bar)
-}
-
-/// Reads every file under `root` once, so that a warm run finds the whole dataset in the page
-/// cache rather than only what earlier runs happened to read. `Ok(Err(why))` when it does not:
-/// the files exceed half the memory available (they would not stay cached). Shows a progress
-/// bar (MB read) when `progress`.
-fn prewarm_tree(
-    root: &std::path::Path,
-    progress: bool,
-) -> Result<std::result::Result<u64, String>> {
-    fn files(dir: &std::path::Path, out: &mut Vec<(PathBuf, u64)>) -> std::io::Result<()> {
-        for entry in std::fs::read_dir(dir)? {
-            let entry = entry?;
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                files(&entry.path(), out)?;
-            } else if kind.is_file() {
-                out.push((entry.path(), entry.metadata()?.len()));
-            }
-        }
-        Ok(())
-    }
-    let mut all = Vec::new();
-    if root.is_dir() {
-        files(root, &mut all).with_context(|| format!("listing {}", root.display()))?;
-    }
-    let total: u64 = all.iter().map(|(_, n)| n).sum();
-    let Some(available) = mem_available() else {
-        return Ok(Err("available memory unknown".into()));
-    };
-    if total > available / 2 {
-        return Ok(Err(format!(
-            "the array's {} exceed half the available memory ({})",
-            crate::info::human_bytes(total),
-            crate::info::human_bytes(available)
-        )));
-    }
-    let bar = progress_bar(
-        progress,
-        Some(total.div_ceil(1_000_000)),
-        None,
-        "MB pre-read",
-    );
-    let mut read = 0;
-    for (file, _) in &all {
-        read += read_through(file)?;
-        if let Some(b) = &bar {
-            b.set_position(read / 1_000_000);
-        }
-    }
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    Ok(Ok(read))
-}
-
-/// Reads the file at `path` once (into the page cache); returns its length.
-fn read_through(path: &std::path::Path) -> Result<u64> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
-    std::io::copy(&mut f, &mut std::io::sink())
-        .with_context(|| format!("reading {}", path.display()))
-}
-
-/// `MemAvailable` of /proc/meminfo, bytes.
-fn mem_available() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// Options of an io-core benchmark.
-#[derive(Debug, Clone)]
-pub struct IoBenchOptions {
-    /// Bytes per read.
-    pub block_size: u64,
-    /// Reads in flight.
-    pub queue_depth: usize,
-    /// Reads to time.
-    pub reads: u64,
-    /// Drop the page cache first.
-    pub cold: bool,
-    /// Backend and engine settings (queue depth, direct, threads).
-    pub io: IoConfig,
-    /// Read the whole file once first so it is in the page cache.
-    pub prewarm: bool,
-    /// Seed of the offsets.
-    pub seed: u64,
-    /// Progress bar.
-    pub progress: bool,
-}
-
-/// What an io-core benchmark measured. Field names are stable.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct IoBenchReport {
-    /// Backend that ran.
-    pub backend: String,
-    /// Why io_uring was not used, if it was not.
-    pub backend_fallback: Option<String>,
-    /// File read.
-    pub path: String,
-    /// Its size.
-    pub file_bytes: u64,
-    /// Bytes per read.
-    pub block_size: u64,
-    /// Reads in flight.
-    pub queue_depth: usize,
-    /// IO threads (rings, or pool threads).
-    pub threads: usize,
-    /// Reads timed.
-    pub reads: u64,
-    /// Seconds timed.
-    pub seconds: f64,
-    /// Reads per second.
-    pub reads_per_s: f64,
-    /// GB/s (10^9 bytes).
-    pub gbps: f64,
-    /// CPU time per read, microseconds.
-    pub cpu_us_per_read: Option<f64>,
-    /// CPU time over wall time.
-    pub cpu_cores_used: Option<f64>,
-    /// Reads served by the `RWF_NOWAIT` page-cache fast path.
-    pub fast_path_hits: u64,
-    /// Reads served from a mapping of the file, without a copy (`IoConfig::map_files`).
-    pub mapped_reads: u64,
-    /// `io_uring_enter` calls.
-    pub ring_enters: u64,
-    /// Whether the page cache was dropped first.
-    pub cold: bool,
-    /// Why a requested cold run could not drop the cache.
-    pub cold_note: Option<String>,
-    /// `O_DIRECT`.
-    pub direct: bool,
-}
-
-/// Makes (or reuses) a file of `bytes` pseudo-random bytes for IO benchmarks.
-pub fn ensure_io_file(dir: &std::path::Path, bytes: u64) -> Result<PathBuf> {
-    let path = dir.join(format!("io-bench-{bytes}.bin"));
-    if std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes) {
-        return Ok(path);
-    }
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("partial");
-    let mut f = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&tmp)?);
-    let mut rng = SplitMix::new(7);
-    let mut block = vec![0u8; 1 << 20];
-    let mut left = bytes;
-    while left > 0 {
-        for w in block.chunks_exact_mut(8) {
-            w.copy_from_slice(&rng.next_u64().to_le_bytes());
-        }
-        let n = left.min(block.len() as u64) as usize;
-        f.write_all(&block[..n])?;
-        left -= n as u64;
-    }
-    f.flush()?;
-    f.into_inner()
-        .map_err(std::io::IntoInnerError::into_error)?
-        .sync_all()?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(path)
-}
-
-/// Random reads of `block_size` at block-aligned offsets of `path` (each block at most once in
-/// a cold run; warm runs of more reads than blocks go round the same permutation again).
-pub fn run_io(path: &std::path::Path, opts: &IoBenchOptions) -> Result<IoBenchReport> {
-    let file_bytes = std::fs::metadata(path)
-        .with_context(|| format!("{}", path.display()))?
-        .len();
-    let blocks = file_bytes / opts.block_size;
-    if blocks == 0 {
-        bail!(
-            "{} ({file_bytes} bytes) is smaller than one block of {}",
-            path.display(),
-            opts.block_size
-        );
-    }
-    // Cold runs read each block at most once (a block read twice would be cached); warm runs
-    // may go round the file again, so that fast reads of a small file still last long enough.
-    let reads = if opts.cold {
-        opts.reads.min(blocks)
-    } else {
-        opts.reads
-    };
-    if opts.prewarm && !opts.cold {
-        read_through(path)?;
-    }
-    let mut cold_note = None;
-    let cold = opts.cold
-        && match drop_page_cache() {
-            Ok(()) => true,
-            Err(e) => {
-                cold_note = Some(e);
-                false
-            }
-        };
-    // Distinct blocks in a uniformly random order (warm runs longer than the file go round it
-    // again in the same order).
-    let mut rng = SplitMix::new(opts.seed);
-    let order = shuffled_prefix(blocks, reads.min(blocks), &mut rng);
-    let offset_of = |i: u64| order[(i % order.len() as u64) as usize] * opts.block_size;
-    let p: Arc<std::path::Path> = Arc::from(path);
-    let requests: Vec<ReadRequest> = (0..reads)
-        .map(|i| {
-            ReadRequest::new(
-                i,
-                Arc::clone(&p),
-                ReadRange::new(offset_of(i), opts.block_size),
-            )
-        })
-        .collect();
-    let mut io = opts.io.clone();
-    io.queue_depth = opts.queue_depth;
-    // No merging: every request is one read, like fio's random reads.
-    io.coalesce = CoalesceLimits {
-        max_gap: 0,
-        max_merged_len: 1,
-    };
-    let engine = IoEngine::new(io.clone()).context("starting the IO engine")?;
-    let threads = engine.worker_threads();
-    let bar = progress_bar(opts.progress, Some(reads), None, "reads");
-    let before = engine.metrics();
-    let cpu0 = cpu_time();
-    let start = Instant::now();
-    let mut done = 0u64;
-    // As zarr-front reads chunks: ranges may be served from a mapping of the file when the
-    // engine's `map_files` says so (the default: when their pages are in memory), and every
-    // result is checked for pages lost to a truncation once read.
-    for c in engine.submit_mapped(requests) {
-        let bytes = c
-            .result
-            .with_context(|| format!("read {} of {}", c.id, path.display()))?;
-        zcrop_io::check_mapped(&bytes, &p, ReadRange::new(offset_of(c.id), opts.block_size))?;
-        done += 1;
-        if let Some(b) = &bar
-            && done.is_multiple_of(4096)
-        {
-            b.set_position(done);
-        }
-    }
-    let wall = start.elapsed().as_secs_f64();
-    let cpu = cpu0
-        .zip(cpu_time())
-        .map(|(a, b)| b.saturating_sub(a).as_secs_f64());
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    let m = engine.metrics() - before;
-    Ok(IoBenchReport {
-        backend: engine.backend().name().to_string(),
-        backend_fallback: engine.fallback_reason().map(str::to_string),
-        path: path.display().to_string(),
-        file_bytes,
-        block_size: opts.block_size,
-        queue_depth: opts.queue_depth,
-        threads,
-        reads: done,
-        seconds: wall,
-        reads_per_s: done as f64 / wall,
-        gbps: (done * opts.block_size) as f64 / wall / 1e9,
-        cpu_us_per_read: cpu.map(|c| c * 1e6 / done as f64),
-        cpu_cores_used: cpu.map(|c| c / wall),
-        fast_path_hits: m.fast_path_hits,
-        mapped_reads: m.mapped_reads,
-        ring_enters: m.ring_enters,
-        cold,
-        cold_note,
-        direct: io.direct,
-    })
-}
-
-/// The first `n` values of a uniformly random permutation of `0..len` (`n <= len`): a partial
-/// Fisher-Yates shuffle that keeps only the positions it moved, so it costs O(n), not O(len).
-/// Uniformly random offsets, as fio's random reads are (an affine walk `start + i * step`, used
-/// before, reads an arithmetic progression of offsets).
-fn shuffled_prefix(len: u64, n: u64, rng: &mut SplitMix) -> Vec<u64> {
-    let mut moved: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
-    (0..n)
-        .map(|i| {
-            let j = i + rng.below(len - i);
-            let at_j = moved.get(&j).copied().unwrap_or(j);
-            let at_i = moved.get(&i).copied().unwrap_or(i);
-            moved.insert(j, at_i);
-            at_j
-        })
-        .collect()
-}
-
-/// The fast-path setting for a backend choice on the command line.
-pub fn fast_path_for(no_fast_path: bool) -> FastPath {
-    if no_fast_path {
-        FastPath::Never
-    } else {
-        FastPath::Auto
-    }
-}
-
-/// Options of the loader benchmark (`zcrop bench loader`).
-#[derive(Debug, Clone)]
-pub struct LoaderBenchOptions {
-    /// Crop shape of the (T, C, Y, X) array.
-    pub crop: [u64; 4],
-    /// Crops per batch.
-    pub batch_size: usize,
-    /// Timed batches per round.
-    pub batches: u64,
-    /// Untimed batches first.
-    pub warmup: u64,
-    /// Rounds; the fastest of each loop counts.
-    pub rounds: u32,
-    /// Batches the loader reads ahead.
-    pub prefetch: usize,
-    /// Batches the loader reads at once.
-    pub workers: usize,
-    /// Time the consumer spends on each batch (like a training step).
-    pub consume: Duration,
-    /// Convert to float32 in the stitch.
-    pub to_f32: bool,
-    /// Seed.
-    pub seed: u64,
-}
-
-/// What the loader benchmark measured (stable field names).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct LoaderBenchJson {
-    /// The array.
-    pub path: String,
-    /// Crop shape.
-    pub crop_shape: Vec<u64>,
-    /// Crops per batch.
-    pub batch_size: usize,
-    /// Timed batches per round.
-    pub batches: u64,
-    /// Rounds run (the fastest of each loop is reported).
-    pub rounds: u32,
-    /// `read_batch_into` called directly in a loop: batches/s.
-    pub direct_batches_per_s: f64,
-    /// Its GB/s (delivered).
-    pub direct_gbps: f64,
-    /// The prefetching loader: batches/s.
-    pub loader_batches_per_s: f64,
-    /// Its GB/s.
-    pub loader_gbps: f64,
-    /// Loader time over direct time (the pipeline's cost; below 1 when it overlaps consuming).
-    pub time_ratio: f64,
-    /// Seconds the consumer waited for data over the loader's timed batches.
-    pub loader_wait_s: f64,
-    /// Whether the loader's buffers are page-locked.
-    pub page_locked: bool,
-    /// Whether they are registered with CUDA.
-    pub cuda_registered: bool,
-    /// Why not, when they are not.
-    pub pin_note: Option<String>,
-}
-
-/// Runs the sampler's loader against direct `read_batch_into` calls on the (T, C, Y, X) array
-/// at `path`, crops following (t, y, x) with all of C.
-pub fn run_loader(path: &std::path::Path, opts: &LoaderBenchOptions) -> Result<LoaderBenchJson> {
-    use zcrop_sampler::bench::LoaderBench;
-    use zcrop_sampler::{Dim, SampleSpec, Sampler, Source, Transform};
-    let array = Array::open(path)?;
-    if array.ndim() != 4 {
-        bail!(
-            "the loader benchmark needs a 4-d (T, C, Y, X) array; {} is {}-d",
-            path.display(),
-            array.ndim()
-        );
-    }
-    let bench = LoaderBench {
-        crop: opts.crop,
-        batch_size: opts.batch_size,
-        batches: opts.batches,
-        warmup: opts.warmup,
-        consume: opts.consume,
-        rounds: opts.rounds,
-        prefetch: opts.prefetch,
-        workers: opts.workers,
-        transform: if opts.to_f32 {
-            Transform::to_f32()
-        } else {
-            Transform::none()
-        },
-        seed: opts.seed,
-        ..LoaderBench::default()
-    };
-    let source = Source::new("data", array, opts.crop.to_vec())
-        .dims([
-            Dim::along("t"),
-            Dim::fixed(0),
-            Dim::along("y"),
-            Dim::along("x"),
-        ])
-        .transform(bench.transform.clone());
-    let sampler = Sampler::new(
-        SampleSpec::new(["t", "y", "x"])
-            .source(source)
-            .seed(opts.seed)
-            .batch_size(opts.batch_size),
-    )?;
-    let (mut direct, mut pipeline, mut pin) = (None, None, None);
-    for _ in 0..opts.rounds.max(1) {
-        let d = bench.run_direct(&sampler)?;
-        let (p, state) = bench.run_pipeline(&sampler)?;
-        if direct
-            .as_ref()
-            .is_none_or(|b: &zcrop_sampler::bench::RunStats| d.seconds < b.seconds)
-        {
-            direct = Some(d);
-        }
-        if pipeline
-            .as_ref()
-            .is_none_or(|b: &zcrop_sampler::bench::RunStats| p.seconds < b.seconds)
-        {
-            pipeline = Some(p);
-        }
-        pin = Some(state);
-    }
-    let (Some(d), Some(p), Some(pin)) = (direct, pipeline, pin) else {
-        bail!("no rounds ran");
-    };
-    Ok(LoaderBenchJson {
-        path: path.display().to_string(),
-        crop_shape: opts.crop.to_vec(),
-        batch_size: opts.batch_size,
-        batches: opts.batches,
-        rounds: opts.rounds.max(1),
-        direct_batches_per_s: d.batches_per_s,
-        direct_gbps: d.gb_per_s,
-        loader_batches_per_s: p.batches_per_s,
-        loader_gbps: p.gb_per_s,
-        time_ratio: p.seconds / d.seconds,
-        loader_wait_s: p.wait_seconds,
-        page_locked: pin.page_locked,
-        cuda_registered: pin.cuda_registered,
-        pin_note: pin.reason.clone(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1297,33 +783,5 @@ mod tests {
             .unwrap();
         assert_eq!(big.sample_bytes(), 10 * p.sample_bytes());
         assert_eq!(big.threads[0].chunks.len(), 80);
-    }
-
-    #[test]
-    fn shuffled_prefixes_are_distinct_and_whole_ones_are_permutations() {
-        let mut rng = SplitMix::new(3);
-        let whole = shuffled_prefix(1000, 1000, &mut rng);
-        let mut sorted = whole.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, (0..1000).collect::<Vec<u64>>());
-        assert_ne!(whole, sorted, "shuffled");
-        let part = shuffled_prefix(1 << 40, 5000, &mut rng);
-        let distinct: std::collections::HashSet<u64> = part.iter().copied().collect();
-        assert_eq!(distinct.len(), 5000);
-        assert!(part.iter().all(|&b| b < 1 << 40));
-        // Spread over the range, not bunched at its start.
-        assert!(part.iter().filter(|&&b| b >= 1 << 39).count() > 2000);
-    }
-
-    #[test]
-    #[allow(clippy::float_cmp)] // exact: the values are small integers
-    fn percentiles_and_rng() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&v, 50.0), 50.0);
-        assert_eq!(percentile(&v, 99.0), 99.0);
-        assert!(percentile(&[], 50.0).is_nan());
-        let mut r = SplitMix::new(1);
-        assert!((0..1000).all(|_| r.below(7) < 7));
-        assert!(cpu_time().is_some());
     }
 }

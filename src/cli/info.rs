@@ -6,9 +6,11 @@ use std::path::Path;
 use anyhow::Result;
 use zcrop_zarr::{Array, Group, Node};
 
+pub(super) use crate::bench::{human_bytes, scaled};
+
 /// A description of one array, for `zcrop info` (field names stable for `--json`).
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct ArrayInfo {
+pub(super) struct ArrayInfo {
     /// Path in the store (`/` for the root).
     pub name: String,
     /// Zarr format (2 or 3).
@@ -48,7 +50,7 @@ pub struct ArrayInfo {
 }
 
 /// Describes `a`.
-pub fn array_info(a: &Array) -> Result<ArrayInfo> {
+pub(super) fn array_info(a: &Array) -> Result<ArrayInfo> {
     let s = a.storage_summary()?;
     // Saturating: an array may hold more than 2^64 bytes (mostly missing chunks).
     let bytes = |n: u64, shape: &[u64]| {
@@ -97,7 +99,7 @@ pub fn array_info(a: &Array) -> Result<ArrayInfo> {
 
 /// A group and everything below it.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct GroupInfo {
+pub(super) struct GroupInfo {
     /// Path in the store.
     pub name: String,
     /// Zarr format.
@@ -111,7 +113,7 @@ pub struct GroupInfo {
 }
 
 /// Describes `g` recursively.
-pub fn group_info(g: &Group) -> Result<GroupInfo> {
+pub(super) fn group_info(g: &Group) -> Result<GroupInfo> {
     let mut info = GroupInfo {
         name: g.name().to_string(),
         zarr_format: g.zarr_format(),
@@ -128,33 +130,13 @@ pub fn group_info(g: &Group) -> Result<GroupInfo> {
     Ok(info)
 }
 
-/// `n` bytes in decimal units (`1.5 MB`).
-pub fn human_bytes(n: u64) -> String {
-    scaled(n, 1000.0, &["B", "KB", "MB", "GB", "TB", "PB"])
-}
-
 /// `n` bytes in binary units (`1.0 MiB`): for sizes that are powers of two.
-pub fn human_bytes_binary(n: u64) -> String {
+pub(super) fn human_bytes_binary(n: u64) -> String {
     scaled(n, 1024.0, &["B", "KiB", "MiB", "GiB", "TiB"])
 }
 
-/// `n` in the largest of `units` (each `step` times the one before) that keeps it at least 1.
-fn scaled(n: u64, step: f64, units: &[&str]) -> String {
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= step && u + 1 < units.len() {
-        v /= step;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", units[u])
-    }
-}
-
 /// Text for one array, indented by `indent`.
-pub fn format_array(a: &ArrayInfo, indent: &str) -> String {
+pub(super) fn format_array(a: &ArrayInfo, indent: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{indent}{} (array, Zarr v{})", a.name, a.zarr_format);
     let _ = writeln!(s, "{indent}  shape        {:?}", a.shape);
@@ -205,7 +187,7 @@ pub fn format_array(a: &ArrayInfo, indent: &str) -> String {
 }
 
 /// Text for a group tree.
-pub fn format_group(g: &GroupInfo, indent: &str) -> String {
+pub(super) fn format_group(g: &GroupInfo, indent: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{indent}{} (group, Zarr v{})", g.name, g.zarr_format);
     if !g.attributes.is_empty() {
@@ -225,13 +207,13 @@ pub fn format_group(g: &GroupInfo, indent: &str) -> String {
     s
 }
 
-/// Runs `zcrop info` on `path`; returns the text or JSON to print.
-pub fn run(path: &Path, json: bool) -> Result<String> {
-    run_with(path, &[], json)
-}
-
-/// [`run`] with storage options, for a URL (`s3://bucket/data.zarr`).
-pub fn run_with(path: &Path, storage_options: &[(String, String)], json: bool) -> Result<String> {
+/// Runs `zcrop info` on `path` (a local path or a URL such as `s3://bucket/data.zarr`, with
+/// storage options); returns the text or JSON to print.
+pub(super) fn run_with(
+    path: &Path,
+    storage_options: &[(String, String)],
+    json: bool,
+) -> Result<String> {
     let options = zcrop_zarr::OpenOptions {
         storage_options: storage_options.to_vec(),
         ..zcrop_zarr::OpenOptions::default()
