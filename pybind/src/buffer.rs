@@ -27,7 +27,7 @@ use numpy::ndarray::Array1;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 
-use crate::loader::NativeBatch;
+use crate::batch::NativeBatch;
 
 /// The bytes of one source of a batch, as a read-only buffer.
 #[pyclass(frozen, module = "zcrop._zcrop")]

@@ -13,6 +13,7 @@
 
 mod array;
 mod background;
+mod batch;
 mod blocking;
 mod buffer;
 mod errors;
@@ -49,7 +50,7 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<group::NativeGroup>()?;
     m.add_class::<background::Pending>()?;
     m.add_class::<loader::NativeLoader>()?;
-    m.add_class::<loader::NativeBatch>()?;
+    m.add_class::<batch::NativeBatch>()?;
     m.add_class::<buffer::SourceView>()?;
     m.add("INLINE_WORK_BYTES", blocking::INLINE_WORK_BYTES)?;
     Ok(())

@@ -17,6 +17,7 @@ use zcrop::sampler::{
 };
 
 use crate::array::NativeArray;
+use crate::batch::NativeBatch;
 use crate::blocking::{self, Failure, Reply};
 use crate::buffer::SourceView;
 
@@ -359,20 +360,6 @@ impl NativeLoader {
             .plan(step, self.config.shard)
             .map_err(|e| blocking::sampler_err(py, &e))?;
         plan.samples().iter().map(|m| meta_dict(py, m)).collect()
-    }
-}
-
-/// One batch of a loader: a ring buffer of pinned memory and the metadata of its samples. The
-/// buffer goes back to the loader when this object (and every view of it) is gone.
-#[pyclass(frozen, module = "zcrop._zcrop")]
-pub(crate) struct NativeBatch {
-    batch: Batch,
-}
-
-impl NativeBatch {
-    /// The bytes of source `s`.
-    pub(crate) fn source_bytes(&self, s: usize) -> &[u8] {
-        self.batch.source(s)
     }
 }
 
