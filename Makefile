@@ -1,5 +1,5 @@
 # Entry points. Each target is one script under scripts/, so CI and people run the same thing.
-.PHONY: test fixtures fixtures-check
+.PHONY: test fixtures fixtures-check wheel
 
 ## Run every test (fmt, clippy, cargo test, the Python package and pytest). Installs what it needs.
 test:
@@ -12,3 +12,7 @@ fixtures:
 ## Check that the committed fixtures regenerate byte for byte.
 fixtures-check:
 	./scripts/fixtures.sh --check
+
+## Build the Python wheel into dist/ (installing it needs no Rust toolchain; see scripts/wheel.sh).
+wheel:
+	./scripts/wheel.sh
