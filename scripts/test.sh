@@ -102,6 +102,11 @@ step "pytest"
 "$VENV/bin/python" -m pytest pybind/tests -q -p no:cacheprovider 2>&1 | tee "$LOGS/pytest.log"
 
 # --- summary -----------------------------------------------------------------------------------
+# The wheel: built with the dev profile, installed into a fresh virtualenv with no cargo or
+# rustc on PATH, and read there (scripts/wheel.sh --check).
+step "wheel: builds and installs into a plain venv"
+./scripts/wheel.sh --check
+
 step "summary"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i;
                         if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } }
