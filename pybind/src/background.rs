@@ -10,8 +10,9 @@
 //!
 //! Sync and async calls run the same job function; only the waiting differs (`blocking.rs`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::blocking::{self, Failure};
 use crate::pool::{Job, Pool};
@@ -28,6 +29,45 @@ fn pool() -> &'static Pool {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         Pool::new("zcrop-async", (2 * cores).max(MIN_THREADS))
     })
+}
+
+/// Pool threads attached to Python to deliver a result, or about to.
+static ATTACHED: AtomicUsize = AtomicUsize::new(0);
+
+/// Set at interpreter exit ([`quiesce`]): no thread attaches any more.
+static CLOSING: AtomicBool = AtomicBool::new(false);
+
+/// How long interpreter exit waits for results being delivered.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Runs `f` attached to Python, unless the interpreter is exiting. A thread that attached
+/// while the interpreter exits would have its thread state torn down under it (Python aborts
+/// when it then lets go of the GIL): [`quiesce`], run at exit, waits for these calls to end
+/// and lets no new one in.
+fn attach_unless_closing<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
+    ATTACHED.fetch_add(1, Ordering::AcqRel);
+    let out = if CLOSING.load(Ordering::Acquire) {
+        None
+    } else {
+        Python::try_attach(f)
+    };
+    ATTACHED.fetch_sub(1, Ordering::AcqRel);
+    out
+}
+
+/// Registered with `atexit` when the module loads (exit handlers run while the interpreter is
+/// still whole): stops pool threads from attaching to deliver results, and waits, with the GIL
+/// released, up to [`EXIT_WAIT`] for those delivering one now (a callback that waits on a
+/// socket, as asyncio's `call_soon_threadsafe` does, releases the GIL mid-call).
+#[pyfunction]
+pub(crate) fn quiesce(py: Python<'_>) {
+    CLOSING.store(true, Ordering::Release);
+    py.detach(|| {
+        let start = Instant::now();
+        while ATTACHED.load(Ordering::Acquire) > 0 && start.elapsed() < EXIT_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
 }
 
 /// A job in flight, as Python sees it: it can be cancelled.
@@ -62,7 +102,7 @@ where
     let job: Job = Box::new(move || {
         let result = blocking::guarded(|| work(&flag));
         // Nothing to notify once the interpreter is gone.
-        let _ = Python::try_attach(|py| {
+        let _ = attach_unless_closing(|py| {
             let outcome = blocking::finish(py, result).and_then(|v| convert(py, v));
             let args = match outcome {
                 Ok(value) => (py.None(), value.unbind()),

@@ -53,5 +53,9 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::NativeBatch>()?;
     m.add_class::<buffer::SourceView>()?;
     m.add("INLINE_WORK_BYTES", blocking::INLINE_WORK_BYTES)?;
+    let quiesce = wrap_pyfunction!(background::quiesce, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (quiesce,))?;
     Ok(())
 }

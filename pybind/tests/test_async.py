@@ -156,3 +156,35 @@ def test_async_errors(tmp_path):
         assert sub.name == "/images/raw"
 
     run(main())
+
+
+def test_exit_waits_for_an_async_result_being_delivered(tmp_path):
+    """The result of an async read is delivered by a pool thread attached to Python, through
+    asyncio's `call_soon_threadsafe`, which can release the GIL inside (here it sleeps, to make
+    that certain). The script's `asyncio.run` then returns and the interpreter exits while the
+    thread is still attached: it was cut off mid-callback, and when the timing was right
+    CPython aborted ("Fatal Python error: PyGILState_Release"). Exit now waits for the delivery
+    to end: the callback finishes and the process exits 0."""
+    import subprocess
+    import sys
+
+    store = FIXTURES / "data" / "v3_workload_4d_u2.zarr"
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import asyncio, sys, time, zcrop\n"
+        "schedule = asyncio.BaseEventLoop.call_soon_threadsafe\n"
+        "def slow(loop, *args, **kwargs):\n"
+        "    handle = schedule(loop, *args, **kwargs)\n"
+        "    time.sleep(0.3)\n"
+        "    print('delivered', flush=True)\n"
+        "    return handle\n"
+        "asyncio.BaseEventLoop.call_soon_threadsafe = slow\n"
+        "async def main():\n"
+        "    await zcrop.open_async(sys.argv[1])\n"
+        "asyncio.run(main())\n"
+        "print('end of script', flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, str(script), str(store)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["end of script", "delivered"], out.stdout

@@ -39,20 +39,11 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return where
 
 
-# A known bug, recognised by its message so that nothing else passes for it: a thread of
-# zcrop's async pool may still be letting go of the GIL when the interpreter finalizes, and
-# CPython aborts the process after the script's last line ran.
-ABORT_AT_EXIT = ("Fatal Python error: PyGILState_Release", "finalizing")
-
-
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
 def test_guide_example_runs(block, workdir):
     if block == training_loop_block():
         pytest.skip("run by test_readme.py::test_training_loop_runs, which checks its batches")
     out = run(block, workdir)
-    if out.returncode != 0 and all(s in out.stderr for s in ABORT_AT_EXIT):
-        pytest.xfail(f"{block.id} ran, then the interpreter aborted at exit (an async pool "
-                     "thread released the GIL during finalization)")
     assert out.returncode == 0, (
         f"{block.id} failed (exit {out.returncode}):\n--- code\n{block.code}"
         f"--- stdout\n{out.stdout}--- stderr\n{out.stderr}"
