@@ -281,8 +281,7 @@ class Loader:
         Threads producing batches (each batch is also decoded in parallel); the default, 2,
         keeps a second batch in flight while one does its serial start (planning, locating,
         submitting), when the decode threads would otherwise wait. On many cores more help
-        (with ``prefetch`` at least as large): on 16 cores, 2, 4 and 8 workers gave 295, 348 and
-        409 batches/s of 32 (4, 12, 128, 128) crops (README, *Python*).
+        (with ``prefetch`` at least as large; see docs/performance.md).
     threads:
         Decode threads of the loader's own (default: the shared pool).
     pin:
