@@ -9,25 +9,9 @@
 //! zarrs has a `bz2` codec behind its `bz2` feature, which zcrop leaves off: it decodes into a
 //! buffer with no bound, and bzip2 expands a few bytes into megabytes.
 
-use std::borrow::Cow;
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
-use zarrs::array::BytesRepresentation;
-use zarrs::array::codec::api::{
-    ArrayBytesRaw, BytesToBytesCodecTraits, Codec, CodecError, CodecMetadataOptions, CodecOptions,
-    CodecPluginV2, CodecPluginV3, CodecTraits, CodecTraitsV2, CodecTraitsV3,
-    PartialDecoderCapability, PartialEncoderCapability, RecommendedConcurrency,
-};
-use zarrs::metadata::Configuration;
-use zarrs::metadata::v2::MetadataV2;
-use zarrs::metadata::v3::MetadataV3;
-use zarrs::plugin::{PluginCreateError, ZarrVersion};
 
-use super::{DecodeError, Limit, Step, StreamDecoder, decode_streams, read_only};
-
-/// The codec's name in errors.
-const NAME: &str = "numcodecs.bz2";
+use super::{Compressor, DecodeError, Limit, Step, StreamDecoder, decode_streams};
 
 /// The `bz2` codec's configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,108 +28,27 @@ pub(crate) struct Bz2Codec {
     configuration: Bz2Configuration,
 }
 
-zarrs::plugin::impl_extension_aliases!(Bz2Codec, v3: "numcodecs.bz2", [], v2: "bz2", []);
+super::compressor_codec!(Bz2Codec, v3: "numcodecs.bz2", v2: "bz2");
 
-inventory::submit! {
-    CodecPluginV3::new::<Bz2Codec>()
-}
+impl Compressor for Bz2Codec {
+    type Configuration = Bz2Configuration;
+    const NAME: &'static str = "numcodecs.bz2";
 
-inventory::submit! {
-    CodecPluginV2::new::<Bz2Codec>()
-}
-
-impl Bz2Codec {
-    fn from_configuration(configuration: &Configuration) -> Result<Codec, PluginCreateError> {
-        let configuration: Bz2Configuration = configuration.to_typed()?;
-        Ok(Codec::BytesToBytes(Arc::new(Bz2Codec { configuration })))
-    }
-}
-
-impl CodecTraitsV3 for Bz2Codec {
-    fn create(metadata: &MetadataV3) -> Result<Codec, PluginCreateError> {
-        Self::from_configuration(&metadata.configuration().cloned().unwrap_or_default())
-    }
-}
-
-impl CodecTraitsV2 for Bz2Codec {
-    fn create(metadata: &MetadataV2) -> Result<Codec, PluginCreateError> {
-        Self::from_configuration(metadata.configuration())
-    }
-}
-
-impl CodecTraits for Bz2Codec {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    fn new(configuration: Bz2Configuration) -> Result<Self, String> {
+        Ok(Bz2Codec { configuration })
     }
 
-    fn configuration(
-        &self,
-        _version: ZarrVersion,
-        _options: &CodecMetadataOptions,
-    ) -> Option<Configuration> {
-        match serde_json::to_value(&self.configuration) {
-            Ok(serde_json::Value::Object(map)) => Some(map.into()),
-            _ => None,
-        }
+    fn configuration(&self) -> &Bz2Configuration {
+        &self.configuration
     }
 
-    fn partial_decoder_capability(&self) -> PartialDecoderCapability {
-        PartialDecoderCapability {
-            partial_read: false,
-            partial_decode: false,
-        }
-    }
-
-    fn partial_encoder_capability(&self) -> PartialEncoderCapability {
-        PartialEncoderCapability {
-            partial_encode: false,
-        }
-    }
-}
-
-impl BytesToBytesCodecTraits for Bz2Codec {
-    fn into_dyn(self: Arc<Self>) -> Arc<dyn BytesToBytesCodecTraits> {
-        self
-    }
-
-    fn recommended_concurrency(
-        &self,
-        _decoded_representation: &BytesRepresentation,
-    ) -> Result<RecommendedConcurrency, CodecError> {
-        Ok(RecommendedConcurrency::new_maximum(1))
-    }
-
-    fn encoded_representation(
-        &self,
-        decoded_representation: &BytesRepresentation,
-    ) -> BytesRepresentation {
+    fn encoded_bound(decoded: u64) -> Option<u64> {
         // libbzip2's documented bound: 1% more plus 600 bytes.
-        decoded_representation
-            .size()
-            .map_or(BytesRepresentation::UnboundedSize, |n| {
-                BytesRepresentation::BoundedSize(n + n / 100 + 600)
-            })
+        decoded.checked_add(decoded / 100)?.checked_add(600)
     }
 
-    fn encode<'a>(
-        &self,
-        _decoded_value: ArrayBytesRaw<'a>,
-        _options: &CodecOptions,
-    ) -> Result<ArrayBytesRaw<'a>, CodecError> {
-        Err(read_only(NAME))
-    }
-
-    fn decode<'a>(
-        &self,
-        encoded_value: ArrayBytesRaw<'a>,
-        decoded_representation: &BytesRepresentation,
-        _options: &CodecOptions,
-    ) -> Result<ArrayBytesRaw<'a>, CodecError> {
-        let limit = Limit::of(decoded_representation)
-            .ok_or_else(|| DecodeError::UnknownSize.into_codec_error(NAME))?;
-        decode(&encoded_value, limit)
-            .map(Cow::Owned)
-            .map_err(|e| e.into_codec_error(NAME))
+    fn decode_chunk(&self, src: &[u8], limit: Option<Limit>) -> Result<Vec<u8>, DecodeError> {
+        decode(src, limit.ok_or(DecodeError::UnknownSize)?)
     }
 }
 

@@ -6,25 +6,9 @@
 //! This does the same through liblz4 (the library c-blosc links too). Configuration:
 //! `{"acceleration": 1}` (encoding only; any integer, or absent).
 
-use std::borrow::Cow;
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
-use zarrs::array::BytesRepresentation;
-use zarrs::array::codec::api::{
-    ArrayBytesRaw, BytesToBytesCodecTraits, Codec, CodecError, CodecMetadataOptions, CodecOptions,
-    CodecPluginV2, CodecPluginV3, CodecTraits, CodecTraitsV2, CodecTraitsV3,
-    PartialDecoderCapability, PartialEncoderCapability, RecommendedConcurrency,
-};
-use zarrs::metadata::Configuration;
-use zarrs::metadata::v2::MetadataV2;
-use zarrs::metadata::v3::MetadataV3;
-use zarrs::plugin::{PluginCreateError, ZarrVersion};
 
-use super::{DecodeError, Limit, read_only, zeroed};
-
-/// The codec's name in errors.
-const NAME: &str = "numcodecs.lz4";
+use super::{Compressor, DecodeError, Limit, zeroed};
 
 /// An LZ4 block never decodes to more than this many bytes per byte (a match costs at least
 /// one byte per 255 bytes it copies), so the header of a hostile chunk cannot ask for more.
@@ -45,106 +29,27 @@ pub(crate) struct Lz4Codec {
     configuration: Lz4Configuration,
 }
 
-zarrs::plugin::impl_extension_aliases!(Lz4Codec, v3: "numcodecs.lz4", [], v2: "lz4", []);
+super::compressor_codec!(Lz4Codec, v3: "numcodecs.lz4", v2: "lz4");
 
-inventory::submit! {
-    CodecPluginV3::new::<Lz4Codec>()
-}
+impl Compressor for Lz4Codec {
+    type Configuration = Lz4Configuration;
+    const NAME: &'static str = "numcodecs.lz4";
 
-inventory::submit! {
-    CodecPluginV2::new::<Lz4Codec>()
-}
-
-impl Lz4Codec {
-    fn from_configuration(configuration: &Configuration) -> Result<Codec, PluginCreateError> {
-        let configuration: Lz4Configuration = configuration.to_typed()?;
-        Ok(Codec::BytesToBytes(Arc::new(Lz4Codec { configuration })))
-    }
-}
-
-impl CodecTraitsV3 for Lz4Codec {
-    fn create(metadata: &MetadataV3) -> Result<Codec, PluginCreateError> {
-        Self::from_configuration(&metadata.configuration().cloned().unwrap_or_default())
-    }
-}
-
-impl CodecTraitsV2 for Lz4Codec {
-    fn create(metadata: &MetadataV2) -> Result<Codec, PluginCreateError> {
-        Self::from_configuration(metadata.configuration())
-    }
-}
-
-impl CodecTraits for Lz4Codec {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    fn new(configuration: Lz4Configuration) -> Result<Self, String> {
+        Ok(Lz4Codec { configuration })
     }
 
-    fn configuration(
-        &self,
-        _version: ZarrVersion,
-        _options: &CodecMetadataOptions,
-    ) -> Option<Configuration> {
-        match serde_json::to_value(&self.configuration) {
-            Ok(serde_json::Value::Object(map)) => Some(map.into()),
-            _ => None,
-        }
+    fn configuration(&self) -> &Lz4Configuration {
+        &self.configuration
     }
 
-    fn partial_decoder_capability(&self) -> PartialDecoderCapability {
-        PartialDecoderCapability {
-            partial_read: false,
-            partial_decode: false,
-        }
-    }
-
-    fn partial_encoder_capability(&self) -> PartialEncoderCapability {
-        PartialEncoderCapability {
-            partial_encode: false,
-        }
-    }
-}
-
-impl BytesToBytesCodecTraits for Lz4Codec {
-    fn into_dyn(self: Arc<Self>) -> Arc<dyn BytesToBytesCodecTraits> {
-        self
-    }
-
-    fn recommended_concurrency(
-        &self,
-        _decoded_representation: &BytesRepresentation,
-    ) -> Result<RecommendedConcurrency, CodecError> {
-        Ok(RecommendedConcurrency::new_maximum(1))
-    }
-
-    fn encoded_representation(
-        &self,
-        decoded_representation: &BytesRepresentation,
-    ) -> BytesRepresentation {
+    fn encoded_bound(decoded: u64) -> Option<u64> {
         // LZ4_compressBound plus the header.
-        decoded_representation
-            .size()
-            .map_or(BytesRepresentation::UnboundedSize, |n| {
-                BytesRepresentation::BoundedSize(n + n / 255 + 16 + 4)
-            })
+        decoded.checked_add(decoded / 255 + 16 + 4)
     }
 
-    fn encode<'a>(
-        &self,
-        _decoded_value: ArrayBytesRaw<'a>,
-        _options: &CodecOptions,
-    ) -> Result<ArrayBytesRaw<'a>, CodecError> {
-        Err(read_only(NAME))
-    }
-
-    fn decode<'a>(
-        &self,
-        encoded_value: ArrayBytesRaw<'a>,
-        decoded_representation: &BytesRepresentation,
-        _options: &CodecOptions,
-    ) -> Result<ArrayBytesRaw<'a>, CodecError> {
-        decode(&encoded_value, Limit::of(decoded_representation))
-            .map(Cow::Owned)
-            .map_err(|e| e.into_codec_error(NAME))
+    fn decode_chunk(&self, src: &[u8], limit: Option<Limit>) -> Result<Vec<u8>, DecodeError> {
+        decode(src, limit)
     }
 }
 

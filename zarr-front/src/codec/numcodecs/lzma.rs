@@ -17,27 +17,11 @@
 //!   refuses to decode them with `filters` set; zcrop reads them).
 //! - `check` and `preset`: encoding only (a stream records its check; liblzma verifies it).
 
-use std::borrow::Cow;
-use std::sync::Arc;
-
 use liblzma::stream::{Action, Filters, LzmaOptions, Status, Stream};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use zarrs::array::BytesRepresentation;
-use zarrs::array::codec::api::{
-    ArrayBytesRaw, BytesToBytesCodecTraits, Codec, CodecError, CodecMetadataOptions, CodecOptions,
-    CodecPluginV2, CodecPluginV3, CodecTraits, CodecTraitsV2, CodecTraitsV3,
-    PartialDecoderCapability, PartialEncoderCapability, RecommendedConcurrency,
-};
-use zarrs::metadata::Configuration;
-use zarrs::metadata::v2::MetadataV2;
-use zarrs::metadata::v3::MetadataV3;
-use zarrs::plugin::{PluginCreateError, ZarrVersion};
 
-use super::{DecodeError, Limit, Step, StreamDecoder, decode_streams, read_only};
-
-/// The codec's name in errors.
-const NAME: &str = "numcodecs.lzma";
+use super::{Compressor, DecodeError, Limit, Step, StreamDecoder, decode_streams};
 
 /// The most memory liblzma may use to decode a stream with a header (mostly the dictionary
 /// the header asks for): far more than any preset needs (64 MiB at preset 9), so only a
@@ -286,19 +270,13 @@ pub(crate) struct LzmaCodec {
     format: Format,
 }
 
-zarrs::plugin::impl_extension_aliases!(LzmaCodec, v3: "numcodecs.lzma", [], v2: "lzma", []);
+super::compressor_codec!(LzmaCodec, v3: "numcodecs.lzma", v2: "lzma");
 
-inventory::submit! {
-    CodecPluginV3::new::<LzmaCodec>()
-}
+impl Compressor for LzmaCodec {
+    type Configuration = LzmaConfiguration;
+    const NAME: &'static str = "numcodecs.lzma";
 
-inventory::submit! {
-    CodecPluginV2::new::<LzmaCodec>()
-}
-
-impl LzmaCodec {
-    /// The codec for `configuration`, or why it is not supported.
-    pub(crate) fn new(configuration: LzmaConfiguration) -> Result<LzmaCodec, String> {
+    fn new(configuration: LzmaConfiguration) -> Result<Self, String> {
         let format = Format::of(&configuration)?;
         Ok(LzmaCodec {
             configuration,
@@ -306,13 +284,20 @@ impl LzmaCodec {
         })
     }
 
-    fn from_configuration(configuration: &Configuration) -> Result<Codec, PluginCreateError> {
-        let configuration: LzmaConfiguration = configuration.to_typed()?;
-        let codec = LzmaCodec::new(configuration)
-            .map_err(|e| PluginCreateError::Other(format!("{NAME}: {e}")))?;
-        Ok(Codec::BytesToBytes(Arc::new(codec)))
+    fn configuration(&self) -> &LzmaConfiguration {
+        &self.configuration
     }
 
+    fn encoded_bound(_decoded: u64) -> Option<u64> {
+        None
+    }
+
+    fn decode_chunk(&self, src: &[u8], limit: Option<Limit>) -> Result<Vec<u8>, DecodeError> {
+        self.decode(src, limit.ok_or(DecodeError::UnknownSize)?)
+    }
+}
+
+impl LzmaCodec {
     /// Decodes a chunk as numcodecs does, into at most `limit.max()` bytes.
     pub(crate) fn decode(&self, src: &[u8], limit: Limit) -> Result<Vec<u8>, DecodeError> {
         decode_streams(src, limit, || {
@@ -325,89 +310,6 @@ impl LzmaCodec {
             .map_err(|e| DecodeError::Corrupt(format!("liblzma refuses the decoder: {e:?}")))?;
             Ok(LzmaStream(stream))
         })
-    }
-}
-
-impl CodecTraitsV3 for LzmaCodec {
-    fn create(metadata: &MetadataV3) -> Result<Codec, PluginCreateError> {
-        Self::from_configuration(&metadata.configuration().cloned().unwrap_or_default())
-    }
-}
-
-impl CodecTraitsV2 for LzmaCodec {
-    fn create(metadata: &MetadataV2) -> Result<Codec, PluginCreateError> {
-        Self::from_configuration(metadata.configuration())
-    }
-}
-
-impl CodecTraits for LzmaCodec {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
-    fn configuration(
-        &self,
-        _version: ZarrVersion,
-        _options: &CodecMetadataOptions,
-    ) -> Option<Configuration> {
-        match serde_json::to_value(&self.configuration) {
-            Ok(Value::Object(map)) => Some(map.into()),
-            _ => None,
-        }
-    }
-
-    fn partial_decoder_capability(&self) -> PartialDecoderCapability {
-        PartialDecoderCapability {
-            partial_read: false,
-            partial_decode: false,
-        }
-    }
-
-    fn partial_encoder_capability(&self) -> PartialEncoderCapability {
-        PartialEncoderCapability {
-            partial_encode: false,
-        }
-    }
-}
-
-impl BytesToBytesCodecTraits for LzmaCodec {
-    fn into_dyn(self: Arc<Self>) -> Arc<dyn BytesToBytesCodecTraits> {
-        self
-    }
-
-    fn recommended_concurrency(
-        &self,
-        _decoded_representation: &BytesRepresentation,
-    ) -> Result<RecommendedConcurrency, CodecError> {
-        Ok(RecommendedConcurrency::new_maximum(1))
-    }
-
-    fn encoded_representation(
-        &self,
-        _decoded_representation: &BytesRepresentation,
-    ) -> BytesRepresentation {
-        BytesRepresentation::UnboundedSize
-    }
-
-    fn encode<'a>(
-        &self,
-        _decoded_value: ArrayBytesRaw<'a>,
-        _options: &CodecOptions,
-    ) -> Result<ArrayBytesRaw<'a>, CodecError> {
-        Err(read_only(NAME))
-    }
-
-    fn decode<'a>(
-        &self,
-        encoded_value: ArrayBytesRaw<'a>,
-        decoded_representation: &BytesRepresentation,
-        _options: &CodecOptions,
-    ) -> Result<ArrayBytesRaw<'a>, CodecError> {
-        let limit = Limit::of(decoded_representation)
-            .ok_or_else(|| DecodeError::UnknownSize.into_codec_error(NAME))?;
-        LzmaCodec::decode(self, &encoded_value, limit)
-            .map(Cow::Owned)
-            .map_err(|e| e.into_codec_error(NAME))
     }
 }
 

@@ -18,11 +18,6 @@
 //! metadata, never from the data), and stops with an error as soon as the data would go past
 //! it. None of them panics on any input.
 
-pub(crate) mod bz2;
-pub(crate) mod delta;
-pub(crate) mod lz4;
-pub(crate) mod lzma;
-
 use zarrs::array::BytesRepresentation;
 use zarrs::array::codec::api::CodecError;
 
@@ -110,6 +105,177 @@ pub(crate) fn zeroed(len: usize) -> Result<Vec<u8>, DecodeError> {
     v.resize(len, 0);
     Ok(v)
 }
+
+/// A numcodecs compressor zcrop decodes and does not write. [`compressor_codec!`] makes it a
+/// zarrs bytes-to-bytes codec, registered under its Zarr v2 id and v3 name.
+pub(crate) trait Compressor: Sized + std::fmt::Debug + Send + Sync + 'static {
+    /// Its configuration, as numcodecs writes it.
+    type Configuration: serde::Serialize + serde::de::DeserializeOwned;
+    /// Its v3 name, for errors.
+    const NAME: &'static str;
+    /// The codec for `configuration`, or why it is not supported.
+    fn new(configuration: Self::Configuration) -> Result<Self, String>;
+    /// Its configuration.
+    fn configuration(&self) -> &Self::Configuration;
+    /// The most bytes `decoded` bytes encode to, if known.
+    fn encoded_bound(decoded: u64) -> Option<u64>;
+    /// Decodes a chunk into at most `limit` bytes (`None`: the chunk's size is not known).
+    fn decode_chunk(&self, src: &[u8], limit: Option<Limit>) -> Result<Vec<u8>, DecodeError>;
+}
+
+/// The codec for a configuration in zarrs' form (the body of `CodecTraitsV2/V3::create`).
+pub(crate) fn create<C: Compressor + zarrs::array::codec::api::BytesToBytesCodecTraits>(
+    configuration: &zarrs::metadata::Configuration,
+) -> Result<zarrs::array::codec::api::Codec, zarrs::plugin::PluginCreateError> {
+    let configuration: C::Configuration = configuration.to_typed()?;
+    let codec = C::new(configuration)
+        .map_err(|e| zarrs::plugin::PluginCreateError::Other(format!("{}: {e}", C::NAME)))?;
+    Ok(zarrs::array::codec::api::Codec::BytesToBytes(
+        std::sync::Arc::new(codec),
+    ))
+}
+
+/// A compressor's configuration in zarrs' form.
+pub(crate) fn configuration_of<C: Compressor>(c: &C) -> Option<zarrs::metadata::Configuration> {
+    match serde_json::to_value(c.configuration()) {
+        Ok(serde_json::Value::Object(map)) => Some(map.into()),
+        _ => None,
+    }
+}
+
+/// The body of `BytesToBytesCodecTraits::decode` for a compressor.
+pub(crate) fn decode_bytes<'a, C: Compressor>(
+    c: &C,
+    encoded: &[u8],
+    decoded_representation: &BytesRepresentation,
+) -> Result<std::borrow::Cow<'a, [u8]>, CodecError> {
+    c.decode_chunk(encoded, Limit::of(decoded_representation))
+        .map(std::borrow::Cow::Owned)
+        .map_err(|e| e.into_codec_error(C::NAME))
+}
+
+/// Registers the [`Compressor`] `$codec` with zarrs under the v3 name `$v3` and the v2 id `$v2`,
+/// and implements zarrs' codec traits for it: decoding only, no partial decoding, one thread a
+/// chunk.
+macro_rules! compressor_codec {
+    ($codec:ident, v3: $v3:literal, v2: $v2:literal) => {
+        zarrs::plugin::impl_extension_aliases!($codec, v3: $v3, [], v2: $v2, []);
+
+        inventory::submit! {
+            zarrs::array::codec::api::CodecPluginV3::new::<$codec>()
+        }
+
+        inventory::submit! {
+            zarrs::array::codec::api::CodecPluginV2::new::<$codec>()
+        }
+
+        impl zarrs::array::codec::api::CodecTraitsV3 for $codec {
+            fn create(
+                metadata: &zarrs::metadata::v3::MetadataV3,
+            ) -> Result<zarrs::array::codec::api::Codec, zarrs::plugin::PluginCreateError> {
+                $crate::codec::numcodecs::create::<$codec>(
+                    &metadata.configuration().cloned().unwrap_or_default(),
+                )
+            }
+        }
+
+        impl zarrs::array::codec::api::CodecTraitsV2 for $codec {
+            fn create(
+                metadata: &zarrs::metadata::v2::MetadataV2,
+            ) -> Result<zarrs::array::codec::api::Codec, zarrs::plugin::PluginCreateError> {
+                $crate::codec::numcodecs::create::<$codec>(metadata.configuration())
+            }
+        }
+
+        impl zarrs::array::codec::api::CodecTraits for $codec {
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+
+            fn configuration(
+                &self,
+                _version: zarrs::plugin::ZarrVersion,
+                _options: &zarrs::array::codec::api::CodecMetadataOptions,
+            ) -> Option<zarrs::metadata::Configuration> {
+                $crate::codec::numcodecs::configuration_of(self)
+            }
+
+            fn partial_decoder_capability(
+                &self,
+            ) -> zarrs::array::codec::api::PartialDecoderCapability {
+                zarrs::array::codec::api::PartialDecoderCapability {
+                    partial_read: false,
+                    partial_decode: false,
+                }
+            }
+
+            fn partial_encoder_capability(
+                &self,
+            ) -> zarrs::array::codec::api::PartialEncoderCapability {
+                zarrs::array::codec::api::PartialEncoderCapability {
+                    partial_encode: false,
+                }
+            }
+        }
+
+        impl zarrs::array::codec::api::BytesToBytesCodecTraits for $codec {
+            fn into_dyn(
+                self: std::sync::Arc<Self>,
+            ) -> std::sync::Arc<dyn zarrs::array::codec::api::BytesToBytesCodecTraits> {
+                self
+            }
+
+            fn recommended_concurrency(
+                &self,
+                _decoded_representation: &zarrs::array::BytesRepresentation,
+            ) -> Result<
+                zarrs::array::codec::api::RecommendedConcurrency,
+                zarrs::array::codec::api::CodecError,
+            > {
+                Ok(zarrs::array::codec::api::RecommendedConcurrency::new_maximum(1))
+            }
+
+            fn encoded_representation(
+                &self,
+                decoded_representation: &zarrs::array::BytesRepresentation,
+            ) -> zarrs::array::BytesRepresentation {
+                match decoded_representation
+                    .size()
+                    .and_then(<$codec as $crate::codec::numcodecs::Compressor>::encoded_bound)
+                {
+                    Some(n) => zarrs::array::BytesRepresentation::BoundedSize(n),
+                    None => zarrs::array::BytesRepresentation::UnboundedSize,
+                }
+            }
+
+            fn encode<'a>(
+                &self,
+                _decoded_value: zarrs::array::codec::api::ArrayBytesRaw<'a>,
+                _options: &zarrs::array::codec::api::CodecOptions,
+            ) -> Result<
+                zarrs::array::codec::api::ArrayBytesRaw<'a>,
+                zarrs::array::codec::api::CodecError,
+            > {
+                Err($crate::codec::numcodecs::read_only(
+                    <$codec as $crate::codec::numcodecs::Compressor>::NAME,
+                ))
+            }
+
+            fn decode<'a>(
+                &self,
+                encoded_value: zarrs::array::codec::api::ArrayBytesRaw<'a>,
+                decoded_representation: &zarrs::array::BytesRepresentation,
+                _options: &zarrs::array::codec::api::CodecOptions,
+            ) -> Result<
+                zarrs::array::codec::api::ArrayBytesRaw<'a>,
+                zarrs::array::codec::api::CodecError,
+            > {
+                $crate::codec::numcodecs::decode_bytes(self, &encoded_value, decoded_representation)
+            }
+        }
+    };
+}
+pub(crate) use compressor_codec;
 
 /// The error of the encoders of read-only codecs.
 pub(crate) fn read_only(codec: &str) -> CodecError {
@@ -368,3 +534,8 @@ mod tests {
         );
     }
 }
+
+pub(crate) mod bz2;
+pub(crate) mod delta;
+pub(crate) mod lz4;
+pub(crate) mod lzma;
