@@ -416,6 +416,9 @@ fn cumsum_same<const N: usize>(
     }
 }
 
+/// [`encode`] or [`decode`]: a chunk's elements, `dtype` and `astype`, to the other form.
+type Transform = fn(&[u8], Num, Num) -> Result<Vec<u8>, DeltaError>;
+
 /// Decodes a delta-encoded chunk: `enc` holds elements of `astype`, the result elements of
 /// `dtype`, both in native byte order.
 pub(crate) fn decode(enc: &[u8], dtype: Num, astype: Num) -> Result<Vec<u8>, DeltaError> {
@@ -588,6 +591,21 @@ impl DeltaCodec {
             )))
         }
     }
+
+    /// Checks the array's data type, then turns a chunk's elements with `f` (`encode` or
+    /// `decode`).
+    fn apply<'a>(
+        &self,
+        bytes: ArrayBytes<'a>,
+        data_type: &DataType,
+        f: Transform,
+    ) -> Result<ArrayBytes<'a>, CodecError> {
+        self.check(data_type)?;
+        let bytes = bytes.into_fixed()?;
+        f(&bytes, self.dtype, self.astype)
+            .map(ArrayBytes::from)
+            .map_err(|e| CodecError::Other(format!("{NAME}: {e}")))
+    }
 }
 
 impl CodecTraitsV3 for DeltaCodec {
@@ -673,11 +691,7 @@ impl ArrayToArrayCodecTraits for DeltaCodec {
         _fill_value: &FillValue,
         _options: &CodecOptions,
     ) -> Result<ArrayBytes<'a>, CodecError> {
-        self.check(data_type)?;
-        let bytes = bytes.into_fixed()?;
-        encode(&bytes, self.dtype, self.astype)
-            .map(ArrayBytes::from)
-            .map_err(|e| CodecError::Other(format!("{NAME}: {e}")))
+        self.apply(bytes, data_type, encode)
     }
 
     fn decode<'a>(
@@ -688,11 +702,7 @@ impl ArrayToArrayCodecTraits for DeltaCodec {
         _fill_value: &FillValue,
         _options: &CodecOptions,
     ) -> Result<ArrayBytes<'a>, CodecError> {
-        self.check(data_type)?;
-        let bytes = bytes.into_fixed()?;
-        decode(&bytes, self.dtype, self.astype)
-            .map(ArrayBytes::from)
-            .map_err(|e| CodecError::Other(format!("{NAME}: {e}")))
+        self.apply(bytes, data_type, decode)
     }
 
     fn partial_decoder(
