@@ -62,12 +62,11 @@ impl CacheProbe {
 /// Which parts of one mapped file were found all in memory, and when: one `cachestat(2)`
 /// call over an aligned [`ResidentMemo::WINDOW`] of the file answers, for every thread, for
 /// the reads that fall inside it during the next [`ResidentMemo::FRESH`]
-/// ([`MapFiles::WhenCached`]). The kernel's answer costs about 30 ns per 4 KiB page of the
-/// window on top of the system call (Linux 6.18, ext4: 0.4 µs for 16 KiB, 8 µs for 1 MiB),
-/// and a crop's chunks lie a few hundred KiB apart in their shard, so neither asking per read
-/// nor asking per window and read run pays for itself: with one answer per window serving a
-/// thread's next 64 reads at most, these checks took 7% of both cores in a blosc-lz4 crop
-/// benchmark (14,600 calls a second). An answer kept for a while can be out of date: a page
+/// ([`MapFiles::WhenCached`]). The kernel's answer costs time for every page of the window,
+/// and a crop's chunks lie a few hundred KiB apart in their shard, so asking for each read, or
+/// for each window and run of reads, spends a visible share of the CPU on the checks alone;
+/// one answer per window shared by all threads does not (measurements: docs/performance.md,
+/// "File mappings"). An answer kept for a while can be out of date: a page
 /// evicted in between is faulted back in when it is read, slower, never wrong.
 #[derive(Debug)]
 pub(crate) struct ResidentMemo {
@@ -163,9 +162,9 @@ impl WindowRetry {
 }
 
 /// A thread's reading of [`ResidentMemo::now`], taken again every [`CoarseClock::READS`]
-/// reads and after every flush (before the thread waits): the clock cost 3% of the thread that
-/// serves a batch of crop reads when read for every read, and an answer's age need not be
-/// known to the microsecond.
+/// reads and after every flush (before the thread waits): reading the clock for every read
+/// shows in the profile of the thread serving a batch, and an answer's age need not be known
+/// to the microsecond.
 #[derive(Debug, Default)]
 pub(crate) struct CoarseClock {
     now: u64,

@@ -156,7 +156,9 @@ fn configure(
     if n2 > out_chunk {
         return Some((direct, direct_cost));
     }
-    // Or through Z and a transpose pass: output chunks of m whole n2 runs.
+    // Pass 2 into a temporary array Z, then a transpose pass to the output: each output
+    // chunk then holds m whole runs of n2 elements instead of at most n2, fewer and larger
+    // chunks when n2 is short. The cost model picks the cheaper of the two ways.
     let h = (block / n1).min(n2).min(chunk).max(1);
     let m = (block / n2).min(out_chunk / n2).min(n1).max(1);
     let z_rows = largest_divisor(m, (chunk / h).max(1));
