@@ -12,9 +12,14 @@ reading code::
 Async: ``arr = await zcrop.open_async(path)``, ``await arr.getitem(sel)``,
 ``await arr.read_crops(origins, shape)``.
 
+xarray: ``xr.open_dataset(path, engine="zcrop")`` (or ``zcrop.open_dataset(path)``) opens a Zarr
+store as the Dataset ``xr.open_zarr`` gives, read by zcrop.
+
 Errors: see :mod:`zcrop.errors` (every zcrop error is a :class:`ZcropError` and also the builtin
 type plain ``except`` clauses expect).
 """
+
+from typing import Any
 
 from zcrop._api import open, open_array, open_async, open_group
 from zcrop._array import Array, ArrayMetadata, AsyncArray, Attributes
@@ -68,5 +73,18 @@ __all__ = [
     "open",
     "open_array",
     "open_async",
+    "open_dataset",
+    "open_datatree",
     "open_group",
 ]
+
+#: Names served by modules that need optional packages (xarray), imported on first use.
+_LAZY = {"open_dataset": "zcrop._xarray", "open_datatree": "zcrop._xarray"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'zcrop' has no attribute {name!r}")

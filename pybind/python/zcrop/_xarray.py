@@ -1,0 +1,459 @@
+"""The xarray backend: ``xr.open_dataset(path, engine="zcrop")``.
+
+zcrop reads the store's metadata documents and every value; xarray's own Zarr store class
+(``xarray.backends.zarr.ZarrStore``) turns the documents into variables, dimensions,
+attributes and encodings, so a dataset opened here is the one ``xr.open_zarr`` gives, CF
+decoding included. To that end the documents zcrop read are handed to zarr-python as an
+in-memory consolidated store (metadata only, no chunk is ever read through it); each variable's
+data is then swapped for a lazy :class:`ZcropBackendArray` over the zcrop array.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from zcrop import _api
+from zcrop._array import Array, AsyncArray
+from zcrop._group import Group
+from zcrop.errors import UnsupportedError, ZcropError
+
+try:
+    import xarray as xr
+    from xarray.backends import BackendArray, BackendEntrypoint
+    from xarray.backends.store import StoreBackendEntrypoint
+    from xarray.backends.zarr import ZarrStore
+    from xarray.core import indexing
+except ImportError as e:  # pragma: no cover - exercised only without xarray installed
+    raise ImportError("zcrop's xarray backend needs xarray (pip install xarray zarr)") from e
+
+__all__ = ["ZcropBackendArray", "ZcropBackendEntrypoint", "open_dataset", "open_datatree"]
+
+#: Metadata keys of Zarr v2 documents that zarr-python keeps in ``.zarray`` (the rest of
+#: zcrop's normalised document, ``node_type`` and ``attributes``, goes elsewhere).
+_V2_NOT_ZARRAY = ("node_type", "attributes")
+
+
+class ZcropBackendArray(BackendArray):
+    """One variable's values, read by zcrop when xarray asks for them.
+
+    Outer (orthogonal) selections go to ``Array.oindex``; vectorized selections made of integer
+    arrays only go to ``Array.vindex`` (others are read as an outer selection and finished by
+    xarray in memory); basic ones to ``Array[...]``. Pickles as its store, path and options and
+    reopens there, so dask's process and distributed schedulers can ship it.
+    """
+
+    __slots__ = ("_array", "_async", "_reopen", "dtype", "shape")
+
+    def __init__(self, array: Array, dtype: np.dtype[Any], reopen: tuple[str, str, dict[str, Any]]):
+        self._array = array
+        self._async: AsyncArray | None = None
+        self._reopen = reopen
+        self.shape = tuple(array.shape)
+        self.dtype = dtype
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_reopen_backend_array, (self._reopen, self.dtype))
+
+    def _support(self, key: indexing.ExplicitIndexer) -> indexing.IndexingSupport:
+        if isinstance(key, indexing.VectorizedIndexer) and all(
+            isinstance(k, np.ndarray) for k in key.tuple
+        ):
+            return indexing.IndexingSupport.VECTORIZED
+        return indexing.IndexingSupport.OUTER
+
+    def _method(self, key: indexing.ExplicitIndexer, support: indexing.IndexingSupport) -> Any:
+        if support is indexing.IndexingSupport.VECTORIZED:
+            return self._array.vindex.__getitem__
+        if isinstance(key, indexing.BasicIndexer):
+            return self._array.__getitem__
+        return self._array.oindex.__getitem__
+
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> Any:
+        support = self._support(key)
+        return indexing.explicit_indexing_adapter(
+            key, self.shape, support, self._method(key, support)
+        )
+
+    async def async_getitem(self, key: indexing.ExplicitIndexer) -> Any:
+        if self._async is None:
+            self._async = AsyncArray(self._array.native)
+        arr = self._async
+        support = self._support(key)
+        if support is indexing.IndexingSupport.VECTORIZED:
+            method = arr.vindex.getitem
+        elif isinstance(key, indexing.BasicIndexer):
+            method = arr.getitem
+        else:
+            method = arr.oindex.getitem
+        return await indexing.async_explicit_indexing_adapter(key, self.shape, support, method)
+
+
+def _reopen_backend_array(
+    reopen: tuple[str, str, dict[str, Any]], dtype: np.dtype[Any]
+) -> ZcropBackendArray:
+    root, path, options = reopen
+    array = _api.open_array(root, path=path, **options)
+    return ZcropBackendArray(array, dtype, reopen)
+
+
+class ZcropStore(ZarrStore):
+    """xarray's Zarr store over metadata that zcrop read, with zcrop arrays for the data."""
+
+    __slots__ = ("_zcrop_arrays", "_zcrop_reopen")
+
+    def __init__(
+        self,
+        zarr_group: Any,
+        arrays: Mapping[str, Array],
+        reopen: tuple[str, dict[str, Any]],
+        use_zarr_fill_value_as_mask: bool | None,
+    ) -> None:
+        self._zcrop_arrays = dict(arrays)
+        self._zcrop_reopen = reopen
+        if use_zarr_fill_value_as_mask is None:
+            # xarray's default: Zarr's fill value masks values in v2 data, not in v3.
+            use_zarr_fill_value_as_mask = zarr_group.metadata.zarr_format == 2
+        super().__init__(
+            zarr_group, mode="r", use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask
+        )
+
+    def open_store_variable(self, name: str) -> xr.Variable:
+        var = super().open_store_variable(name)  # type: ignore[no-untyped-call]
+        array = self._zcrop_arrays[name]
+        root, options = self._zcrop_reopen
+        zarr_wrapper = var._data.array  # xarray's ZarrArrayWrapper: it knows the dtype to show
+        data = indexing.LazilyIndexedArray(
+            ZcropBackendArray(array, zarr_wrapper.dtype, (root, array.path, options))
+        )
+        return xr.Variable(var.dims, data, var.attrs, var.encoding)
+
+
+def _long_form(codecs: list[Any]) -> list[Any]:
+    """v3 codec lists with each codec as ``{"name": ..., "configuration": ...}``: zcrop (zarrs)
+    writes a codec without configuration as its bare name, which zarr-python does not read."""
+    out = []
+    for c in codecs:
+        if isinstance(c, str):
+            c = {"name": c}
+        elif isinstance(c, dict) and isinstance(c.get("configuration"), dict):
+            cfg = dict(c["configuration"])
+            for key in ("codecs", "index_codecs"):
+                if isinstance(cfg.get(key), list):
+                    cfg[key] = _long_form(cfg[key])
+            c = {**c, "configuration": cfg}
+        out.append(c)
+    return out
+
+
+def _group_document(group: Group) -> dict[str, Any]:
+    if group.zarr_format == 3:
+        return {"zarr_format": 3, "node_type": "group", "attributes": group.attrs.asdict()}
+    return {"zarr_format": 2}
+
+
+def _add_documents(
+    docs: dict[str, Any], prefix: str, node: Array | Group, zarr_format: int
+) -> None:
+    """Adds ``node``'s metadata documents under ``prefix`` (``""`` for the root) to ``docs``,
+    keyed as consolidated metadata keys them."""
+    if isinstance(node, Group):
+        doc: dict[str, Any] = _group_document(node)
+        attrs = node.attrs.asdict()
+    else:
+        doc = json.loads(node.native.metadata_json)
+        attrs = doc.get("attributes") or {}
+        if isinstance(doc.get("codecs"), list):
+            doc["codecs"] = _long_form(doc["codecs"])
+    if zarr_format == 3:
+        docs[prefix] = doc
+        return
+    kind = ".zgroup" if isinstance(node, Group) else ".zarray"
+    base = f"{prefix}/" if prefix else ""
+    docs[base + kind] = {k: v for k, v in doc.items() if k not in _V2_NOT_ZARRAY}
+    if attrs:
+        docs[base + ".zattrs"] = attrs
+
+
+def _metadata_store(group: Group, nodes: Iterable[tuple[str, Array | Group]]) -> Any:
+    """A zarr-python in-memory store holding ``group``'s consolidated metadata (of ``nodes``,
+    relative paths) and no chunk."""
+    import zarr
+    from zarr.core.buffer import default_buffer_prototype
+
+    fmt = group.zarr_format
+    members: dict[str, Any] = {}
+    for path, node in nodes:
+        _add_documents(members, path, node, fmt)
+    if fmt == 3:
+        root = _group_document(group)
+        root["consolidated_metadata"] = {
+            "kind": "inline",
+            "must_understand": False,
+            "metadata": members,
+        }
+        raw = {"zarr.json": root}
+    else:
+        _add_documents(members, "", group, 2)
+        raw = {
+            ".zmetadata": {"zarr_consolidated_format": 1, "metadata": members},
+            **{k: v for k, v in members.items() if "/" not in k},
+        }
+    buf = default_buffer_prototype().buffer
+    data = {k: buf.from_bytes(json.dumps(v).encode()) for k, v in raw.items()}
+    return _metadata_only_store_class()(data, read_only=True)
+
+
+_METADATA_KEYS = frozenset(("zarr.json", ".zgroup", ".zarray", ".zattrs", ".zmetadata"))
+
+
+@functools.cache
+def _metadata_only_store_class() -> type:
+    """zarr-python's ``MemoryStore`` that refuses to serve a chunk: were a value ever read
+    through it instead of zcrop, it would silently be the fill value."""
+    import zarr
+
+    class MetadataOnlyStore(zarr.storage.MemoryStore):
+        async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
+            if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
+                raise ZcropError(f"zcrop's xarray backend reads values with zcrop, not {key!r}")
+            return await super().get(key, prototype, byte_range)
+
+        async def get_partial_values(self, prototype: Any, key_ranges: Any) -> Any:
+            raise ZcropError("zcrop's xarray backend reads values with zcrop")
+
+    return MetadataOnlyStore
+
+
+def _open_zarr_group(store: Any, zarr_format: int) -> Any:
+    import zarr
+
+    with warnings.catch_warnings():
+        # zarr-python warns that v3 consolidated metadata is not in the spec yet: here it is
+        # only a way to hand over documents zcrop read.
+        warnings.simplefilter("ignore")
+        return zarr.open_consolidated(store, mode="r", zarr_format=zarr_format)
+
+
+def _open_kwargs(storage_options: Mapping[str, Any] | None, chunk_cache: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if storage_options:
+        out["storage_options"] = dict(storage_options)
+    if chunk_cache is not None:
+        out["chunk_cache"] = chunk_cache
+    return out
+
+
+def _walk(
+    group: Group,
+    prefix: str,
+    drop: frozenset[str],
+    recursive: bool,
+    out: list[tuple[str, Array | Group]],
+) -> None:
+    """``(relative path, node)`` of ``group``'s members (nested ones if ``recursive``), opening
+    each array; an array zcrop cannot read is an error naming it, unless in ``drop``."""
+    for name, kind in group._member_kinds():
+        path = f"{prefix}/{name}" if prefix else name
+        if kind == "array" and (name in drop or path in drop):
+            continue
+        try:
+            node = group[name]
+        except UnsupportedError as e:
+            raise UnsupportedError(
+                f"variable {path!r} of {group.name or '/'}: {e}; "
+                f"drop_variables=[{name!r}] opens the rest"
+            ) from e
+        out.append((path, node))
+        if recursive and isinstance(node, Group):
+            _walk(node, path, drop, recursive, out)
+
+
+def _open_stores(
+    filename_or_obj: Any,
+    *,
+    group: str | None,
+    storage_options: Mapping[str, Any] | None,
+    consolidated: bool | None,
+    zarr_format: int | None,
+    drop_variables: Iterable[str] | None,
+    use_zarr_fill_value_as_mask: bool | None,
+    chunk_cache: Any,
+    recursive: bool,
+) -> dict[str, ZcropStore]:
+    """One :class:`ZcropStore` per group (``"/"``-rooted paths relative to the store's root):
+    ``group`` alone, or it and every group below it when ``recursive``."""
+    root = os.fspath(filename_or_obj) if isinstance(filename_or_obj, os.PathLike) else filename_or_obj
+    if not isinstance(root, str):
+        raise TypeError(
+            f"engine='zcrop' opens a path or URL, got {type(filename_or_obj).__name__}"
+        )
+    options = _open_kwargs(storage_options, chunk_cache)
+    sub = (group or "").strip("/")
+    top = _api.open_group(root, path=sub or None, zarr_format=zarr_format, **options)
+    if consolidated and not top.metadata["consolidated"]:
+        raise ValueError(f"{root}: no consolidated metadata (consolidated=True was asked for)")
+    drop = frozenset(
+        [drop_variables] if isinstance(drop_variables, str) else (drop_variables or ())
+    )
+    nodes: list[tuple[str, Array | Group]] = []
+    _walk(top, "", drop, recursive, nodes)
+    zroot = _open_zarr_group(_metadata_store(top, nodes), top.zarr_format)
+    groups = {"": (top, zroot)}
+    for path, node in nodes:
+        if isinstance(node, Group):
+            groups[path] = (node, zroot[path])
+    stores = {}
+    for path, (_, zg) in groups.items():
+        prefix = f"{path}/" if path else ""
+        arrays = {
+            p[len(prefix) :]: n
+            for p, n in nodes
+            if isinstance(n, Array) and p.startswith(prefix) and "/" not in p[len(prefix) :]
+        }
+        full = "/" + "/".join(x for x in (sub, path) if x)
+        stores[full] = ZcropStore(zg, arrays, (root, options), use_zarr_fill_value_as_mask)
+    return stores
+
+
+class ZcropBackendEntrypoint(BackendEntrypoint):
+    """Opens Zarr v2 and v3 stores (local paths and object-store URLs) with zcrop.
+
+    ``xr.open_dataset(path, engine="zcrop", chunks=..., storage_options=..., group=...)``:
+    the dataset ``xr.open_zarr`` gives (same variables, coordinates, attributes, encodings and
+    CF decoding); zcrop reads the metadata and, lazily, the values.
+    """
+
+    description = "Open Zarr stores (v2, v3, sharded; local or s3://, gs://, https://) with zcrop"
+    url = "https://github.com/zcrop/zcrop/blob/main/docs/python.md#xarray"
+    supports_groups = True
+    open_dataset_parameters = (
+        "filename_or_obj",
+        "mask_and_scale",
+        "decode_times",
+        "concat_characters",
+        "decode_coords",
+        "drop_variables",
+        "use_cftime",
+        "decode_timedelta",
+        "group",
+        "consolidated",
+        "storage_options",
+        "zarr_format",
+        "use_zarr_fill_value_as_mask",
+        "chunk_cache",
+    )
+
+    def guess_can_open(self, filename_or_obj: Any) -> bool:
+        if isinstance(filename_or_obj, os.PathLike):
+            filename_or_obj = os.fspath(filename_or_obj)
+        if not isinstance(filename_or_obj, str):
+            return False
+        path = filename_or_obj.rstrip("/")
+        if path.endswith(".zarr"):
+            return True
+        if _api.is_url(path):
+            return False
+        return any(
+            os.path.exists(os.path.join(path, doc))
+            for doc in ("zarr.json", ".zgroup", ".zarray", ".zmetadata")
+        )
+
+    def open_dataset(
+        self,
+        filename_or_obj: Any,
+        *,
+        mask_and_scale: bool = True,
+        decode_times: Any = True,
+        concat_characters: bool = True,
+        decode_coords: Any = True,
+        drop_variables: str | Iterable[str] | None = None,
+        use_cftime: bool | None = None,
+        decode_timedelta: Any = None,
+        group: str | None = None,
+        consolidated: bool | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        zarr_format: int | None = None,
+        use_zarr_fill_value_as_mask: bool | None = None,
+        chunk_cache: Any = None,
+    ) -> xr.Dataset:
+        decode = dict(
+            mask_and_scale=mask_and_scale,
+            decode_times=decode_times,
+            concat_characters=concat_characters,
+            decode_coords=decode_coords,
+            use_cftime=use_cftime,
+            decode_timedelta=decode_timedelta,
+        )
+        opened = self.open_groups_as_dict(
+            filename_or_obj,
+            drop_variables=drop_variables,
+            group=group,
+            consolidated=consolidated,
+            storage_options=storage_options,
+            zarr_format=zarr_format,
+            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
+            chunk_cache=chunk_cache,
+            _recursive=False,
+            **decode,
+        )
+        return opened["/"]
+
+    def open_groups_as_dict(
+        self,
+        filename_or_obj: Any,
+        *,
+        drop_variables: str | Iterable[str] | None = None,
+        group: str | None = None,
+        consolidated: bool | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        zarr_format: int | None = None,
+        use_zarr_fill_value_as_mask: bool | None = None,
+        chunk_cache: Any = None,
+        _recursive: bool = True,
+        **decode: Any,
+    ) -> dict[str, xr.Dataset]:
+        """Each group at and below ``group`` as a Dataset, keyed by its path relative to
+        ``group`` (``"/"`` for itself); ``decode`` holds the CF-decoding options of
+        :meth:`open_dataset`."""
+        stores = _open_stores(
+            filename_or_obj,
+            group=group,
+            storage_options=storage_options,
+            consolidated=consolidated,
+            zarr_format=zarr_format,
+            drop_variables=drop_variables,
+            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
+            chunk_cache=chunk_cache,
+            recursive=_recursive,
+        )
+        parent = "/" + (group or "").strip("/")
+        out = {}
+        for path, store in stores.items():
+            ds = StoreBackendEntrypoint().open_dataset(
+                store, drop_variables=drop_variables, **decode
+            )
+            rel = path[len(parent) :].strip("/") if path.startswith(parent) else path
+            out["/" + rel if rel else "/"] = ds
+        return out
+
+    def open_datatree(self, filename_or_obj: Any, **kwargs: Any) -> xr.DataTree:
+        return xr.DataTree.from_dict(self.open_groups_as_dict(filename_or_obj, **kwargs))
+
+
+def open_dataset(store: Any, **kwargs: Any) -> xr.Dataset:
+    """``xr.open_dataset(store, engine="zcrop", **kwargs)``: a Zarr store as an xarray Dataset,
+    lazily read by zcrop (``chunks={}`` for dask arrays chunked as the store is)."""
+    return xr.open_dataset(store, engine="zcrop", **kwargs)
+
+
+def open_datatree(store: Any, **kwargs: Any) -> xr.DataTree:
+    """``xr.open_datatree(store, engine="zcrop", **kwargs)``: every group of a Zarr store."""
+    return xr.open_datatree(store, engine="zcrop", **kwargs)
+

@@ -1,0 +1,395 @@
+"""The xarray backend (``engine="zcrop"``) against xarray's own Zarr backend, on stores that
+xarray itself wrote: Zarr v2 and v3, sharded and not, consolidated and not, CF-packed and
+NaN-filled variables, datetime coordinates, non-dimension coordinates, groups.
+
+``xr.open_zarr`` is the oracle: the dataset, its encodings, dask chunks, CF decoding and every
+selection must be identical.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import pickle
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+xr = pytest.importorskip("xarray")
+pytest.importorskip("dask")
+
+import zcrop  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")
+
+
+def era5_like() -> xr.Dataset:
+    """(time, level, latitude, longitude) with descending latitude, NaNs, a CF-packed int16
+    variable, a boolean mask, a scalar and a non-dimension coordinate."""
+    rng = np.random.default_rng(29)
+    time = pd.date_range("2021-01-01", periods=12, freq="6h")
+    level = np.array([1000, 850, 500], dtype="int32")
+    lat = np.linspace(90, -90, 19)
+    lon = np.arange(0, 360, 10.0)
+    shape = (time.size, level.size, lat.size, lon.size)
+    t = (250 + 30 * rng.random(shape)).astype("float32")
+    t[0, 0, :2] = np.nan
+    q = (rng.random(shape) * 0.02).astype("float64")
+    q[1, 1, 3, :5] = np.nan
+    ds = xr.Dataset(
+        {
+            "t": (("time", "level", "latitude", "longitude"), t, {"units": "K"}),
+            "q": (("time", "level", "latitude", "longitude"), q, {"units": "kg kg-1"}),
+            "lsm": (("latitude", "longitude"), rng.random((lat.size, lon.size)) > 0.6),
+            "co2": ((), np.float64(415.2)),
+        },
+        coords={
+            "time": time,
+            "level": ("level", level, {"units": "hPa"}),
+            "latitude": ("latitude", lat, {"units": "degrees_north"}),
+            "longitude": ("longitude", lon, {"units": "degrees_east"}),
+            "valid_time": ("time", time + pd.Timedelta("1h")),
+            "step": ("time", (np.arange(time.size) * 3600).astype("timedelta64[s]")),
+        },
+        attrs={"title": "ERA5-like", "institution": "zcrop tests"},
+    )
+    ds["q"].encoding = {
+        "dtype": "int16",
+        "scale_factor": 1e-6,
+        "add_offset": 0.01,
+        "_FillValue": np.int16(-32768),
+    }
+    return ds
+
+
+def satellite_like() -> xr.Dataset:
+    """(time every 15 minutes, channel, y, x) uint16 imagery with a fill value."""
+    rng = np.random.default_rng(30)
+    time = pd.date_range("2024-06-01T06:00", periods=8, freq="15min")
+    data = rng.integers(1, 4000, size=(8, 3, 40, 48), dtype="uint16")
+    data[:, :, :6, :] = 0
+    ds = xr.Dataset(
+        {"radiance": (("time", "channel", "y", "x"), data, {"_FillValue": np.uint16(0)})},
+        coords={
+            "time": time,
+            "channel": ("channel", np.array([1, 7, 13], dtype="int8")),
+            "y": np.arange(40) * 2000.0,
+            "x": np.arange(48) * 2000.0,
+        },
+    )
+    return ds
+
+
+#: name -> (zarr_format, consolidated, encoding maker)
+LAYOUTS = {
+    "v2": (2, True, lambda ds: {}),
+    "v2-plain": (2, False, lambda ds: {}),
+    "v3": (3, False, lambda ds: {}),
+    "v3-consolidated": (3, True, lambda ds: {}),
+    "v3-sharded": (
+        3,
+        False,
+        lambda ds: {
+            name: {
+                "chunks": tuple(max(1, s // 4) if s > 4 else s for s in v.shape),
+                "shards": tuple(max(1, s // 4) * 2 if s > 4 else s for s in v.shape),
+            }
+            for name, v in ds.data_vars.items()
+            if v.ndim >= 2
+        },
+    ),
+}
+DATASETS = {"era5": era5_like, "satellite": satellite_like}
+
+
+def write(ds: xr.Dataset, path: pathlib.Path, layout: str) -> pathlib.Path:
+    fmt, consolidated, encoding = LAYOUTS[layout]
+    if layout != "v3-sharded":
+        # Small chunks, so that selections cross chunk boundaries.
+        ds = ds.chunk({d: max(1, n // 3) for d, n in ds.sizes.items()})
+        for v in ds.variables.values():
+            v.encoding.pop("chunks", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.to_zarr(
+            path, mode="w", zarr_format=fmt, consolidated=consolidated, encoding=encoding(ds)
+        )
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], pathlib.Path]:
+    root = tmp_path_factory.mktemp("xr-corpus")
+    return {
+        (d, lay): write(make(), root / f"{d}-{lay}.zarr", lay)
+        for d, make in DATASETS.items()
+        for lay in LAYOUTS
+    }
+
+
+CASES = [(d, lay) for d in DATASETS for lay in LAYOUTS]
+
+
+def open_both(path: pathlib.Path, **kwargs):
+    ours = xr.open_dataset(path, engine="zcrop", **kwargs)
+    chunks = kwargs.pop("chunks", None)
+    theirs = xr.open_zarr(path, chunks=chunks, **kwargs)
+    return ours, theirs
+
+
+def same_encoding(a: xr.Dataset, b: xr.Dataset) -> None:
+    for name in b.variables:
+        assert repr(a[name].encoding) == repr(b[name].encoding), name
+
+
+@pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
+def test_dataset_is_identical_to_open_zarr(corpus, case):
+    ours, theirs = open_both(corpus[case])
+    assert all(
+        not isinstance(v.variable._data, np.ndarray) for v in ours.data_vars.values() if v.ndim
+    ), "data variables are lazy until loaded"
+    same_encoding(ours, theirs)
+    xr.testing.assert_identical(ours.load(), theirs.load())
+
+
+@pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
+def test_dask_chunks_and_compute_match(corpus, case):
+    ours, theirs = open_both(corpus[case], chunks={})
+    assert {k: v.chunks for k, v in ours.variables.items()} == {
+        k: v.chunks for k, v in theirs.variables.items()
+    }
+    xr.testing.assert_identical(ours.compute(), theirs.compute())
+    # dask's process scheduler pickles each task's backend array and reads in other processes.
+    np.testing.assert_array_equal(
+        ours["t" if "t" in ours else "radiance"].data.compute(scheduler="processes"),
+        theirs["t" if "t" in theirs else "radiance"].values,
+    )
+
+
+@pytest.mark.parametrize("case", [("era5", "v2"), ("era5", "v3-sharded")], ids=str)
+def test_without_cf_decoding(corpus, case):
+    ours, theirs = open_both(corpus[case], decode_cf=False)
+    xr.testing.assert_identical(ours.load(), theirs.load())
+    ours, theirs = open_both(corpus[case], mask_and_scale=False, decode_times=False)
+    xr.testing.assert_identical(ours.load(), theirs.load())
+
+
+def test_drop_variables_and_group_errors(corpus):
+    path = corpus[("era5", "v3")]
+    ours, theirs = open_both(path, drop_variables=["q", "lsm"])
+    xr.testing.assert_identical(ours.load(), theirs.load())
+    with pytest.raises(FileNotFoundError):
+        xr.open_dataset(path.parent / "absent.zarr", engine="zcrop")
+    with pytest.raises((FileNotFoundError, KeyError)):
+        xr.open_dataset(path, engine="zcrop", group="absent")
+
+
+def test_consolidated_true_without_consolidated_metadata_raises(corpus):
+    with pytest.raises(ValueError, match="consolidated"):
+        xr.open_dataset(corpus[("era5", "v3")], engine="zcrop", consolidated=True)
+
+
+def test_engine_is_registered_and_shorthand_opens():
+    assert "zcrop" in xr.backends.list_engines()
+    assert hasattr(zcrop, "open_dataset") and hasattr(zcrop, "open_datatree")
+
+
+def test_shorthand_is_the_engine(corpus):
+    path = corpus[("satellite", "v3")]
+    xr.testing.assert_identical(
+        zcrop.open_dataset(path).load(), xr.open_dataset(path, engine="zcrop").load()
+    )
+
+
+def test_opening_reads_no_data_chunk(corpus, tmp_path):
+    """Every chunk of the data variables is replaced by garbage before opening: opening (which
+    loads the index coordinates, as xr.open_zarr does) still works; loading a variable then
+    fails with a typed error naming the chunk."""
+    src = corpus[("satellite", "v3")]
+    import shutil
+
+    path = tmp_path / "garbled.zarr"
+    shutil.copytree(src, path)
+    chunks = [p for p in (path / "radiance" / "c").rglob("*") if p.is_file()]
+    assert chunks
+    for p in chunks:
+        p.write_bytes(b"\x28\xb5\x2f\xfd garbage, not a zstd frame")
+    ds = xr.open_dataset(path, engine="zcrop")
+    assert ds.sizes["time"] == 8
+    np.testing.assert_array_equal(ds.x.values, np.arange(48) * 2000.0)
+    with pytest.raises(zcrop.ZcropError, match=r"radiance"):
+        ds.radiance.load()
+
+
+def test_load_async(corpus):
+    import asyncio
+
+    path = corpus[("era5", "v3-sharded")]
+    ours, theirs = open_both(path)
+
+    async def load():
+        return await ours.load_async()
+
+    xr.testing.assert_identical(asyncio.run(load()), theirs.load())
+    sub = ours.t.isel(time=[0, 3], latitude=slice(2, 9))
+
+    async def load_sub():
+        return await sub.load_async()
+
+    xr.testing.assert_identical(
+        asyncio.run(load_sub()), theirs.t.isel(time=[0, 3], latitude=slice(2, 9)).load()
+    )
+
+
+def test_backend_array_pickles(corpus):
+    path = corpus[("era5", "v3")]
+    ds = xr.open_dataset(path, engine="zcrop")
+    wrapper = ds.t.variable._data.array
+    clone = pickle.loads(pickle.dumps(wrapper))
+    assert clone.shape == wrapper.shape and clone.dtype == wrapper.dtype
+    from xarray.core import indexing
+
+    key = indexing.BasicIndexer((slice(None),) * len(clone.shape))
+    np.testing.assert_array_equal(clone[key], xr.open_zarr(path).t.variable.values)
+
+
+def test_datatree_is_identical_to_open_datatree(tmp_path):
+    tree = xr.DataTree.from_dict(
+        {
+            "/": xr.Dataset(attrs={"title": "tree"}),
+            "/surface": satellite_like(),
+            "/upper": era5_like().drop_vars(["lsm", "co2"]),
+            "/upper/mean": era5_like()[["t"]].mean("time", keep_attrs=True),
+            "/coarse": era5_like().isel(latitude=slice(None, None, 3)).drop_vars("q"),
+        }
+    )
+    for fmt in (2, 3):
+        path = tmp_path / f"tree-v{fmt}.zarr"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree.to_zarr(path, zarr_format=fmt)
+        ours = xr.open_datatree(path, engine="zcrop")
+        theirs = xr.open_datatree(path, engine="zarr")
+        xr.testing.assert_identical(ours.load(), theirs.load())
+        sub = xr.open_dataset(path, engine="zcrop", group="upper/mean")
+        xr.testing.assert_identical(
+            sub.load(), xr.open_zarr(path, group="upper/mean", chunks=None).load()
+        )
+        subtree = xr.open_datatree(path, engine="zcrop", group="upper")
+        xr.testing.assert_identical(
+            subtree.load(), xr.open_datatree(path, engine="zarr", group="upper").load()
+        )
+
+
+def test_a_variable_zcrop_cannot_read_is_named_at_open(tmp_path):
+    import json
+
+    path = tmp_path / "odd.zarr"
+    satellite_like().to_zarr(path, zarr_format=3, consolidated=False)
+    meta = path / "radiance" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["codecs"].append({"name": "made_up_codec", "configuration": {}})
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(zcrop.UnsupportedError, match="radiance"):
+        xr.open_dataset(path, engine="zcrop")
+    ds = xr.open_dataset(path, engine="zcrop", drop_variables=["radiance"])
+    assert "radiance" not in ds and ds.sizes["time"] == 8
+
+
+def test_not_a_zarr_store(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("not zarr")
+    with pytest.raises(FileNotFoundError):
+        xr.open_dataset(tmp_path / "plain", engine="zcrop")
+    backend = xr.backends.list_engines()["zcrop"]
+    assert not backend.guess_can_open(str(tmp_path / "plain"))
+    assert backend.guess_can_open("s3://bucket/data.zarr")
+
+
+SELECT_CASES = [("era5", "v2"), ("era5", "v3-sharded"), ("satellite", "v3")]
+
+
+@st.composite
+def indexers(draw, sizes: dict[str, int]):
+    """An ``isel`` indexer: per dimension nothing, an integer, a slice (with step) or an array
+    of integers (unsorted, repeated, negative)."""
+    out = {}
+    for dim, n in sizes.items():
+        kind = draw(st.sampled_from(["none", "int", "slice", "array"]))
+        if kind == "int":
+            out[dim] = draw(st.integers(-n, n - 1))
+        elif kind == "slice":
+            a = draw(st.integers(0, n))
+            b = draw(st.integers(0, n))
+            out[dim] = slice(min(a, b), max(a, b), draw(st.integers(1, 3)))
+        elif kind == "array":
+            out[dim] = draw(st.lists(st.integers(-n, n - 1), min_size=1, max_size=5))
+    return out
+
+
+@pytest.mark.parametrize("case", SELECT_CASES, ids=["-".join(c) for c in SELECT_CASES])
+def test_random_isel_matches_open_zarr(corpus, case):
+    ours, theirs = open_both(corpus[case])
+    name = "t" if "t" in ours else "radiance"
+    sizes = dict(ours[name].sizes)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(indexers(sizes))
+    def check(idx):
+        xr.testing.assert_identical(ours[name].isel(idx).load(), theirs[name].isel(idx).load())
+
+    check()
+
+
+@pytest.mark.parametrize("case", SELECT_CASES, ids=["-".join(c) for c in SELECT_CASES])
+def test_random_vectorized_isel_matches_open_zarr(corpus, case):
+    ours, theirs = open_both(corpus[case])
+    name = "t" if "t" in ours else "radiance"
+    dims = list(ours[name].dims)
+    sizes = dict(ours[name].sizes)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def check(data):
+        npoints = data.draw(st.integers(1, 6))
+        chosen = data.draw(st.lists(st.sampled_from(dims), min_size=1, unique=True))
+        idx = {
+            d: xr.DataArray(
+                data.draw(st.lists(st.integers(0, sizes[d] - 1), min_size=npoints, max_size=npoints)),
+                dims="points",
+            )
+            for d in chosen
+        }
+        for d in dims:
+            if d not in idx and data.draw(st.booleans()):
+                idx[d] = slice(0, data.draw(st.integers(1, sizes[d])))
+        xr.testing.assert_identical(ours[name].isel(idx).load(), theirs[name].isel(idx).load())
+
+    check()
+
+
+def test_sel_by_labels(corpus):
+    ours, theirs = open_both(corpus[("era5", "v3")])
+    sel = dict(
+        time=slice("2021-01-01T06", "2021-01-02T12"),
+        latitude=slice(60, -30),
+        longitude=[10.0, 200.0, 350.0],
+        level=850,
+    )
+    xr.testing.assert_identical(ours.sel(sel).load(), theirs.sel(sel).load())
+    near = dict(latitude=41.3, longitude=12.9)
+    xr.testing.assert_identical(
+        ours.t.sel(near, method="nearest").load(), theirs.t.sel(near, method="nearest").load()
+    )
+
+
+def test_object_store(s3, corpus):
+    for case in [("era5", "v2"), ("satellite", "v3-sharded")]:
+        prefix = "-".join(case)
+        s3.upload_tree("xarray", corpus[case], f"{prefix}.zarr")
+        url = f"s3://xarray/{prefix}.zarr"
+        ours = xr.open_dataset(url, engine="zcrop", storage_options=s3.options)
+        xr.testing.assert_identical(ours.load(), xr.open_zarr(corpus[case], chunks=None).load())
