@@ -393,3 +393,66 @@ def test_object_store(s3, corpus):
         url = f"s3://xarray/{prefix}.zarr"
         ours = xr.open_dataset(url, engine="zcrop", storage_options=s3.options)
         xr.testing.assert_identical(ours.load(), xr.open_zarr(corpus[case], chunks=None).load())
+
+
+@st.composite
+def windows(draw, sizes: dict[str, int]):
+    """``(starts, sizes)`` of 1 to 6 windows over a random subset of the dimensions."""
+    dims = draw(st.lists(st.sampled_from(sorted(sizes)), min_size=1, unique=True))
+    n = draw(st.integers(1, 6))
+    size = {d: draw(st.integers(1, sizes[d])) for d in dims}
+    starts = {
+        d: draw(st.lists(st.integers(0, sizes[d] - size[d]), min_size=n, max_size=n))
+        for d in dims
+    }
+    return starts, size
+
+
+@pytest.mark.parametrize("case", SELECT_CASES, ids=["-".join(c) for c in SELECT_CASES])
+def test_read_windows_equals_isel_per_window(corpus, case):
+    ours, theirs = open_both(corpus[case])
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(windows(dict(ours.sizes)))
+    def check(spec):
+        starts, size = spec
+        got = zcrop.read_windows(ours, starts, size)
+        n = len(next(iter(starts.values())))
+        assert got.sizes["sample"] == n
+        for i in range(n):
+            sel = {d: slice(starts[d][i], starts[d][i] + size[d]) for d in starts}
+            want = theirs.isel(sel)
+            for name, var in theirs.data_vars.items():
+                g = got[name].isel(sample=i) if "sample" in got[name].dims else got[name]
+                assert g.dtype == want[name].dtype, name
+                np.testing.assert_array_equal(g.values, want[name].values, err_msg=name)
+                assert g.attrs == want[name].attrs
+            for d in starts:
+                assert got[f"{d}_start"].values[i] == starts[d][i]
+                if d in theirs.coords:
+                    np.testing.assert_array_equal(
+                        got[f"{d}_labels"].values[i], want[d].values, err_msg=d
+                    )
+        as_np = zcrop.read_windows(ours, starts, size, as_numpy=True, variables=[name])
+        np.testing.assert_array_equal(as_np[name], got[name].values)
+
+    check()
+
+
+def test_read_windows_rejects_bad_windows_and_datasets(corpus):
+    ds = xr.open_dataset(corpus[("era5", "v3")], engine="zcrop")
+    with pytest.raises(IndexError, match="latitude"):
+        zcrop.read_windows(ds, {"latitude": [15]}, {"latitude": 5})
+    with pytest.raises(KeyError, match="height"):
+        zcrop.read_windows(ds, {"height": [0]}, {"height": 1})
+    with pytest.raises(ValueError, match="same dimensions"):
+        zcrop.read_windows(ds, {"time": [0]}, {"time": 2, "level": 1})
+    with pytest.raises(ValueError, match="one start per window"):
+        zcrop.read_windows(ds, {"time": [0, 1], "level": [0]}, {"time": 2, "level": 1})
+    with pytest.raises(TypeError, match="before isel"):
+        zcrop.read_windows(ds.isel(time=slice(2, 8)), {"time": [0]}, {"time": 2})
+    chunked = xr.open_dataset(corpus[("era5", "v3")], engine="zcrop", chunks={})
+    with pytest.raises(TypeError, match="chunks=None"):
+        zcrop.read_windows(chunked, {"time": [0]}, {"time": 2})
+    with pytest.raises(TypeError, match="engine='zcrop'"):
+        zcrop.read_windows(xr.open_zarr(corpus[("era5", "v3")], chunks=None), {"time": [0]}, {"time": 2})

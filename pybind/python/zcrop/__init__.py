@@ -76,10 +76,15 @@ __all__ = [
     "open_dataset",
     "open_datatree",
     "open_group",
+    "read_windows",
 ]
 
 #: Names served by modules that need optional packages (xarray), imported on first use.
-_LAZY = {"open_dataset": "zcrop._xarray", "open_datatree": "zcrop._xarray"}
+_LAZY = {
+    "open_dataset": "zcrop._xarray",
+    "open_datatree": "zcrop._xarray",
+    "read_windows": "zcrop._xarray",
+}
 
 
 def __getattr__(name: str) -> Any:

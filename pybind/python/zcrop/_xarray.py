@@ -14,7 +14,7 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,13 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without xarray installed
     raise ImportError("zcrop's xarray backend needs xarray (pip install xarray zarr)") from e
 
-__all__ = ["ZcropBackendArray", "ZcropBackendEntrypoint", "open_dataset", "open_datatree"]
+__all__ = [
+    "ZcropBackendArray",
+    "ZcropBackendEntrypoint",
+    "open_dataset",
+    "open_datatree",
+    "read_windows",
+]
 
 #: Metadata keys of Zarr v2 documents that zarr-python keeps in ``.zarray`` (the rest of
 #: zcrop's normalised document, ``node_type`` and ``attributes``, goes elsewhere).
@@ -457,3 +463,140 @@ def open_datatree(store: Any, **kwargs: Any) -> xr.DataTree:
     """``xr.open_datatree(store, engine="zcrop", **kwargs)``: every group of a Zarr store."""
     return xr.open_datatree(store, engine="zcrop", **kwargs)
 
+
+
+#: xarray's wrappers that only cache or protect what they hold; skipped when replaying decoding.
+_PASSIVE_WRAPPERS = (indexing.MemoryCachedArray, indexing.CopyOnWriteArray)
+
+
+def _source(var: xr.Variable, name: str) -> tuple[ZcropBackendArray | None, list[Any]]:
+    """The zcrop array under an unindexed lazily loaded variable and xarray's decoding wrappers
+    above it (outermost first); ``(None, [])`` for a variable already in memory."""
+    data = var._data
+    if hasattr(data, "chunks") and not isinstance(data, indexing.ExplicitlyIndexed):
+        raise TypeError(
+            f"variable {name!r} is a dask array: open the dataset with chunks=None "
+            "(the default of xr.open_dataset) to read windows"
+        )
+    chain: list[Any] = []
+    while not isinstance(data, indexing.LazilyIndexedArray):
+        if isinstance(data, np.ndarray | indexing.NumpyIndexingAdapter | indexing.PandasIndexingAdapter):
+            return None, []  # loaded (values are read from memory; decoding is done)
+        if not isinstance(data, indexing.ExplicitlyIndexed) or not hasattr(data, "array"):
+            raise TypeError(f"variable {name!r} is not backed by engine='zcrop'")
+        if not isinstance(data, _PASSIVE_WRAPPERS):
+            chain.append(data)
+        data = data.array
+    key = data.key.tuple
+    if any(k != slice(None) for k in key) or not isinstance(data.array, ZcropBackendArray):
+        raise TypeError(
+            f"variable {name!r} is not a whole variable of a dataset opened with "
+            "engine='zcrop': pass the dataset as opened, before isel/sel"
+        )
+    return data.array, chain
+
+
+def _decoded(raw: np.ndarray[Any, Any], chain: list[Any]) -> Any:
+    """``raw`` (stored values) through the same CF decoding xarray applies to the variable."""
+    from xarray.coding.common import _ElementwiseFunctionArray
+
+    data: Any = indexing.NumpyIndexingAdapter(raw)  # type: ignore[no-untyped-call]
+    for wrapper in reversed(chain):
+        if isinstance(wrapper, _ElementwiseFunctionArray):
+            data = _ElementwiseFunctionArray(data, wrapper.func, wrapper.dtype)
+        else:
+            data = type(wrapper)(data)
+    return np.asarray(data.get_duck_array())
+
+
+def read_windows(
+    ds: xr.Dataset,
+    starts: Mapping[str, Any],
+    sizes: Mapping[str, int],
+    *,
+    variables: Iterable[str] | None = None,
+    as_numpy: bool = False,
+) -> Any:
+    """Reads N windows of every variable of ``ds`` (opened with ``engine="zcrop"``): window
+    ``i`` starts at ``starts[dim][i]`` (integer positions) and spans ``sizes[dim]`` along each
+    dimension named there, and the whole of the other dimensions.
+
+    Each variable's windows are one planned batch (each chunk read and decoded once however
+    many windows share it), the variables' batches run at once on zcrop's threads, and values
+    are CF-decoded as xarray decodes the variable. Returns a Dataset with a leading
+    ``sample`` dimension: each windowed dimension ``d`` keeps its name and gains the
+    coordinates ``d + "_start"`` (sample,) and, where ``ds`` has a coordinate ``d``,
+    ``d + "_labels"`` (sample, d). ``as_numpy=True`` returns ``{name: array}`` instead.
+    Variables with none of the windowed dimensions are returned once, not per sample.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    unknown = [d for d in list(starts) + list(sizes) if d not in ds.dims]
+    if unknown:
+        raise KeyError(f"dimensions {unknown} are not in the dataset (it has {list(ds.dims)})")
+    if set(starts) != set(sizes):
+        raise ValueError(
+            f"starts and sizes must name the same dimensions, got {sorted(starts)} and "
+            f"{sorted(sizes)}"
+        )
+    origin = {d: np.asarray(v, dtype=np.int64).reshape(-1) for d, v in starts.items()}
+    counts = {len(v) for v in origin.values()}
+    if len(counts) > 1:
+        raise ValueError(f"every dimension needs one start per window, got {counts}")
+    n = counts.pop() if counts else 1
+    for d, o in origin.items():
+        size = int(sizes[d])
+        if size < 1 or size > ds.sizes[d] or (o < 0).any() or (o + size > ds.sizes[d]).any():
+            raise IndexError(
+                f"windows of {size} along {d!r} (length {ds.sizes[d]}) must start in "
+                f"[0, {ds.sizes[d] - size}]"
+            )
+    names = list(variables) if variables is not None else list(ds.data_vars)
+
+    def read(name: str) -> tuple[str, tuple[Hashable, ...], Any]:
+        var = ds[name].variable
+        windowed = [d for d in var.dims if d in origin]
+        if not windowed:
+            return name, var.dims, None
+        array, chain = _source(var, name)
+        if array is None:
+            values = var.values
+            windows = [
+                values[
+                    tuple(
+                        slice(origin[d][i], origin[d][i] + sizes[d]) if d in origin else slice(None)
+                        for d in var.dims
+                    )
+                ]
+                for i in range(n)
+            ]
+            return name, var.dims, np.stack(windows)
+        crop = [int(sizes[d]) if d in origin else int(s) for d, s in zip(var.dims, var.shape)]
+        origins = np.stack(
+            [origin[d] if d in origin else np.zeros(n, np.int64) for d in var.dims], axis=-1
+        ).astype(np.uint64)
+        raw = array._array.read_crops(origins.reshape(n, len(var.dims)), crop)
+        return name, var.dims, _decoded(raw, chain)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), 16))) as pool:
+        results = list(pool.map(read, names))
+    if as_numpy:
+        return {name: (ds[name].values if out is None else out) for name, _, out in results}
+    data_vars = {
+        name: (
+            ds[name].variable
+            if out is None
+            else xr.Variable(("sample", *dims), out, ds[name].attrs)
+        )
+        for name, dims, out in results
+    }
+    coords: dict[str, Any] = {}
+    for d, o in origin.items():
+        coords[f"{d}_start"] = ("sample", o)
+        if d in ds.coords:
+            labels = ds[d].values
+            coords[f"{d}_labels"] = (("sample", d), labels[o[:, None] + np.arange(sizes[d])])
+    for name, c in ds.coords.items():
+        if not set(c.dims) & set(origin) and name not in coords:
+            coords[str(name)] = c.variable
+    return xr.Dataset(data_vars, coords=coords, attrs=ds.attrs)
