@@ -95,6 +95,70 @@ fn info_describes_arrays_and_groups() {
     assert!(v["groups"].as_array().is_some_and(|g| !g.is_empty()), "{v}");
 }
 
+/// A Zarr v2 group as xarray writes one: `_ARRAY_DIMENSIONS`, a time coordinate with CF units,
+/// a packed variable, and a string variable zcrop cannot read.
+fn xarray_like_store(dir: &std::path::Path) {
+    let write = |rel: &str, body: &[u8]| {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    };
+    write(".zgroup", br#"{"zarr_format": 2}"#);
+    let zarray = |dtype: &str, n: u64| {
+        format!(
+            r#"{{"zarr_format": 2, "shape": [{n}], "chunks": [{n}], "dtype": "{dtype}",
+               "compressor": null, "filters": null, "fill_value": null, "order": "C"}}"#
+        )
+    };
+    write("time/.zarray", zarray("<i8", 4).as_bytes());
+    write(
+        "time/.zattrs",
+        br#"{"_ARRAY_DIMENSIONS": ["time"], "units": "hours since 2020-01-01", "calendar": "standard"}"#,
+    );
+    let hours: Vec<u8> = [0i64, 6, 12, 18]
+        .iter()
+        .flat_map(|h| h.to_le_bytes())
+        .collect();
+    write("time/0", &hours);
+    write("q/.zarray", zarray("<i2", 4).as_bytes());
+    write(
+        "q/.zattrs",
+        br#"{"_ARRAY_DIMENSIONS": ["time"], "scale_factor": 0.001, "add_offset": 1.5}"#,
+    );
+    write("name/.zarray", zarray("|S3", 4).as_bytes());
+    write("name/.zattrs", br#"{"_ARRAY_DIMENSIONS": ["time"]}"#);
+}
+
+#[test]
+fn info_shows_dimensions_coordinates_cf_and_unreadable_members() {
+    let dir = tempfile::tempdir().unwrap();
+    xarray_like_store(dir.path());
+    let out = zcrop().args(["info"]).arg(dir.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "shape        [4] (time)",
+        "values       0 .. 18 hours since 2020-01-01 (4 values)",
+        r#"cf           units="hours since 2020-01-01" calendar="standard""#,
+        "cf           scale_factor=0.001 add_offset=1.5",
+        "name (cannot be read: ",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    let out = zcrop()
+        .args(["info"])
+        .arg(dir.path().join("time"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap_or_default();
+    assert!(first.ends_with("time (array, Zarr v2)"), "{text}");
+}
+
 /// Runs `zcrop` with `args`, checks that it fails with exit code 1 (an error, not bad usage),
 /// and returns what it printed on stderr.
 fn fails<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> String {

@@ -17,6 +17,8 @@ pub(super) struct ArrayInfo {
     pub zarr_format: u8,
     /// Shape.
     pub shape: Vec<u64>,
+    /// Dimension names (v3 `dimension_names`, v2 xarray's `_ARRAY_DIMENSIONS`).
+    pub dimension_names: Option<Vec<Option<String>>>,
     /// Data type (v3 name).
     pub dtype: String,
     /// numpy dtype as zarr-python reports it.
@@ -47,6 +49,102 @@ pub(super) struct ArrayInfo {
     pub compression_ratio: Option<f64>,
     /// Attributes.
     pub attributes: serde_json::Map<String, serde_json::Value>,
+    /// First and last value and count of a 1-d numeric coordinate (an array named like its
+    /// dimension, as xarray writes them), read when the group is described.
+    pub coordinate: Option<CoordRange>,
+}
+
+/// The values of a 1-d coordinate array, as stored (CF `units` say what they mean).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(super) struct CoordRange {
+    /// The first value.
+    pub first: f64,
+    /// The last value.
+    pub last: f64,
+    /// How many values.
+    pub count: u64,
+}
+
+/// CF attributes worth a line of their own in the text output.
+const CF_ATTRIBUTES: &[&str] = &[
+    "standard_name",
+    "long_name",
+    "units",
+    "calendar",
+    "scale_factor",
+    "add_offset",
+    "_FillValue",
+    "missing_value",
+];
+
+/// Coordinates longer than this are described by their shape only (reading them would cost).
+const MAX_COORDINATE_LEN: u64 = 1 << 22;
+
+/// Dimension names: v3 `dimension_names`, else the `_ARRAY_DIMENSIONS` attribute xarray writes
+/// to v2 arrays.
+fn dimension_names(a: &Array) -> Option<Vec<Option<String>>> {
+    a.dimension_names().or_else(|| {
+        let names = a.attributes().get("_ARRAY_DIMENSIONS")?.as_array()?;
+        Some(
+            names
+                .iter()
+                .map(|n| n.as_str().map(str::to_string))
+                .collect(),
+        )
+    })
+}
+
+/// The first and last value of a 1-d numeric array of at most [`MAX_COORDINATE_LEN`] values.
+fn coordinate_range(a: &Array) -> Result<Option<CoordRange>> {
+    let [n] = a.shape() else { return Ok(None) };
+    if *n == 0 || *n > MAX_COORDINATE_LEN {
+        return Ok(None);
+    }
+    let dtype = a.numpy_dtype();
+    let Some(value) = numeric_reader(&dtype) else {
+        return Ok(None);
+    };
+    let size = a.element_size();
+    let first = a.read_region(&[0], &[1])?;
+    let last = a.read_region(&[n - 1], &[1])?;
+    Ok(Some(CoordRange {
+        first: value(&first[..size]),
+        last: value(&last[..size]),
+        count: *n,
+    }))
+}
+
+/// A function reading one element of numpy dtype `dtype` (`<f8`, `>i4`, `|u1`, ...) as f64.
+// One `as f64` for every type: i64 and u64 have no lossless `From`.
+#[allow(clippy::cast_lossless)]
+fn numeric_reader(dtype: &str) -> Option<fn(&[u8]) -> f64> {
+    macro_rules! reader {
+        ($t:ty, $from:ident) => {
+            |b: &[u8]| <$t>::$from(b.try_into().unwrap_or_default()) as f64
+        };
+    }
+    let big = dtype.starts_with('>');
+    Some(match (&dtype[1..], big) {
+        ("i1", _) => reader!(i8, from_le_bytes),
+        ("u1", _) => reader!(u8, from_le_bytes),
+        ("i2", false) => reader!(i16, from_le_bytes),
+        ("i2", true) => reader!(i16, from_be_bytes),
+        ("u2", false) => reader!(u16, from_le_bytes),
+        ("u2", true) => reader!(u16, from_be_bytes),
+        ("i4", false) => reader!(i32, from_le_bytes),
+        ("i4", true) => reader!(i32, from_be_bytes),
+        ("u4", false) => reader!(u32, from_le_bytes),
+        ("u4", true) => reader!(u32, from_be_bytes),
+        ("i8", false) => reader!(i64, from_le_bytes),
+        ("i8", true) => reader!(i64, from_be_bytes),
+        ("u8", false) => reader!(u64, from_le_bytes),
+        ("u8", true) => reader!(u64, from_be_bytes),
+        ("f4", false) => reader!(f32, from_le_bytes),
+        ("f4", true) => reader!(f32, from_be_bytes),
+        ("f8", false) => reader!(f64, from_le_bytes),
+        ("f8", true) => reader!(f64, from_be_bytes),
+        _ => return None,
+    })
 }
 
 /// Describes `a`.
@@ -78,6 +176,7 @@ pub(super) fn array_info(a: &Array) -> Result<ArrayInfo> {
         name: a.name().to_string(),
         zarr_format: a.zarr_format(),
         shape: a.shape().to_vec(),
+        dimension_names: dimension_names(a),
         dtype: a.data_type(),
         numpy_dtype: a.numpy_dtype(),
         chunks: a.chunk_shape().to_vec(),
@@ -94,6 +193,7 @@ pub(super) fn array_info(a: &Array) -> Result<ArrayInfo> {
         compression_ratio: (s.stored_bytes > 0)
             .then(|| stored_logical as f64 / s.stored_bytes as f64),
         attributes: a.attributes().clone(),
+        coordinate: None,
     })
 }
 
@@ -110,6 +210,8 @@ pub(super) struct GroupInfo {
     pub arrays: Vec<ArrayInfo>,
     /// Member groups.
     pub groups: Vec<GroupInfo>,
+    /// Members zcrop cannot open, with the reason.
+    pub unreadable: Vec<(String, String)>,
 }
 
 /// Describes `g` recursively.
@@ -120,11 +222,23 @@ pub(super) fn group_info(g: &Group) -> Result<GroupInfo> {
         attributes: g.attributes().clone(),
         arrays: Vec::new(),
         groups: Vec::new(),
+        unreadable: Vec::new(),
     };
     for (name, _) in g.members()? {
-        match g.get(&name)? {
-            Node::Array(a) => info.arrays.push(array_info(&a)?),
-            Node::Group(sub) => info.groups.push(group_info(&sub)?),
+        match g.get(&name) {
+            Ok(Node::Array(a)) => {
+                let mut ai = array_info(&a)?;
+                let own_dimension = matches!(
+                    ai.dimension_names.as_deref(),
+                    Some([Some(d)]) if *d == name
+                );
+                if own_dimension {
+                    ai.coordinate = coordinate_range(&a)?;
+                }
+                info.arrays.push(ai);
+            }
+            Ok(Node::Group(sub)) => info.groups.push(group_info(&sub)?),
+            Err(e) => info.unreadable.push((name, e.to_string())),
         }
     }
     Ok(info)
@@ -139,7 +253,31 @@ pub(super) fn human_bytes_binary(n: u64) -> String {
 pub(super) fn format_array(a: &ArrayInfo, indent: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{indent}{} (array, Zarr v{})", a.name, a.zarr_format);
-    let _ = writeln!(s, "{indent}  shape        {:?}", a.shape);
+    let dims = match &a.dimension_names {
+        Some(names) => format!(
+            " ({})",
+            names
+                .iter()
+                .map(|n| n.as_deref().unwrap_or("-"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => String::new(),
+    };
+    let _ = writeln!(s, "{indent}  shape        {:?}{dims}", a.shape);
+    if let Some(c) = &a.coordinate {
+        let units = a
+            .attributes
+            .get("units")
+            .and_then(|u| u.as_str())
+            .map(|u| format!(" {u}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "{indent}  values       {} .. {}{units} ({} values)",
+            c.first, c.last, c.count
+        );
+    }
     let _ = writeln!(s, "{indent}  dtype        {} ({})", a.dtype, a.numpy_dtype);
     let _ = writeln!(s, "{indent}  chunks       {:?}", a.chunks);
     if let Some(sh) = &a.shards {
@@ -176,6 +314,13 @@ pub(super) fn format_array(a: &ArrayInfo, indent: &str) -> String {
             .map(|r| format!(", compression ratio {r:.2}"))
             .unwrap_or_default()
     );
+    let cf: Vec<String> = CF_ATTRIBUTES
+        .iter()
+        .filter_map(|k| a.attributes.get(*k).map(|v| format!("{k}={v}")))
+        .collect();
+    if !cf.is_empty() {
+        let _ = writeln!(s, "{indent}  cf           {}", cf.join(" "));
+    }
     if !a.attributes.is_empty() {
         let _ = writeln!(
             s,
@@ -204,6 +349,9 @@ pub(super) fn format_group(g: &GroupInfo, indent: &str) -> String {
     for sub in &g.groups {
         s.push_str(&format_group(sub, &deeper));
     }
+    for (name, why) in &g.unreadable {
+        let _ = writeln!(s, "{deeper}{name} (cannot be read: {why})");
+    }
     s
 }
 
@@ -219,9 +367,17 @@ pub(super) fn run_with(
         ..zcrop_zarr::OpenOptions::default()
     };
     let node = zcrop_zarr::open_with(path, &options)?;
+    // An array opened by its own path is the root of its store: name it by that path.
+    let named = |a: &Array| -> Result<ArrayInfo> {
+        let mut info = array_info(a)?;
+        if info.name == "/" {
+            info.name = path.display().to_string();
+        }
+        Ok(info)
+    };
     Ok(match (node, json) {
-        (Node::Array(a), false) => format_array(&array_info(&a)?, ""),
-        (Node::Array(a), true) => serde_json::to_string_pretty(&array_info(&a)?)? + "\n",
+        (Node::Array(a), false) => format_array(&named(&a)?, ""),
+        (Node::Array(a), true) => serde_json::to_string_pretty(&named(&a)?)? + "\n",
         (Node::Group(g), false) => format_group(&group_info(&g)?, ""),
         (Node::Group(g), true) => serde_json::to_string_pretty(&group_info(&g)?)? + "\n",
     })
