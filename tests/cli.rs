@@ -401,6 +401,25 @@ fn bench_rejects_a_crop_that_does_not_fit() {
 }
 
 #[test]
+fn bench_fits_its_default_crop_to_the_array_and_says_so() {
+    // The workload fixture is (6, 3, 70, 90): the default (4, 12, 128, 128) does not fit.
+    let out = zcrop()
+        .args(["bench", "--json", "--batch-size", "2", "--batches", "1"])
+        .arg(fixture("v3_workload_4d_u2.zarr"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("crop [4, 3, 70, 90]: the default [4, 12, 128, 128] fitted"),
+        "{err}"
+    );
+    assert_eq!(
+        json_of(&out)["crop_shape"],
+        serde_json::json!([4, 3, 70, 90])
+    );
+}
+
+#[test]
 fn bench_loader_reports_both_loops() {
     let v = json_of(
         &zcrop()

@@ -15,8 +15,9 @@ use super::{cpu_time, drop_page_cache, percentile, prewarm_tree, progress_bar};
 /// Options of an array benchmark.
 #[derive(Debug, Clone)]
 pub struct ArrayBenchOptions {
-    /// Crop shape (its length must match the array's dimensionality).
-    pub crop: Vec<u64>,
+    /// Crop shape (its length must match the array's dimensionality); `None` for
+    /// [`default_crop`] of the array.
+    pub crop: Option<Vec<u64>>,
     /// Crops per batch.
     pub batch_size: usize,
     /// Batches read at once, each by its own thread calling `read_batch_into` (as the
@@ -481,6 +482,25 @@ pub fn open_array(
     }
 }
 
+/// The crop `zcrop bench` reads by default: 4 time steps x 12 channels x 128 x 128.
+pub const DEFAULT_CROP: [u64; 4] = [4, 12, 128, 128];
+
+/// [`DEFAULT_CROP`] fitted to an array of `shape`: its last dimensions against the array's
+/// last ones (1 for any dimension before them), each clipped to the array's length (at least 1).
+pub fn default_crop(shape: &[u64]) -> Vec<u64> {
+    let skip = DEFAULT_CROP.len().saturating_sub(shape.len());
+    let tail = &DEFAULT_CROP[skip..];
+    let lead = shape.len() - tail.len();
+    shape
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| {
+            let want = if d < lead { 1 } else { tail[d - lead] };
+            want.min(n).max(1)
+        })
+        .collect()
+}
+
 /// Runs the array benchmark on `path`.
 pub fn run_array(
     path: &std::path::Path,
@@ -541,27 +561,36 @@ pub fn run_array(
     };
     let a = open_array(path, array, &options)?;
     let shape = a.shape().to_vec();
-    if opts.crop.len() != shape.len() {
+    let crop = match &opts.crop {
+        Some(c) => c.clone(),
+        None => {
+            let crop = default_crop(&shape);
+            if crop != DEFAULT_CROP {
+                eprintln!(
+                    "crop {crop:?}: the default {DEFAULT_CROP:?} fitted to the array's shape \
+                     {shape:?} (--crop sets it)"
+                );
+            }
+            crop
+        }
+    };
+    if crop.len() != shape.len() {
         bail!(
             "--crop has {} dimensions but the array has {} (shape {shape:?})",
-            opts.crop.len(),
+            crop.len(),
             shape.len()
         );
     }
-    if let Some((d, _)) = opts
-        .crop
+    if let Some((d, _)) = crop
         .iter()
         .zip(&shape)
         .enumerate()
         .find(|(_, (c, s))| *c > *s || **c == 0)
     {
-        bail!(
-            "--crop {:?} does not fit in the array's shape {shape:?} (dimension {d})",
-            opts.crop
-        );
+        bail!("--crop {crop:?} does not fit in the array's shape {shape:?} (dimension {d})");
     }
     let nd = shape.len();
-    let crop_bytes = opts.crop.iter().product::<u64>() as usize * a.element_size();
+    let crop_bytes = crop.iter().product::<u64>() as usize * a.element_size();
     if opts.in_flight == 0 {
         bail!("at least one batch must be in flight");
     }
@@ -571,14 +600,14 @@ pub fn run_array(
     let mut draw = |origins: &mut [Vec<u64>]| {
         for o in origins.iter_mut().flat_map(|o| o.chunks_exact_mut(nd)) {
             for d in 0..nd {
-                o[d] = rng.random_range(0..shape[d] - opts.crop[d] + 1);
+                o[d] = rng.random_range(0..shape[d] - crop[d] + 1);
             }
         }
     };
     let warmup = if cold { 0 } else { opts.warmup };
     for _ in 0..warmup {
         draw(&mut origins);
-        for (r, _) in read_at_once(&a, &origins, &opts.crop, &mut outs) {
+        for (r, _) in read_at_once(&a, &origins, &crop, &mut outs) {
             r?;
         }
     }
@@ -616,7 +645,7 @@ pub fn run_array(
         }
         draw(&mut origins);
         let t0 = Instant::now();
-        let results = read_at_once(&a, &origins, &opts.crop, &mut outs);
+        let results = read_at_once(&a, &origins, &crop, &mut outs);
         let took = t0.elapsed();
         for (stats, latency) in results {
             totals += stats?;
@@ -700,7 +729,7 @@ pub fn run_array(
         dtype: a.data_type(),
         chunks: a.chunk_shape().to_vec(),
         shards: a.shard_shape().map(<[u64]>::to_vec),
-        crop_shape: opts.crop.clone(),
+        crop_shape: crop.clone(),
         batch_size: opts.batch_size,
         in_flight: opts.in_flight,
         batches: latencies.len(),
@@ -756,6 +785,20 @@ pub fn run_array(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_crop_fits_any_array() {
+        assert_eq!(default_crop(&[100, 12, 1024, 1024]), DEFAULT_CROP.to_vec());
+        assert_eq!(default_crop(&[96, 4, 181, 360]), vec![4, 4, 128, 128]);
+        assert_eq!(default_crop(&[365, 721, 1440]), vec![12, 128, 128]);
+        assert_eq!(default_crop(&[10, 2, 3, 50, 50]), vec![1, 2, 3, 50, 50]);
+        assert_eq!(
+            default_crop(&[0, 7]),
+            vec![1, 7],
+            "at least 1, even for empty axes"
+        );
+        assert!(default_crop(&[]).is_empty());
+    }
 
     #[test]
     fn a_decode_probe_adds_up_its_slices() {

@@ -199,9 +199,10 @@ pub(crate) struct ArrayBenchArgs {
     /// The array inside the group PATH.
     #[arg(long)]
     pub(crate) array: Option<String>,
-    /// Crop shape.
-    #[arg(long, default_value = "4,12,128,128", value_parser = parse_shape)]
-    pub(crate) crop: Shape,
+    /// Crop shape [default: 4,12,128,128 for a 4-d array; for others its last dimensions
+    /// (128 x 128 in the last two), each clipped to the array's shape].
+    #[arg(long, value_parser = parse_shape)]
+    pub(crate) crop: Option<Shape>,
     /// Crops per batch.
     #[arg(long, default_value_t = 32)]
     pub(crate) batch_size: usize,

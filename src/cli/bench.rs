@@ -43,7 +43,7 @@ pub(crate) fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
     }
     let io = args.io.config();
     let opts = ArrayBenchOptions {
-        crop: args.crop.0.clone(),
+        crop: args.crop.as_ref().map(|c| c.0.clone()),
         batch_size: args.batch_size,
         in_flight: args.in_flight,
         batches: args.batches,

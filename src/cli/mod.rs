@@ -141,7 +141,7 @@ mod tests {
             panic!()
         };
         assert!(b.mode.is_none());
-        assert_eq!(b.array.crop.0, vec![1, 2, 3]);
+        assert_eq!(b.array.crop.map(|c| c.0), Some(vec![1, 2, 3]));
         assert_eq!(b.array.dataset_size, 1 << 30);
         let cli = Cli::try_parse_from([
             "zcrop",
