@@ -392,6 +392,12 @@ def test_object_store(s3, corpus):
         s3.upload_tree("xarray", corpus[case], f"{prefix}.zarr")
         url = f"s3://xarray/{prefix}.zarr"
         ours = xr.open_dataset(url, engine="zcrop", storage_options=s3.options)
+        local = xr.open_dataset(corpus[case], engine="zcrop")
+        starts = {"time": [0, 3, 4], "x" if "x" in ours.dims else "longitude": [1, 0, 5]}
+        sizes = {d: 3 for d in starts}
+        xr.testing.assert_identical(
+            zcrop.read_windows(ours, starts, sizes), zcrop.read_windows(local, starts, sizes)
+        )
         xr.testing.assert_identical(ours.load(), xr.open_zarr(corpus[case], chunks=None).load())
 
 

@@ -522,8 +522,8 @@ def read_windows(
     dimension named there, and the whole of the other dimensions.
 
     Each variable's windows are one planned batch (each chunk read and decoded once however
-    many windows share it), the variables' batches run at once on zcrop's threads, and values
-    are CF-decoded as xarray decodes the variable. Returns a Dataset with a leading
+    many windows share it; from an object store the variables' batches run at once), and
+    values are CF-decoded as xarray decodes the variable. Returns a Dataset with a leading
     ``sample`` dimension: each windowed dimension ``d`` keeps its name and gains the
     coordinates ``d + "_start"`` (sample,) and, where ``ds`` has a coordinate ``d``,
     ``d + "_labels"`` (sample, d). ``as_numpy=True`` returns ``{name: array}`` instead.
@@ -551,7 +551,7 @@ def read_windows(
                 f"windows of {size} along {d!r} (length {ds.sizes[d]}) must start in "
                 f"[0, {ds.sizes[d] - size}]"
             )
-    names = list(variables) if variables is not None else list(ds.data_vars)
+    names = [str(v) for v in (variables if variables is not None else ds.data_vars)]
 
     def read(name: str) -> tuple[str, tuple[Hashable, ...], Any]:
         var = ds[name].variable
@@ -578,8 +578,19 @@ def read_windows(
         raw = array._array.read_crops(origins.reshape(n, len(var.dims)), crop)
         return name, var.dims, _decoded(raw, chain)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(names), 16))) as pool:
-        results = list(pool.map(read, names))
+    remote = any(
+        _api.is_url(src._reopen[0])
+        for name in names
+        for src in [_source(ds[name].variable, name)[0]]
+        if src is not None
+    )
+    if remote:
+        # From an object store each batch waits mostly on round trips: overlap them.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(names), 16))) as pool:
+            results = list(pool.map(read, names))
+    else:
+        # Local batches are decode-bound and each already uses every core.
+        results = [read(name) for name in names]
     if as_numpy:
         return {name: (ds[name].values if out is None else out) for name, _, out in results}
     data_vars = {
