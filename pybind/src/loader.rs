@@ -88,6 +88,10 @@ fn parse_transform(s: &Bound<'_, PyDict>) -> PyResult<Transform> {
             )));
         }
     };
+    let decode: Option<(f64, f64, Vec<f64>)> = item(s, "decode")?;
+    if let Some((scale_factor, add_offset, fills)) = decode {
+        t = t.decode(scale_factor, add_offset, fills);
+    }
     let normalize: Option<(usize, Vec<f64>, Vec<f64>)> = item(s, "normalize")?;
     if let Some((axis, mean, std)) = normalize {
         t = t.normalize(axis, mean, std);

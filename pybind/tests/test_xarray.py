@@ -462,3 +462,52 @@ def test_read_windows_rejects_bad_windows_and_datasets(corpus):
         zcrop.read_windows(chunked, {"time": [0]}, {"time": 2})
     with pytest.raises(TypeError, match="engine='zcrop'"):
         zcrop.read_windows(xr.open_zarr(corpus[("era5", "v3")], chunks=None), {"time": [0]}, {"time": 2})
+
+
+@pytest.mark.parametrize("case", [("era5", "v2"), ("era5", "v3-sharded")], ids=str)
+def test_loader_sources_from_xarray_match_isel(corpus, case):
+    """Sources made from variables of an engine="zcrop" Dataset, cropped by dimension name:
+    every sample equals xarray's isel at its reported origin, CF-decoded (the packed q too,
+    its fill values NaN), with the decoded coordinate labels in the metadata."""
+    ours, theirs = open_both(corpus[case])
+    crop = {"time": 3, "latitude": 5, "longitude": 7}
+    sources = [
+        zcrop.Source(ours["q"], crop=crop, dtype="float64"),
+        zcrop.Source(ours["t"], crop=crop),
+        zcrop.Source(ours["lsm"], crop={"latitude": 5, "longitude": 7}),
+    ]
+    packed = "scale_factor" in theirs["q"].encoding  # the sharded layout stores q unpacked
+    assert (sources[0]._spec["decode"] is not None) == packed
+    assert sources[1]._spec["decode"] is None
+    loader = zcrop.Loader(sources, batch_size=6, seed=11, steps=3)
+    for batch in loader:
+        assert batch["q"].dtype == np.float64 and batch["t"].dtype == np.float32
+        for i, meta in enumerate(batch["meta"]):
+            for name in ("q", "t", "lsm"):
+                entry = meta["sources"][name]
+                dims = theirs[name].dims
+                sel = {d: slice(o, o + n) for d, o, n in zip(dims, entry["origin"], entry["shape"])}
+                want = theirs[name].isel(sel)
+                np.testing.assert_array_equal(batch[name][i], want.values, err_msg=name)
+                for d in dims:
+                    np.testing.assert_array_equal(entry["labels"][d], want[d].values)
+            assert meta["sources"]["q"]["labels"]["time"].dtype.kind == "M"
+
+
+def test_loader_source_from_xarray_errors_and_raw_values(corpus):
+    ds = xr.open_dataset(corpus[("era5", "v3")], engine="zcrop")
+    with pytest.raises(ValueError, match=r"\['lat'\].*latitude"):
+        zcrop.Source(ds["t"], crop={"lat": 4})
+    raw = zcrop.Source(ds["q"], crop={"time": 2}, decode=False)
+    assert raw._spec["decode"] is None and raw._spec["dtype"] == "native"
+    batch = next(iter(zcrop.Loader(raw, batch_size=2, seed=0, steps=1)))
+    assert batch["q"].dtype == np.int16
+    with pytest.raises(ValueError, match="decode=False"):
+        zcrop.Source(ds["valid_time"], crop={"time": 2}, decode=True)
+    loaded = ds["t"].load()
+    with pytest.raises(TypeError, match="loaded in memory"):
+        zcrop.Source(loaded, crop={"time": 2})
+    with pytest.raises(ValueError, match="xarray"):
+        zcrop.Source(corpus[("era5", "v3")] / "t", crop=[1, 1, 1, 1], decode=True)
+    clone = pickle.loads(pickle.dumps(zcrop.Source(ds["q"], crop={"time": 2})))
+    assert clone._spec == zcrop.Source(ds["q"], crop={"time": 2})._spec

@@ -79,4 +79,4 @@ pub use sampler::{
 };
 pub use space::Mask;
 pub use spectral::FftNorm;
-pub use transform::{Fft, Normalize, OutputType, Spectrum, Transform};
+pub use transform::{Decode, Fft, Normalize, OutputType, Spectrum, Transform};

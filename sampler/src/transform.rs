@@ -57,6 +57,20 @@ pub struct Normalize {
     pub std: Vec<f64>,
 }
 
+/// CF decoding of packed or masked values, as xarray decodes them: a stored value equal to one
+/// of `fills` becomes NaN, any other `x` becomes `x * scale_factor + add_offset`. Applied
+/// before [`Normalize`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decode {
+    /// CF `scale_factor` (1 when absent).
+    pub scale_factor: f64,
+    /// CF `add_offset` (0 when absent).
+    pub add_offset: f64,
+    /// Stored values that mean "missing" (CF `_FillValue`, `missing_value`), as the stored
+    /// type's values widened to `f64`.
+    pub fills: Vec<f64>,
+}
+
 /// An FFT over chosen axes of each crop.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fft {
@@ -84,6 +98,8 @@ pub struct Fft {
 pub struct Transform {
     /// The delivered element type.
     pub dtype: OutputType,
+    /// CF decoding, applied during conversion before normalisation.
+    pub decode: Option<Decode>,
     /// Per-channel normalisation, applied during conversion.
     pub normalize: Option<Normalize>,
     /// The spectral stage, applied to each finished crop.
@@ -119,6 +135,17 @@ impl Transform {
         self
     }
 
+    /// Adds CF decoding: values in `fills` become NaN, others `x * scale_factor + add_offset`.
+    #[must_use]
+    pub fn decode(mut self, scale_factor: f64, add_offset: f64, fills: Vec<f64>) -> Self {
+        self.decode = Some(Decode {
+            scale_factor,
+            add_offset,
+            fills,
+        });
+        self
+    }
+
     /// Adds an FFT over crop axes `axes` (numpy's default scaling).
     #[must_use]
     pub fn fft(mut self, axes: Vec<usize>, output: Spectrum) -> Self {
@@ -141,7 +168,10 @@ impl Transform {
 
     /// Whether this transform leaves the bytes as they are.
     pub fn is_identity(&self) -> bool {
-        self.dtype == OutputType::Native && self.normalize.is_none() && self.fft.is_none()
+        self.dtype == OutputType::Native
+            && self.decode.is_none()
+            && self.normalize.is_none()
+            && self.fft.is_none()
     }
 }
 
@@ -292,6 +322,8 @@ pub(crate) struct Fused {
     /// Per channel: `y = x * scale + shift`; one entry (1, 0) without normalisation.
     scale: Vec<f64>,
     shift: Vec<f64>,
+    /// Stored values delivered as NaN (CF fill values).
+    fills: Vec<f64>,
     axis: Option<usize>,
     /// The conversion writes complex elements (imaginary part 0) for the FFT to work on.
     complex_stage: bool,
@@ -310,7 +342,8 @@ impl Fused {
         let float = match t.dtype {
             OutputType::Native => {
                 return Err(spec_err(
-                    "normalisation and FFT need a float output type (Transform::to_f32 or to_f64)",
+                    "CF decoding, normalisation and FFT need a float output type \
+                     (Transform::to_f32 or to_f64)",
                 ));
             }
             OutputType::Float32 => 4,
@@ -349,6 +382,22 @@ impl Fused {
                 (scale, shift, Some(n.axis))
             }
         };
+        // Decoding first: ((x * sf + off) * a + b) = x * (sf * a) + (off * a + b).
+        let (scale, shift, fills) = match &t.decode {
+            None => (scale, shift, Vec::new()),
+            Some(d) => {
+                if !d.scale_factor.is_finite() || !d.add_offset.is_finite() {
+                    return Err(spec_err("scale_factor and add_offset must be finite"));
+                }
+                let shift = shift
+                    .iter()
+                    .zip(&scale)
+                    .map(|(b, a)| d.add_offset * a + b)
+                    .collect();
+                let scale = scale.iter().map(|a| d.scale_factor * a).collect();
+                (scale, shift, d.fills.clone())
+            }
+        };
         let crop_elems = crop.iter().product::<u64>() as usize;
         let (plans, complex_stage, power) = match &t.fft {
             None => (Plans::None, false, false),
@@ -380,6 +429,7 @@ impl Fused {
             dtype: t.dtype,
             scale,
             shift,
+            fills,
             axis,
             complex_stage,
             power,
@@ -407,9 +457,15 @@ impl Fused {
             O::SIZE
         };
         let mut out = dst.chunks_exact_mut(step);
+        let fills = &self.fills[..];
         for_each_value(self.input, src, |x, _| {
             let o = out.next().expect("output matches input");
-            O::of(x * a + b).write(&mut o[..O::SIZE]);
+            let value = if !fills.is_empty() && fills.contains(&x) {
+                f64::NAN
+            } else {
+                x * a + b
+            };
+            O::of(value).write(&mut o[..O::SIZE]);
             if step > O::SIZE {
                 O::of(0.0).write(&mut o[O::SIZE..]);
             }
@@ -500,6 +556,45 @@ mod tests {
             .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
             .collect();
         assert_eq!(got, vec![-1.25, -0.75, -0.25]);
+    }
+
+    #[test]
+    fn cf_decoding_masks_fills_then_scales_before_normalising() {
+        // int16 packed with scale 0.5, offset 10 and fill -1, then normalised per channel.
+        let t = Transform::to_f64().decode(0.5, 10.0, vec![-1.0]).normalize(
+            0,
+            vec![0.0, 10.0],
+            vec![1.0, 2.0],
+        );
+        let f = Fused::new(&t, "int16", &[2, 3]).unwrap().unwrap();
+        let src: Vec<u8> = [4i16, -1, 6].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let got: Vec<f64> = run(&f, &src, 1)
+            .chunks_exact(8)
+            .map(|b| f64::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            got[0].to_bits(),
+            ((4.0 * 0.5 + 10.0 - 10.0) / 2.0f64).to_bits()
+        );
+        assert!(got[1].is_nan(), "the fill value is missing data");
+        assert_eq!(
+            got[2].to_bits(),
+            ((6.0 * 0.5 + 10.0 - 10.0) / 2.0f64).to_bits()
+        );
+        // Without normalisation the arithmetic is xarray's: x * scale_factor + add_offset.
+        let t = Transform::to_f64().decode(0.01, 280.0, vec![]);
+        let f = Fused::new(&t, "int16", &[3]).unwrap().unwrap();
+        let got = f64::from_ne_bytes(run(&f, &7i16.to_ne_bytes(), 0)[..8].try_into().unwrap());
+        assert_eq!(got.to_bits(), (7.0f64 * 0.01 + 280.0).to_bits());
+        assert!(Fused::new(&Transform::none().decode(1.0, 0.0, vec![]), "int16", &[3]).is_err());
+        assert!(
+            Fused::new(
+                &Transform::to_f32().decode(f64::NAN, 0.0, vec![]),
+                "int16",
+                &[3]
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -105,18 +105,27 @@ class Source:
     Parameters
     ----------
     array:
-        A path or URL (``s3://bucket/data.zarr/t2m``) of a Zarr array, or a
-        :class:`zcrop.Array`.
+        A path or URL (``s3://bucket/data.zarr/t2m``) of a Zarr array, a :class:`zcrop.Array`,
+        or a variable of a Dataset opened with ``xr.open_dataset(..., engine="zcrop")``
+        (``ds["t2m"]``, as opened: not indexed or loaded).
     crop:
-        The crop shape (one entry per array dimension).
+        The crop shape: one entry per array dimension, or a mapping ``{dimension name: size}``
+        (dimensions left out are taken whole).
     name:
-        The source's name in each batch (default: the array's basename, or ``"data"``).
+        The source's name in each batch (default: the variable's name, the array's basename,
+        or ``"data"``).
     dims:
         Per array dimension, a :class:`Dim`, a position name (follows it) or an int (fixed
         origin). By default dimensions named like positions follow them and the others start
         at 0; an array without dimension names follows the positions in order.
     dtype:
         ``None`` (the array's own dtype), ``"float32"`` or ``"float64"``.
+    decode:
+        For an xarray variable: CF-decode the values as xarray does (``_FillValue`` and
+        ``missing_value`` become NaN, then ``x * scale_factor + add_offset``), fused into the
+        read before ``normalize``; the default where the variable has such encodings (then
+        ``dtype`` defaults to float32). ``decode=False`` delivers the stored values. Meta
+        labels of an xarray source come from its decoded coordinates (datetime64 for times).
     normalize:
         ``(axis, mean, std)``: ``(x - mean[c]) / std[c]`` per index ``c`` along crop axis
         ``axis``, fused into the read.
@@ -132,12 +141,12 @@ class Source:
         ``secret``, ...), as for :func:`zcrop.open`.
     """
 
-    __slots__ = ("_spec", "name")
+    __slots__ = ("_dim_names", "_labels", "_spec", "name")
 
     def __init__(
         self,
         array: Any,
-        crop: Sequence[int],
+        crop: Sequence[int] | Mapping[str, int],
         *,
         name: str | None = None,
         dims: Sequence[Any] | None = None,
@@ -146,8 +155,28 @@ class Source:
         fft: Mapping[str, Any] | None = None,
         coords: bool = True,
         storage_options: Mapping[str, Any] | None = None,
+        decode: bool | None = None,
     ) -> None:
         options = storage_option_pairs(storage_options)
+        #: Per dimension name, the decoded coordinate labels (xarray sources).
+        self._labels: dict[str, np.ndarray[Any, Any]] = {}
+        #: The dimension names the source was given with (xarray sources).
+        self._dim_names: list[str] | None = None
+        decoding = None
+        if _is_xarray_variable(array):
+            array, self._dim_names, decoding, self._labels, default_var = _from_xarray(
+                array, decode
+            )
+            if name is None:
+                name = default_var
+            if decoding is not None and dtype is None:
+                dtype = "float32"
+            if dims is None:
+                dims = list(self._dim_names)
+        elif decode:
+            raise ValueError("decode= applies to variables of an xarray Dataset")
+        if isinstance(crop, Mapping):
+            crop = _crop_by_name(crop, array, self._dim_names)
         if isinstance(array, Array):
             # By directory or URL, so a Source pickles (for DataLoader workers started by
             # spawn); an array in an object store keeps the options it was opened with.
@@ -187,12 +216,90 @@ class Source:
             "dtype": _DTYPES[key],
             "normalize": norm_spec,
             "fft": fft_spec,
+            "decode": decoding,
             "coords": bool(coords),
             "storage_options": options,
         }
 
     def __repr__(self) -> str:
         return f"Source({self.name!r}, crop={tuple(self._spec['crop'])})"
+
+
+def _is_xarray_variable(obj: Any) -> bool:
+    return type(obj).__module__.startswith("xarray.") and hasattr(obj, "variable")
+
+
+def _from_xarray(
+    da: Any, decode: bool | None
+) -> tuple[Array, list[str], tuple[float, float, list[float]] | None, dict[str, Any], str]:
+    """A variable of a Dataset opened with engine="zcrop": its zcrop array, dimension names,
+    CF decoding ``(scale_factor, add_offset, fills)`` (``None`` for none), decoded 1-d
+    coordinate labels per dimension, and name."""
+    from zcrop._xarray import _source
+
+    name = str(da.name) if da.name is not None else "data"
+    backend, _ = _source(da.variable, name)
+    if backend is None:
+        raise TypeError(
+            f"variable {name!r} is loaded in memory: a Source reads it from its store, so pass "
+            "the variable of a Dataset opened with engine='zcrop' before .load()/.values"
+        )
+    array = backend._array
+    dims = [str(d) for d in da.dims]
+    enc = da.encoding
+    stored = np.dtype(enc.get("dtype", array.dtype))
+    packed = "scale_factor" in enc or "add_offset" in enc
+    fills = []
+    for key in ("_FillValue", "missing_value"):
+        for v in np.atleast_1d(enc.get(key, [])):
+            f = float(np.asarray(v).astype(stored).astype("f8"))
+            if not np.isnan(f) and f not in fills:
+                fills.append(f)
+    if np.issubdtype(stored, np.datetime64) or "units" in enc and "since" in str(enc["units"]):
+        wants = "times"
+    else:
+        wants = None
+    if decode is None:
+        decode = packed or bool(fills)
+    decoding = None
+    if decode:
+        if wants:
+            raise ValueError(
+                f"variable {name!r} holds {wants} (CF units {enc.get('units')!r}); a Source "
+                "decodes scale, offset and fill values only: pass decode=False for the stored "
+                "values"
+            )
+        decoding = (
+            float(enc.get("scale_factor", 1.0)),
+            float(enc.get("add_offset", 0.0)),
+            fills,
+        )
+    labels = {
+        d: np.asarray(da.coords[d].values)
+        for d in dims
+        if d in da.coords and da.coords[d].dims == (d,)
+    }
+    return array, dims, decoding, labels, name
+
+
+def _crop_by_name(crop: Mapping[str, int], array: Any, names: list[str] | None) -> list[int]:
+    """A crop given as ``{dimension name: size}`` as one size per dimension."""
+    if isinstance(array, Array):
+        arr = array
+    else:
+        from zcrop._api import open_array
+
+        arr = open_array(os.fspath(array))
+    if names is None:
+        names = [str(n) if n else f"dim_{i}" for i, n in enumerate(arr.dimension_names or [])]
+    if len(names) != arr.ndim:
+        raise ValueError(
+            f"crop by dimension name needs the array's dimension names; {arr.name} has none"
+        )
+    unknown = [k for k in crop if k not in names]
+    if unknown:
+        raise ValueError(f"crop names {unknown}, not dimensions of the array ({names})")
+    return [int(crop.get(d, n)) for d, n in zip(names, arr.shape)]
 
 
 def _sources(sources: Any) -> list[Source]:
@@ -220,6 +327,8 @@ def _sources(sources: Any) -> list[Source]:
 
 
 def _positions(first: Source) -> list[str]:
+    if first._dim_names is not None:
+        return list(first._dim_names)
     arr = first._spec["array"]
     native = (
         arr
@@ -331,6 +440,10 @@ class Loader:
             raise ValueError("steps and start_step must not be negative")
         self._copy = bool(copy)
         self._names = [s.name for s in srcs]
+        self._labels: dict[str, tuple[list[str], dict[str, Any]]] = {}
+        for src in srcs:
+            if src._labels and src._dim_names is not None:
+                self._labels[src.name] = (src._dim_names, src._labels)
         self._seed, self._rank, self._world = int(seed), int(rank), int(world_size)
         self._batch_size = int(batch_size)
         self._start = int(start_step)
@@ -376,8 +489,22 @@ class Loader:
             view = cast(Any, batch.view(s))  # exports the buffer protocol
             arr = np.frombuffer(view, dtype=self._dtypes[s]).reshape(shape)
             out[name] = arr.copy() if self._copy else arr
-        out["meta"] = batch.samples()
+        out["meta"] = self._labelled(batch.samples())
         return out
+
+    def _labelled(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Adds each xarray source's decoded coordinate labels to the samples' metadata."""
+        if not self._labels:
+            return samples
+        for sample in samples:
+            for name, (dims, labels) in self._labels.items():
+                entry = sample["sources"][name]
+                entry["labels"] = {
+                    d: labels[d][o : o + n]
+                    for d, o, n in zip(dims, entry["origin"], entry["shape"])
+                    if d in labels
+                }
+        return samples
 
     def __len__(self) -> int:
         """The number of steps of this loader (``steps``); a ``TypeError`` when endless."""
@@ -445,7 +572,7 @@ class Loader:
 
     def plan(self, step: int) -> list[dict[str, Any]]:
         """The metadata of batch ``step``'s samples, without reading anything."""
-        return list(self._loader().plan(step))
+        return self._labelled(list(self._loader().plan(step)))
 
     # --- lifetime -------------------------------------------------------------------------
 
