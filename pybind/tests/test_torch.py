@@ -91,6 +91,25 @@ def test_resume_at_a_batch():
         assert ma == mb
 
 
+def test_state_dict_follows_the_batches_consumed_in_process():
+    full = collect(dataset())
+    ds = dataset()
+    assert ds.state_dict() == {"start": 0}
+    for batch in torch.utils.data.DataLoader(ds, batch_size=None):
+        if batch["batch"] == 2:
+            state = ds.state_dict()
+            break
+    assert state == {"start": 3}, "saved while holding batch 2: resume after it"
+    again = dataset()
+    again.load_state_dict(state)
+    rest = collect(again)
+    assert [i for i, _, _ in rest] == [3, 4, 5, 6]
+    for (_, a, ma), (_, b, mb) in zip(full[3:], rest):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert ma == mb
+    assert again.state_dict() == {"start": 7}
+
+
 def test_distributed_ranks_partition_the_samples():
     r0 = collect(dataset(rank=0, world_size=2))
     r1 = collect(dataset(rank=1, world_size=2))

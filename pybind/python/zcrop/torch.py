@@ -183,6 +183,8 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.batch_size = int(batch_size)
         self.steps = None if steps is None else int(steps)
         self.start = int(start)
+        #: The next batch the consumer has not received yet, when iterated in this process.
+        self._next = self.start
         self.rank = 0 if rank is None else int(rank)
         self.world_size = 1 if world_size is None else int(world_size)
         self.copy = bool(copy)
@@ -197,13 +199,15 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         return max(0, self.steps - self.start)
 
     def state_dict(self) -> dict[str, int]:
-        """The index of the next batch to read; pass the last seen ``batch["batch"] + 1``
-        to :meth:`load_state_dict` to resume after it."""
-        return {"start": self.start}
+        """The index of the first batch not yet handed to the consumer, as iterated in this
+        process (``DataLoader(num_workers=0)`` or plain iteration): saved after batch ``k``,
+        it resumes at ``k + 1``. With ``num_workers > 0`` the workers iterate copies of the
+        dataset and this one does not move: save ``{"start": batch["batch"] + 1}`` instead."""
+        return {"start": self._next}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resumes at batch ``state["start"]`` (takes effect for the next iterator)."""
-        self.start = int(state["start"])
+        self.start = self._next = int(state["start"])
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
@@ -260,6 +264,9 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                         m["step"] = index  # the batch's index in this rank's stream, whatever W
                     out["meta"] = batch["meta"]
                     out["batch"] = index
+                    # Set before handing over: a checkpoint taken while the consumer holds
+                    # this batch resumes after it.
+                    self._next = index + 1
                     yield out
         finally:
             # Queued copies must not outlive the memory they read.
