@@ -54,7 +54,8 @@ pub mod transform;
 pub mod fuzzing;
 
 pub use array::{
-    Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadStats, StorageSummary,
+    Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadPart, ReadStats,
+    StorageSummary, read_many,
 };
 pub use error::{Location, Result, ZarrError};
 pub use hierarchy::{Group, Node, NodeKind, open, open_with};

@@ -50,6 +50,16 @@ impl Iterator for Completions {
 }
 
 impl Reader {
+    /// Whether `self` and `other` read through the same engine, so that one submission can
+    /// carry requests of both.
+    pub(crate) fn same_engine(&self, other: &Reader) -> bool {
+        match (self, other) {
+            (Reader::Local(a), Reader::Local(b)) => a.same_engine(b),
+            (Reader::Object(a), Reader::Object(b)) => a.same_engine(b),
+            _ => false,
+        }
+    }
+
     /// Submits a batch to the engine.
     pub(crate) fn submit(&self, requests: impl IntoIterator<Item = ReadRequest>) -> Completions {
         match self {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_same, engines, expected, gather, open, region};
+use common::{assert_same, engines, expected, gather, open, read_many_outputs, region};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use zcrop_zarr::DimSelection;
@@ -164,4 +164,88 @@ fn point_selections_equal_numpy_indexing() {
             })
             .unwrap();
     }
+}
+
+/// For fixture `k` of shape `shape`: two deterministic regions (selections) inside it.
+fn two_regions(shape: &[u64], k: usize) -> Vec<(Vec<u64>, Vec<u64>)> {
+    (0..2u64)
+        .map(|j| {
+            let rshape: Vec<u64> = shape.iter().map(|&s| s.div_ceil(2 + j)).collect();
+            let origin = shape
+                .iter()
+                .zip(&rshape)
+                .enumerate()
+                .map(|(d, (s, r))| (s - r) * ((k as u64 + d as u64 + j) % 3) / 2)
+                .collect();
+            (origin, rshape)
+        })
+        .collect()
+}
+
+#[test]
+fn read_many_equals_each_array_read_alone() {
+    for (backend, engine) in engines() {
+        let fixtures: Vec<_> = zcrop_fixtures::manifest()
+            .into_iter()
+            .filter(|f| !f.shape.contains(&0) && !f.shape.is_empty())
+            .collect();
+        let arrays: Vec<_> = fixtures.iter().map(|f| open(f, &engine)).collect();
+        let selections: Vec<Vec<Vec<DimSelection>>> = arrays
+            .iter()
+            .enumerate()
+            .map(|(k, a)| {
+                two_regions(a.shape(), k)
+                    .into_iter()
+                    .map(|(o, r)| {
+                        o.iter()
+                            .zip(&r)
+                            .map(|(&start, &len)| DimSelection::Range { start, len })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let outs =
+            read_many_outputs(&arrays, &selections).unwrap_or_else(|e| panic!("{backend}: {e}"));
+        for (k, (f, out)) in fixtures.iter().zip(&outs).enumerate() {
+            let (data, shape, es) = expected(f);
+            let want: Vec<u8> = two_regions(&shape, k)
+                .iter()
+                .flat_map(|(o, r)| region(&data, &shape, es, o, r))
+                .collect();
+            assert_same(
+                out,
+                &want,
+                es,
+                &format!("{backend} {} in read_many", f.name),
+            );
+        }
+    }
+}
+
+#[test]
+fn read_many_fails_as_a_whole_and_checks_each_output() {
+    let (_, engine) = engines().remove(0);
+    let fixtures = zcrop_fixtures::manifest();
+    let f = fixtures
+        .iter()
+        .find(|f| f.shape.len() == 2 && !f.shape.contains(&0))
+        .unwrap();
+    let a = open(f, &engine);
+    let sel = vec![vec![
+        DimSelection::Range { start: 0, len: 1 },
+        DimSelection::Range { start: 0, len: 1 },
+    ]];
+    let mut wrong = vec![0u8; a.output_len(&sel, a.element_size()).unwrap() + 1];
+    let err = zcrop_zarr::read_many(vec![zcrop_zarr::ReadPart {
+        array: &a,
+        selections: &sel,
+        out: &mut wrong,
+        options: zcrop_zarr::ReadOptions::default(),
+    }]);
+    assert!(
+        matches!(err, Err(zcrop_zarr::ZarrError::InvalidArgument(_))),
+        "{err:?}"
+    );
+    assert!(zcrop_zarr::read_many(Vec::new()).unwrap().is_empty());
 }

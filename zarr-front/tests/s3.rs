@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
-use common::{assert_same, expected, region};
+use common::{assert_same, expected, read_many_outputs, region};
 use zcrop_fixtures::s3::Moto;
 use zcrop_io::{BackendChoice, CoalesceLimits, IoConfig, IoEngine, ObjectConfig, ObjectEngine};
 use zcrop_zarr::{Array, Node, OpenOptions, ZarrError};
@@ -350,5 +350,42 @@ fn a_missing_shard_reads_as_fill_value() {
     assert_eq!(
         summary.storage_chunks_present + 1,
         local.storage_summary().unwrap().storage_chunks_present
+    );
+}
+
+#[test]
+fn read_many_over_s3_equals_the_local_reads() {
+    let Some(moto) = server() else { return };
+    let options = s3_options(moto);
+    let fixtures: Vec<_> = zcrop_fixtures::manifest()
+        .into_iter()
+        .filter(|f| complete(f) && !f.shape.is_empty() && !f.shape.contains(&0))
+        .take(6)
+        .collect();
+    let remote: Vec<Array> = fixtures
+        .iter()
+        .map(|f| open(f, &url(f), &options))
+        .collect();
+    let local: Vec<Array> = fixtures
+        .iter()
+        .map(|f| open(f, f.store_path().to_str().unwrap(), &OpenOptions::default()))
+        .collect();
+    let selections: Vec<Vec<Vec<zcrop_zarr::DimSelection>>> = remote
+        .iter()
+        .map(|a| {
+            vec![
+                a.shape()
+                    .iter()
+                    .map(|&s| zcrop_zarr::DimSelection::Range {
+                        start: s / 3,
+                        len: s - s / 3,
+                    })
+                    .collect(),
+            ]
+        })
+        .collect();
+    assert_eq!(
+        read_many_outputs(&remote, &selections).unwrap(),
+        read_many_outputs(&local, &selections).unwrap()
     );
 }

@@ -37,6 +37,11 @@ pub struct IoEngine {
 }
 
 impl IoEngine {
+    /// Whether `self` and `other` are the same engine (clones of one another).
+    pub fn same_engine(&self, other: &IoEngine) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Starts an engine.
     #[allow(clippy::needless_pass_by_value)] // a config is consumed by starting an engine
     pub fn new(config: IoConfig) -> Result<Self, EngineError> {

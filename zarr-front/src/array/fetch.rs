@@ -42,7 +42,25 @@ pub(crate) struct StitchCtx<'p, 'o> {
     cancel: Option<&'p AtomicBool>,
 }
 
-impl StitchCtx<'_, '_> {
+impl<'p, 'o> StitchCtx<'p, 'o> {
+    /// The state of a read of `plan` into `out`.
+    pub(crate) fn new(plan: &'p Plan, out: &'p DisjointOut<'o>, options: ReadOptions<'p>) -> Self {
+        StitchCtx {
+            plan,
+            out,
+            transform: options.transform,
+            remaining: plan
+                .copies_per_request
+                .iter()
+                .map(|&n| AtomicU32::new(n))
+                .collect(),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+            stats: Mutex::new(ReadStats::default()),
+            cancel: options.cancel,
+        }
+    }
+
     fn cancelled(&self) -> bool {
         self.cancel.is_some_and(|c| c.load(Ordering::Acquire))
     }
@@ -206,20 +224,7 @@ impl Array {
             return Err(ZarrError::Cancelled);
         }
         let out_buf = DisjointOut::for_plan(out, plan);
-        let ctx = StitchCtx {
-            plan,
-            out: &out_buf,
-            transform: options.transform,
-            remaining: plan
-                .copies_per_request
-                .iter()
-                .map(|&n| AtomicU32::new(n))
-                .collect(),
-            failed: AtomicBool::new(false),
-            error: Mutex::new(None),
-            stats: Mutex::new(ReadStats::default()),
-            cancel: options.cancel,
-        };
+        let ctx = StitchCtx::new(plan, &out_buf, options);
         if plan.num_leaves() > 0 {
             self.fetch_and_stitch(&ctx, &mut stats)?;
         }
@@ -232,6 +237,16 @@ impl Array {
         ctx: &StitchCtx<'_, '_>,
         stats: &mut ReadStats,
     ) -> Result<()> {
+        fetch_and_stitch_parts(&[Part { array: self, ctx }], std::slice::from_mut(stats))
+    }
+
+    /// The leaves of `ctx`'s plan known without reading storage (decoded-chunk cache hits),
+    /// and how many leaves to locate before the first reads go out.
+    fn prepare(
+        &self,
+        ctx: &StitchCtx<'_, '_>,
+        stats: &mut ReadStats,
+    ) -> (Vec<Option<Source>>, usize) {
         let core = &*self.core;
         let plan = ctx.plan;
         let n = plan.num_leaves();
@@ -268,18 +283,18 @@ impl Array {
         } else {
             n
         };
-        let rest_known = known.split_off(first);
-        let mut storages = Storages::default();
-        let first_sources = self.locate(plan, 0..first, known, &mut storages, stats)?;
+        (known, first)
+    }
 
-        let throttle = Throttle::for_current_pool();
-        let throttle = &throttle;
+    /// Chunks of this array decoded per task (see [`DECODE_GROUP`]) in a read of `n` leaves.
+    fn group_size(&self, n: usize) -> usize {
+        let core = &*self.core;
         // zstd chunks decode their needed parts faster several at a time (their literal
         // streams interleave): completions go to tasks in groups.
         // Small chunks go to tasks in groups too, decoded one after the other, each with
         // the next one's bytes asked for meanwhile (see `decode_and_stitch_each`).
         let small = core.decoder.chunk_bytes <= PREFETCHED_CHUNK_BYTES;
-        let group_size = if core.chunk_cache.is_some() {
+        if core.chunk_cache.is_some() {
             1
         } else if core.decoder.decodes_in_groups() {
             if small {
@@ -293,133 +308,54 @@ impl Array {
             (n / (8 * rayon::current_num_threads())).clamp(DECODE_GROUP, SMALL_DECODE_GROUP)
         } else {
             1
+        }
+    }
+
+    /// Decodes and stitches a group of this array's fetched leaves (one decode task).
+    fn decode_group(&self, ctx: &StitchCtx<'_, '_>, group: &[Fetched]) {
+        if ctx.failed.load(Ordering::Acquire) {
+            return;
+        }
+        if ctx.cancelled() {
+            ctx.fail(ZarrError::Cancelled);
+            return;
+        }
+        let decoded = if group.len() == 1 {
+            vec![self.decode_and_stitch(ctx, &group[0])]
+        } else if self.core.decoder.decodes_in_groups() {
+            self.decode_and_stitch_group(ctx, group)
+        } else {
+            self.decode_and_stitch_each(ctx, group)
         };
-        rayon::in_place_scope(|scope| {
-            let spawn_group = |group: Vec<Fetched>| {
-                let slot = throttle.acquire();
-                scope.spawn(move |_| {
-                    let _slot = slot;
-                    if ctx.failed.load(Ordering::Acquire) {
-                        return;
-                    }
-                    if ctx.cancelled() {
-                        ctx.fail(ZarrError::Cancelled);
-                        return;
-                    }
-                    let decoded = if group.len() == 1 {
-                        vec![self.decode_and_stitch(ctx, &group[0])]
-                    } else if core.decoder.decodes_in_groups() {
-                        self.decode_and_stitch_group(ctx, &group)
-                    } else {
-                        self.decode_and_stitch_each(ctx, &group)
-                    };
-                    // Summed here, added to the shared total once per group.
-                    let mut group_stats = ReadStats::default();
-                    for (chunk, decoded) in group.iter().zip(decoded) {
-                        // Bytes from a mapping of a file truncated meanwhile read as zeros:
-                        // that, not what the decoder made of them, is the error.
-                        if !zcrop_io::mapped_intact(&chunk.bytes) {
-                            ctx.fail_chunk(chunk, ChunkFault::Lost);
-                            return;
-                        }
-                        match decoded {
-                            Ok(s) => group_stats += s,
-                            Err(e) => ctx.fail_chunk(chunk, ChunkFault::Decode(e)),
-                        }
-                    }
-                    *ctx.stats.lock() += group_stats;
-                });
-            };
-            let mut group: Vec<Fetched> = Vec::with_capacity(group_size);
-            // Fetches, decodes and stitches the leaves from `base` on, located as `sources`.
-            let mut run = |base: usize, sources: &[Source], storages: &Storages| {
-                let mut requests = Vec::with_capacity(sources.len());
-                let mut missing = 0;
-                for (i, s) in (base..).zip(sources) {
-                    match s {
-                        Source::Missing => {
-                            missing += 1;
-                            scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
-                        }
-                        Source::Cached(chunk) => {
-                            let chunk = Arc::clone(chunk);
-                            scope.spawn(move |_| ctx.stitch_leaf(i, &chunk));
-                        }
-                        Source::Read { storage, range } => requests.push(ReadRequest::new(
-                            i as u64,
-                            Arc::clone(&storages.list[*storage].path),
-                            *range,
-                        )),
-                    }
-                }
-                ctx.stats.lock().chunks_missing += missing;
-                if requests.is_empty() {
-                    return;
-                }
-                // Mapped results are checked once decoded (above).
-                for done in core.reader.submit_mapped(requests) {
-                    if ctx.failed.load(Ordering::Acquire) {
-                        break;
-                    }
-                    if ctx.cancelled() {
-                        ctx.fail(ZarrError::Cancelled);
-                        break;
-                    }
-                    let i = done.id as usize;
-                    let source = i.checked_sub(base).and_then(|j| sources.get(j));
-                    let Some(&Source::Read { storage, range }) = source else {
-                        continue;
-                    };
-                    match done.result {
-                        Ok(bytes) => {
-                            group.push(Fetched {
-                                leaf: i,
-                                bytes,
-                                storage,
-                                range,
-                                stamp: storages.list[storage].stamp,
-                            });
-                            if group.len() == group_size {
-                                spawn_group(std::mem::replace(
-                                    &mut group,
-                                    Vec::with_capacity(group_size),
-                                ));
-                            }
-                        }
-                        // An unsharded chunk that does not exist is all fill value.
-                        Err(e) if e.is_not_found() && !sharded => {
-                            scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
-                            ctx.stats.lock().chunks_missing += 1;
-                        }
-                        Err(e) => {
-                            let key = &storages.list[storage].key;
-                            ctx.fail(self.chunk_read_error(key, e, sharded));
-                        }
-                    }
-                }
-            };
-            run(0, &first_sources, &storages);
-            if first < n && !ctx.failed.load(Ordering::Acquire) {
-                match self.locate(plan, first..n, rest_known, &mut storages, stats) {
-                    Ok(sources) => run(first, &sources, &storages),
-                    Err(e) => ctx.fail(e),
-                }
+        // Summed here, added to the shared total once per group.
+        let mut group_stats = ReadStats::default();
+        for (chunk, decoded) in group.iter().zip(decoded) {
+            // Bytes from a mapping of a file truncated meanwhile read as zeros: that, not what
+            // the decoder made of them, is the error.
+            if !zcrop_io::mapped_intact(&chunk.bytes) {
+                ctx.fail_chunk(chunk, ChunkFault::Lost);
+                return;
             }
-            if !group.is_empty() {
-                spawn_group(group);
+            match decoded {
+                Ok(s) => group_stats += s,
+                Err(e) => ctx.fail_chunk(chunk, ChunkFault::Decode(e)),
             }
-        });
-        match ctx.error.lock().take() {
-            None => Ok(()),
-            Some(Failure::Error(e)) => Err(e),
-            Some(Failure::Chunk {
+        }
+        *ctx.stats.lock() += group_stats;
+    }
+
+    /// The error of a read whose stitch state recorded `failure`.
+    fn failure_error(&self, failure: Failure, storages: &Storages) -> ZarrError {
+        match failure {
+            Failure::Error(e) => e,
+            Failure::Chunk {
                 storage,
                 range,
                 fault,
-            }) => {
+            } => {
                 let Storage { key, path, .. } = &storages.list[storage];
                 let at = self.location(key, Some(range));
-                Err(match fault {
+                match fault {
                     ChunkFault::Lost => ZarrError::Io {
                         at,
                         source: Box::new(IoError::FileChanged {
@@ -428,7 +364,7 @@ impl Array {
                         }),
                     },
                     ChunkFault::Decode(e) => decode_error(at, e),
-                })
+                }
             }
         }
     }
@@ -612,6 +548,206 @@ impl Array {
             Ok(stats)
         })
     }
+}
+
+/// One array's share of a read of one or more arrays: the array and its stitch state.
+pub(crate) struct Part<'a, 'p, 'o> {
+    pub(crate) array: &'a Array,
+    pub(crate) ctx: &'a StitchCtx<'p, 'o>,
+}
+
+/// A part's leaves of one submission: the first leaf's index and where each one is.
+struct Located {
+    base: usize,
+    sources: Vec<Source>,
+}
+
+/// Reads the leaves of every part: locates them, submits the reads of all parts that share an
+/// engine as one batch, and decodes and stitches each part's chunks as their bytes arrive.
+/// Part `k`'s locating costs go to `stats[k]`; the first failure of any part is the error.
+pub(crate) fn fetch_and_stitch_parts(
+    parts: &[Part<'_, '_, '_>],
+    stats: &mut [ReadStats],
+) -> Result<()> {
+    // Request ids: part k's leaf i is `offsets[k] + i`.
+    let mut offsets = Vec::with_capacity(parts.len());
+    let mut total = 0usize;
+    for p in parts {
+        offsets.push(total);
+        total += p.ctx.plan.num_leaves();
+    }
+    let mut storages: Vec<Storages> = parts.iter().map(|_| Storages::default()).collect();
+    let mut rest: Vec<(usize, Vec<Option<Source>>)> = Vec::with_capacity(parts.len());
+    let mut first: Vec<Option<Located>> = Vec::with_capacity(parts.len());
+    for (k, p) in parts.iter().enumerate() {
+        let (mut known, n_first) = p.array.prepare(p.ctx, &mut stats[k]);
+        let rest_known = known.split_off(n_first);
+        let sources = p.array.locate(
+            p.ctx.plan,
+            0..n_first,
+            known,
+            &mut storages[k],
+            &mut stats[k],
+        )?;
+        rest.push((n_first, rest_known));
+        first.push(Some(Located { base: 0, sources }));
+    }
+    // Parts submit together when they read through the same engine as an earlier part.
+    let submitter: Vec<usize> = (0..parts.len())
+        .map(|k| {
+            (0..k)
+                .find(|&j| {
+                    parts[j]
+                        .array
+                        .core
+                        .reader
+                        .same_engine(&parts[k].array.core.reader)
+                })
+                .unwrap_or(k)
+        })
+        .collect();
+    let group_sizes: Vec<usize> = parts
+        .iter()
+        .map(|p| p.array.group_size(p.ctx.plan.num_leaves()))
+        .collect();
+    let any_failed = || parts.iter().any(|p| p.ctx.failed.load(Ordering::Acquire));
+
+    let throttle = Throttle::for_current_pool();
+    let throttle = &throttle;
+    rayon::in_place_scope(|scope| {
+        let spawn_group = |k: usize, group: Vec<Fetched>| {
+            let Part { array, ctx } = parts[k];
+            let slot = throttle.acquire();
+            scope.spawn(move |_| {
+                let _slot = slot;
+                array.decode_group(ctx, &group);
+            });
+        };
+        let mut groups: Vec<Vec<Fetched>> =
+            group_sizes.iter().map(|&g| Vec::with_capacity(g)).collect();
+        // Fetches, decodes and stitches the leaves `located[k]` of each part.
+        let mut run = |located: &[Option<Located>], storages: &[Storages]| {
+            let mut batches: Vec<Vec<ReadRequest>> = vec![Vec::new(); parts.len()];
+            for (k, loc) in located.iter().enumerate() {
+                let Some(Located { base, sources }) = loc else {
+                    continue;
+                };
+                let Part { array, ctx } = parts[k];
+                let core = &*array.core;
+                let mut missing = 0;
+                for (i, s) in (*base..).zip(sources) {
+                    match s {
+                        Source::Missing => {
+                            missing += 1;
+                            scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
+                        }
+                        Source::Cached(chunk) => {
+                            let chunk = Arc::clone(chunk);
+                            scope.spawn(move |_| ctx.stitch_leaf(i, &chunk));
+                        }
+                        Source::Read { storage, range } => {
+                            batches[submitter[k]].push(ReadRequest::new(
+                                (offsets[k] + i) as u64,
+                                Arc::clone(&storages[k].list[*storage].path),
+                                *range,
+                            ));
+                        }
+                    }
+                }
+                ctx.stats.lock().chunks_missing += missing;
+            }
+            for (j, requests) in batches.into_iter().enumerate() {
+                if requests.is_empty() {
+                    continue;
+                }
+                // Mapped results are checked once decoded (`decode_group`).
+                for done in parts[j].array.core.reader.submit_mapped(requests) {
+                    if any_failed() {
+                        break;
+                    }
+                    if let Some(p) = parts.iter().find(|p| p.ctx.cancelled()) {
+                        p.ctx.fail(ZarrError::Cancelled);
+                        break;
+                    }
+                    let id = done.id as usize;
+                    let k = offsets.partition_point(|&o| o <= id) - 1;
+                    let i = id - offsets[k];
+                    let Some(Located { base, sources }) = &located[k] else {
+                        continue;
+                    };
+                    let source = i.checked_sub(*base).and_then(|j| sources.get(j));
+                    let Some(&Source::Read { storage, range }) = source else {
+                        continue;
+                    };
+                    let Part { array, ctx } = parts[k];
+                    let core = &*array.core;
+                    let sharded = !core.layout.levels.is_empty();
+                    match done.result {
+                        Ok(bytes) => {
+                            groups[k].push(Fetched {
+                                leaf: i,
+                                bytes,
+                                storage,
+                                range,
+                                stamp: storages[k].list[storage].stamp,
+                            });
+                            if groups[k].len() == group_sizes[k] {
+                                let full = std::mem::replace(
+                                    &mut groups[k],
+                                    Vec::with_capacity(group_sizes[k]),
+                                );
+                                spawn_group(k, full);
+                            }
+                        }
+                        // An unsharded chunk that does not exist is all fill value.
+                        Err(e) if e.is_not_found() && !sharded => {
+                            scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
+                            ctx.stats.lock().chunks_missing += 1;
+                        }
+                        Err(e) => {
+                            let key = &storages[k].list[storage].key;
+                            ctx.fail(array.chunk_read_error(key, e, sharded));
+                        }
+                    }
+                }
+            }
+        };
+        run(&first, &storages);
+        if !any_failed() {
+            let mut later: Vec<Option<Located>> = Vec::with_capacity(parts.len());
+            for (k, (n_first, known)) in rest.into_iter().enumerate() {
+                let Part { array, ctx } = parts[k];
+                let n = ctx.plan.num_leaves();
+                later.push(if n_first < n {
+                    match array.locate(ctx.plan, n_first..n, known, &mut storages[k], &mut stats[k])
+                    {
+                        Ok(sources) => Some(Located {
+                            base: n_first,
+                            sources,
+                        }),
+                        Err(e) => {
+                            ctx.fail(e);
+                            None
+                        }
+                    }
+                } else {
+                    None
+                });
+            }
+            run(&later, &storages);
+        }
+        for (k, group) in groups.into_iter().enumerate() {
+            if !group.is_empty() {
+                spawn_group(k, group);
+            }
+        }
+    });
+    for (k, p) in parts.iter().enumerate() {
+        if let Some(failure) = p.ctx.error.lock().take() {
+            return Err(p.array.failure_error(failure, &storages[k]));
+        }
+    }
+    Ok(())
 }
 
 /// The error for a chunk at `at` that did not decode.

@@ -31,6 +31,7 @@ use self::fetch::decode_error;
 
 use self::locate::FileStamp;
 pub use self::options::{OpenOptions, ReadOptions, ReadStats};
+pub use self::read::{ReadPart, read_many};
 
 /// Default byte budget of the shard-index cache of one array (64 MiB).
 pub const DEFAULT_INDEX_CACHE_BYTES: usize = 64 << 20;

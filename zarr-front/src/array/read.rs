@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use zcrop_io::ReadRequest;
@@ -12,8 +13,9 @@ use crate::plan::{DimSelection, Plan, PlanError};
 use crate::transform::StitchTransform;
 
 use super::Array;
-use super::fetch::{Source, Storages};
+use super::fetch::{Part, Source, StitchCtx, Storages, fetch_and_stitch_parts};
 use super::options::{ReadOptions, ReadStats};
+use crate::stitch::DisjointOut;
 
 impl Array {
     /// The encoded bytes of the chunks at `coords` (chunk-grid coordinates of
@@ -297,4 +299,91 @@ fn output_buffer(len: usize) -> Result<Vec<u8>> {
         bytes: len as u64,
     })?;
     Ok(out)
+}
+
+/// One array's share of [`read_many`]: its selections (as [`Array::read_selections_into`]
+/// takes them), its output buffer and its options.
+#[derive(Debug)]
+pub struct ReadPart<'a> {
+    /// The array.
+    pub array: &'a Array,
+    /// Its selections, read one after the other into `out`.
+    pub selections: &'a [Vec<DimSelection>],
+    /// Its output, exactly [`Array::output_len`] bytes.
+    pub out: &'a mut [u8],
+    /// Its transform and cancellation flag.
+    pub options: ReadOptions<'a>,
+}
+
+/// Reads selections of several arrays as one batch: every part is planned and located first,
+/// then the chunk reads of all parts that share an IO engine (arrays of one store) go out in
+/// one submission, and each chunk is decoded and stitched into its part's output as its bytes
+/// arrive. The same result as [`Array::read_selections_into_with`] for each part in turn, with
+/// the round trips of an object store paid once for all parts. Returns each part's costs; the
+/// first failure of any part fails the read (outputs are then partly written).
+pub fn read_many(parts: Vec<ReadPart<'_>>) -> Result<Vec<ReadStats>> {
+    let mut plans = Vec::with_capacity(parts.len());
+    let mut arrays = Vec::with_capacity(parts.len());
+    let mut options = Vec::with_capacity(parts.len());
+    let mut outs = Vec::with_capacity(parts.len());
+    for p in parts {
+        let l = &p.array.core.layout;
+        let out_elsize = p
+            .options
+            .transform
+            .map_or(l.elsize, StitchTransform::output_element_size);
+        if out_elsize == 0 {
+            return Err(ZarrError::InvalidArgument(
+                "a transform with 0-byte output elements".into(),
+            ));
+        }
+        let plan = Plan::with_output_element(&l.shape, &l.leaf, l.elsize, out_elsize, p.selections)
+            .map_err(|e| p.array.plan_error(&e))?;
+        if p.out.len() != plan.out_len {
+            return Err(ZarrError::InvalidArgument(format!(
+                "{}: output buffer has {} bytes, the read produces {}",
+                p.array.name(),
+                p.out.len(),
+                plan.out_len
+            )));
+        }
+        if p.options.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
+            return Err(ZarrError::Cancelled);
+        }
+        plans.push(plan);
+        arrays.push(p.array);
+        options.push(p.options);
+        outs.push(p.out);
+    }
+    let mut stats: Vec<ReadStats> = plans
+        .iter()
+        .map(|plan| ReadStats {
+            chunks: plan.num_leaves() as u64,
+            output_bytes: plan.out_len as u64,
+            ..ReadStats::default()
+        })
+        .collect();
+    let outs: Vec<DisjointOut<'_>> = outs
+        .into_iter()
+        .zip(&plans)
+        .map(|(out, plan)| DisjointOut::for_plan(out, plan))
+        .collect();
+    let ctxs: Vec<StitchCtx<'_, '_>> = plans
+        .iter()
+        .zip(&outs)
+        .zip(options)
+        .map(|((plan, out), o)| StitchCtx::new(plan, out, o))
+        .collect();
+    let run: Vec<Part<'_, '_, '_>> = arrays
+        .iter()
+        .zip(&ctxs)
+        .map(|(&array, ctx)| Part { array, ctx })
+        .collect();
+    if plans.iter().any(|p| p.num_leaves() > 0) {
+        fetch_and_stitch_parts(&run, &mut stats)?;
+    }
+    for (s, ctx) in stats.iter_mut().zip(ctxs) {
+        *s += ctx.stats.into_inner();
+    }
+    Ok(stats)
 }

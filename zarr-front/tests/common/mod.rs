@@ -2,7 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use zcrop_io::{BackendChoice, IoConfig, IoEngine, MapFiles};
-use zcrop_zarr::{Array, OpenOptions};
+use zcrop_zarr::{Array, DimSelection, OpenOptions};
 
 /// An engine per backend that only reads, and one that serves every chunk read from file
 /// mappings, so every read path is tested through each. (The default policy maps only files of
@@ -134,4 +134,30 @@ pub fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
             std::fs::copy(e.path(), &to).unwrap();
         }
     }
+}
+
+/// Reads `selections[k]` of `arrays[k]` for every `k` with one `read_many`; the outputs.
+#[allow(dead_code)] // not every test file reads several arrays
+pub fn read_many_outputs(
+    arrays: &[Array],
+    selections: &[Vec<Vec<DimSelection>>],
+) -> zcrop_zarr::Result<Vec<Vec<u8>>> {
+    let mut outs: Vec<Vec<u8>> = arrays
+        .iter()
+        .zip(selections)
+        .map(|(a, s)| vec![0xAB; a.output_len(s, a.element_size()).unwrap()])
+        .collect();
+    let parts = arrays
+        .iter()
+        .zip(selections)
+        .zip(outs.iter_mut())
+        .map(|((array, selections), out)| zcrop_zarr::ReadPart {
+            array,
+            selections,
+            out,
+            options: zcrop_zarr::ReadOptions::default(),
+        })
+        .collect();
+    zcrop_zarr::read_many(parts)?;
+    Ok(outs)
 }
