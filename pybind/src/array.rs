@@ -10,11 +10,11 @@ use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyRead
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
-use zcrop::zarr::{Array, DimSelection};
+use zcrop::zarr::{Array, DimSelection, ReadOptions, ReadPart, read_many};
 
 use crate::background::{self, Pending};
 use crate::blocking;
-use crate::read::Request;
+use crate::read::{OwnedOut, Request};
 
 /// An opened Zarr array (the Rust side of `zcrop.Array`). Cheap to share between threads.
 #[pyclass(frozen, module = "zcrop._zcrop")]
@@ -296,6 +296,78 @@ fn points_request(coords: &PyReadonlyArray2<'_, u64>, ndim: usize) -> PyResult<R
             })
             .collect(),
     ))
+}
+
+/// Reads crops of several arrays as one batch (`zcrop_zarr::read_many`: the chunk reads of
+/// arrays in one store go out in one submission): for array `k`, crops of `shapes[k]` at
+/// `origins[k]` (an `(N_k, ndim_k)` `uint64` array). Returns one `(words, nbytes)` per array,
+/// as `NativeArray.read_crops` does. The GIL is released while reading.
+#[pyfunction]
+// pyo3 extracts arguments by value.
+#[allow(clippy::needless_pass_by_value)]
+pub(crate) fn read_crops_many<'py>(
+    py: Python<'py>,
+    arrays: Vec<PyRef<'py, NativeArray>>,
+    origins: Vec<PyReadonlyArray2<'py, u64>>,
+    shapes: Vec<Vec<u64>>,
+) -> PyResult<Vec<Words<'py>>> {
+    if arrays.len() != origins.len() || arrays.len() != shapes.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} arrays, {} origin arrays and {} crop shapes: one of each per array",
+            arrays.len(),
+            origins.len(),
+            shapes.len()
+        )));
+    }
+    let mut jobs: Vec<(Array, Vec<Vec<DimSelection>>, usize)> = Vec::with_capacity(arrays.len());
+    let mut work = 0u64;
+    for ((a, o), shape) in arrays.iter().zip(&origins).zip(shapes) {
+        let array = &a.inner;
+        let request = crops_request(o, shape, array.ndim())?;
+        let len = request
+            .out_len(array)
+            .map_err(|e| crate::errors::to_pyerr(py, &e))?;
+        work = work.saturating_add(request.work_bytes(array));
+        let Request::Crops { origins, shape } = request else {
+            unreachable!("crops_request makes crops")
+        };
+        let selections: Vec<Vec<DimSelection>> = if shape.is_empty() {
+            vec![Vec::new()]
+        } else {
+            origins
+                .chunks_exact(shape.len())
+                .map(|o| {
+                    o.iter()
+                        .zip(&shape)
+                        .map(|(&start, &len)| DimSelection::Range { start, len })
+                        .collect()
+                })
+                .collect()
+        };
+        jobs.push((array.clone(), selections, len));
+    }
+    let outs = blocking::run_owned(py, work, move |cancel| {
+        let mut outs = jobs
+            .iter()
+            .map(|(_, _, len)| OwnedOut::new(*len))
+            .collect::<Result<Vec<_>, _>>()?;
+        let parts = jobs
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|((array, selections, _), out)| ReadPart {
+                array,
+                selections,
+                out: out.bytes_mut(),
+                options: ReadOptions {
+                    transform: None,
+                    cancel: Some(cancel),
+                },
+            })
+            .collect();
+        read_many(parts)?;
+        Ok(outs)
+    })?;
+    outs.into_iter().map(|o| o.into_numpy(py)).collect()
 }
 
 /// Crops of `shape` at the rows of `origins`.

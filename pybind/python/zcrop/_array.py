@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import numpy.typing as npt
 
-from zcrop import _fork, _indexing
+from zcrop import _fork, _indexing, _zcrop
 from zcrop._zcrop import NativeArray, Pending
 from zcrop.errors import BoundsError
 
@@ -461,6 +461,22 @@ class Array(_ArrayBase):
         self._native.read_crops(o, s, arr.reshape(-1).view(np.uint8))
         self._after_out(arr)
         return arr
+
+
+def read_crops_many(reads: Sequence[tuple[Array, Any, Any]]) -> list[npt.NDArray[Any]]:
+    """Reads crops of several arrays as one batch: ``reads`` holds ``(array, origins, shape)``
+    per array, as :meth:`Array.read_crops` takes them. The chunk reads of arrays in one store
+    go out in one submission (from an object store, one set of round trips for all); each
+    chunk is read and decoded once. Returns one ``(N, *shape)`` array per read."""
+    _fork.check()
+    args = [_crop_args(o, s, a.ndim) for a, o, s in reads]
+    results = _zcrop.read_crops_many(
+        [a.native for a, _, _ in reads], [o for o, _ in args], [s for _, s in args]
+    )
+    return [
+        a._view(r, (o.shape[0], *s))
+        for (a, _, _), (o, s), r in zip(reads, args, results, strict=True)
+    ]
 
 
 def _no_fields(fields: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from zcrop import _api
-from zcrop._array import Array, AsyncArray
+from zcrop._array import Array, AsyncArray, read_crops_many
 from zcrop._group import Group
 from zcrop.errors import UnsupportedError, ZcropError
 
@@ -521,16 +521,14 @@ def read_windows(
     ``i`` starts at ``starts[dim][i]`` (integer positions) and spans ``sizes[dim]`` along each
     dimension named there, and the whole of the other dimensions.
 
-    Each variable's windows are one planned batch (each chunk read and decoded once however
-    many windows share it; from an object store the variables' batches run at once), and
-    values are CF-decoded as xarray decodes the variable. Returns a Dataset with a leading
+    All variables' windows are one planned batch (each chunk read and decoded once however
+    many windows share it; the reads of all variables go out in one submission), and values
+    are CF-decoded as xarray decodes the variable. Returns a Dataset with a leading
     ``sample`` dimension: each windowed dimension ``d`` keeps its name and gains the
     coordinates ``d + "_start"`` (sample,) and, where ``ds`` has a coordinate ``d``,
     ``d + "_labels"`` (sample, d). ``as_numpy=True`` returns ``{name: array}`` instead.
     Variables with none of the windowed dimensions are returned once, not per sample.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     unknown = [d for d in list(starts) + list(sizes) if d not in ds.dims]
     if unknown:
         raise KeyError(f"dimensions {unknown} are not in the dataset (it has {list(ds.dims)})")
@@ -553,11 +551,14 @@ def read_windows(
             )
     names = [str(v) for v in (variables if variables is not None else ds.data_vars)]
 
-    def read(name: str) -> tuple[str, tuple[Hashable, ...], Any]:
+    results: dict[str, tuple[tuple[Hashable, ...], Any]] = {}
+    reads: list[tuple[Array, Any, list[int]]] = []
+    decode: list[tuple[str, tuple[Hashable, ...], list[Any]]] = []
+    for name in names:
         var = ds[name].variable
-        windowed = [d for d in var.dims if d in origin]
-        if not windowed:
-            return name, var.dims, None
+        if not any(d in origin for d in var.dims):
+            results[name] = (var.dims, None)
+            continue
         array, chain = _source(var, name)
         if array is None:
             values = var.values
@@ -570,36 +571,28 @@ def read_windows(
                 ]
                 for i in range(n)
             ]
-            return name, var.dims, np.stack(windows)
+            results[name] = (var.dims, np.stack(windows))
+            continue
         crop = [int(sizes[d]) if d in origin else int(s) for d, s in zip(var.dims, var.shape)]
         origins = np.stack(
             [origin[d] if d in origin else np.zeros(n, np.int64) for d in var.dims], axis=-1
         ).astype(np.uint64)
-        raw = array._array.read_crops(origins.reshape(n, len(var.dims)), crop)
-        return name, var.dims, _decoded(raw, chain)
-
-    remote = any(
-        _api.is_url(src._reopen[0])
-        for name in names
-        for src in [_source(ds[name].variable, name)[0]]
-        if src is not None
-    )
-    if remote:
-        # From an object store each batch waits mostly on round trips: overlap them.
-        with ThreadPoolExecutor(max_workers=max(1, min(len(names), 16))) as pool:
-            results = list(pool.map(read, names))
-    else:
-        # Local batches are decode-bound and each already uses every core.
-        results = [read(name) for name in names]
+        reads.append((array._array, origins.reshape(n, len(var.dims)), crop))
+        decode.append((name, var.dims, chain))
+    # Every variable's windows in one batch: from an object store, one set of round trips.
+    for (name, dims, chain), raw in zip(decode, read_crops_many(reads), strict=True):
+        results[name] = (dims, _decoded(raw, chain))
     if as_numpy:
-        return {name: (ds[name].values if out is None else out) for name, _, out in results}
+        return {
+            name: (ds[name].values if out is None else out) for name, (_, out) in results.items()
+        }
     data_vars = {
         name: (
             ds[name].variable
             if out is None
             else xr.Variable(("sample", *dims), out, ds[name].attrs)
         )
-        for name, dims, out in results
+        for name, (dims, out) in results.items()
     }
     coords: dict[str, Any] = {}
     for d, o in origin.items():
@@ -607,7 +600,7 @@ def read_windows(
         if d in ds.coords:
             labels = ds[d].values
             coords[f"{d}_labels"] = (("sample", d), labels[o[:, None] + np.arange(sizes[d])])
-    for name, c in ds.coords.items():
-        if not set(c.dims) & set(origin) and name not in coords:
-            coords[str(name)] = c.variable
+    for cname, c in ds.coords.items():
+        if not set(c.dims) & set(origin) and cname not in coords:
+            coords[str(cname)] = c.variable
     return xr.Dataset(data_vars, coords=coords, attrs=ds.attrs)

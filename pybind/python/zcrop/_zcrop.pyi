@@ -23,6 +23,7 @@ __all__ = [
     "__version__",
     "cli_main",
     "open_node",
+    "read_crops_many",
     "spare_outputs",
     "submit_open",
 ]
@@ -49,6 +50,14 @@ def open_node(
     """Opens the array or group at ``path`` (a local path or a URL, with ``storage_options``
     as ``(key, value)`` pairs for a URL); arrays keep decoded chunks in a cache of
     ``chunk_cache`` bytes (or a size such as ``"512M"``)."""
+
+def read_crops_many(
+    arrays: Sequence[NativeArray],
+    origins: Sequence[npt.NDArray[np.uint64]],
+    shapes: Sequence[Sequence[int]],
+) -> list[_Words]:
+    """Crops of several arrays read as one batch: per array, its ``(N, ndim)`` origins and
+    crop shape; one result per array, as :meth:`NativeArray.read_crops` gives it."""
 
 def spare_outputs() -> tuple[int, int]:
     """``(buffers, bytes)`` of the outputs of dropped arrays kept for reuse by later reads."""
