@@ -101,3 +101,31 @@ def signed(sel):
     return tuple(
         s.astype("i8") if isinstance(s, np.ndarray) and s.dtype.kind == "u" else s for s in sel
     )
+
+
+def any_selection_kind(z, a, data) -> None:
+    """Draws one selection of each kind zarr-python has (basic, orthogonal, coordinate, mask)
+    or a batch of crops, and checks that zcrop's array `a` answers it as zarr-python's `z`
+    does."""
+    kind = data.draw(st.sampled_from(["basic", "orthogonal", "coordinate", "mask", "crops"]))
+    if kind == "basic":
+        sel = data.draw(basic_selection(z.shape))
+        both(z, a, lambda x: x[sel])
+    elif kind == "orthogonal":
+        sel = data.draw(orthogonal_selection(z.shape))
+        both(z, a, lambda x: x.get_orthogonal_selection(signed(sel) if x is z else sel))
+    elif kind == "coordinate":
+        sel = data.draw(coordinate_selection(z.shape))
+        both(z, a, lambda x: x.vindex[sel])
+    elif kind == "mask":
+        sel = data.draw(mask_selection(z.shape))
+        both(z, a, lambda x: x.get_mask_selection(sel))
+    else:
+        size = tuple(data.draw(st.integers(1, n)) for n in z.shape)
+        origins = [
+            [data.draw(st.integers(0, n - s)) for n, s in zip(z.shape, size)] for _ in range(3)
+        ]
+        got = a.read_crops(origins, size)
+        for o, crop in zip(origins, got):
+            want = z[tuple(slice(b, b + s) for b, s in zip(o, size))]
+            assert np.asarray(crop).tobytes() == np.asarray(want).astype(crop.dtype).tobytes()

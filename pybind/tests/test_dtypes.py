@@ -16,14 +16,7 @@ from hypothesis import strategies as st
 
 import zcrop
 from conftest import assert_same
-from selections import (
-    basic_selection,
-    both,
-    coordinate_selection,
-    mask_selection,
-    orthogonal_selection,
-    signed,
-)
+from selections import any_selection_kind
 
 DTYPES = ["i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16"]
 ORDERS = ["<", ">"]
@@ -148,25 +141,4 @@ def test_whole_arrays(store, dt, order):
 @EXAMPLES
 def test_every_selection_kind(store, dt, order, data):
     z, a = arrays(store, dt, order, data)
-    kind = data.draw(st.sampled_from(["basic", "orthogonal", "coordinate", "mask", "crops"]))
-    if kind == "basic":
-        sel = data.draw(basic_selection(z.shape))
-        both(z, a, lambda x: x[sel])
-    elif kind == "orthogonal":
-        sel = data.draw(orthogonal_selection(z.shape))
-        both(z, a, lambda x: x.get_orthogonal_selection(signed(sel) if x is z else sel))
-    elif kind == "coordinate":
-        sel = data.draw(coordinate_selection(z.shape))
-        both(z, a, lambda x: x.vindex[sel])
-    elif kind == "mask":
-        sel = data.draw(mask_selection(z.shape))
-        both(z, a, lambda x: x.get_mask_selection(sel))
-    else:
-        size = tuple(data.draw(st.integers(1, n)) for n in z.shape)
-        origins = [
-            [data.draw(st.integers(0, n - s)) for n, s in zip(z.shape, size)] for _ in range(3)
-        ]
-        got = a.read_crops(origins, size)
-        for o, crop in zip(origins, got):
-            want = z[tuple(slice(b, b + s) for b, s in zip(o, size))]
-            assert np.asarray(crop).tobytes() == np.asarray(want).astype(crop.dtype).tobytes()
+    any_selection_kind(z, a, data)

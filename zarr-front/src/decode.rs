@@ -165,12 +165,14 @@ impl LeafDecoder {
         };
         let swap_unit = match bytes_cfg.endian {
             Some(e) if e != native && elsize > 1 => {
-                // Complex numbers are pairs of floats, each swapped on its own.
-                let complex = matches!(
-                    data_type.name_v3().as_deref(),
-                    Some("complex64" | "complex128")
-                );
-                Some(if complex { elsize / 2 } else { elsize })
+                // Complex numbers are pairs of floats, each swapped on its own; fixed-length
+                // UTF-32 strings are swapped per 4-byte code unit; byte strings not at all.
+                match data_type.name_v3().as_deref() {
+                    Some("complex64" | "complex128") => Some(elsize / 2),
+                    Some("fixed_length_utf32") => Some(4),
+                    Some(crate::dtype::NULL_TERMINATED_BYTES) => None,
+                    _ => Some(elsize),
+                }
             }
             _ => None,
         };

@@ -81,9 +81,9 @@ pub enum ZarrError {
         /// Why.
         reason: String,
     },
-    /// A data type zcrop cannot read (strings, variable-length, datetime, ...).
+    /// A data type zcrop cannot read (variable-length strings, structured types, ...).
     #[error(
-        "array {array:?} has data type {data_type}, which zcrop does not support (numeric types and bool only)"
+        "array {array:?} has data type {data_type}, which zcrop does not read (it reads bool, the numeric types, fixed-length byte and unicode strings, datetime64 and timedelta64)"
     )]
     UnsupportedDataType {
         /// The array.

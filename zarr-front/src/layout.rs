@@ -20,7 +20,7 @@ use crate::shard::ShardLevel;
 
 const TWO: NonZeroU64 = NonZeroU64::new(2).unwrap();
 
-/// Data types zcrop reads (v3 names).
+/// Data types zcrop reads through its fixed-size read path (v3 names).
 pub(crate) const SUPPORTED_DATA_TYPES: &[&str] = &[
     "bool",
     "int8",
@@ -36,6 +36,10 @@ pub(crate) const SUPPORTED_DATA_TYPES: &[&str] = &[
     "float64",
     "complex64",
     "complex128",
+    "fixed_length_utf32",
+    crate::dtype::NULL_TERMINATED_BYTES,
+    "numpy.datetime64",
+    "numpy.timedelta64",
 ];
 
 /// How an array is laid out on storage.

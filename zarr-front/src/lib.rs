@@ -37,6 +37,7 @@ mod array;
 mod cache;
 mod codec;
 mod decode;
+mod dtype;
 pub mod error;
 mod hierarchy;
 mod layout;

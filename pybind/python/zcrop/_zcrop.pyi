@@ -95,13 +95,16 @@ class NativeArray:
         """The shard shape of a sharded array, else ``None``."""
     @property
     def numpy_dtype(self) -> str:
-        """The numpy dtype string zarr-python reports (``>u2`` for big-endian v2)."""
+        """The numpy dtype string zarr-python reports: ``>u2`` for big-endian v2, ``<U5``,
+        ``|S3``, ``<M8[ns]``, ``<m8[10s]`` for the fixed-size string and time types."""
     @property
     def data_type(self) -> str:
         """The Zarr v3 data type name."""
     @property
     def fill_value_bytes(self) -> bytes:
-        """The fill value: one element, native-endian."""
+        """The fill value: one element, native-endian (UTF-32 code units of a ``<U``
+        array, NUL-padded bytes of a ``|S`` array, int64 of a datetime64, NaT for a v2
+        ``null`` one)."""
     @property
     def zarr_format(self) -> int:
         """2 or 3."""

@@ -75,6 +75,8 @@ pub(crate) struct Core {
     /// The array's directory, or its key prefix in the object store.
     pub(crate) dir: PathBuf,
     meta: zarrs::array::Array<()>,
+    /// The metadata as stored (`meta` may hold a v2 `null` fill value made explicit).
+    stored: zarrs::metadata::ArrayMetadata,
     layout: Layout,
     decoder: LeafDecoder,
     reader: Reader,
@@ -94,13 +96,14 @@ type ChunkCache = LruCache<Vec<u64>, (Option<FileStamp>, Arc<[u8]>)>;
 impl Array {
     /// Builds an array from parsed metadata. `name` is its `/`-rooted path in the store,
     /// `key_prefix` its key prefix relative to the store root, `dir` its directory (or key
-    /// prefix in `store`).
+    /// prefix in `store`), `stored` its metadata as stored.
     pub(crate) fn from_metadata(
         name: String,
         key_prefix: String,
         dir: PathBuf,
         store: &Store,
         meta: zarrs::array::Array<()>,
+        stored: zarrs::metadata::ArrayMetadata,
         options: &OpenOptions,
     ) -> Result<Array> {
         let (layout, decoder) = Layout::new(&name, &meta, options.verify_checksums)?;
@@ -111,6 +114,7 @@ impl Array {
                 key_prefix,
                 dir,
                 meta,
+                stored,
                 layout,
                 decoder,
                 reader,
@@ -265,7 +269,7 @@ impl Array {
     /// The numpy dtype string zarr-python reports for this array: the stored byte order for v2
     /// (`>u2`), native order for v3 (where byte order belongs to the `bytes` codec).
     pub fn numpy_dtype(&self) -> String {
-        numpy_dtype(&self.data_type(), self.core.meta.metadata())
+        numpy_dtype(self.core.meta.data_type(), &self.core.stored)
     }
 
     /// Bytes per element.
@@ -316,7 +320,7 @@ impl Array {
 
     /// The array's metadata as JSON, as stored (v2 metadata merged with its attributes).
     pub fn metadata_json(&self) -> serde_json::Value {
-        serde_json::to_value(self.core.meta.metadata()).unwrap_or(serde_json::Value::Null)
+        serde_json::to_value(&self.core.stored).unwrap_or(serde_json::Value::Null)
     }
 
     /// How leaf chunks are decoded, in words (for `zcrop info`).
@@ -458,8 +462,8 @@ impl Array {
     }
 }
 
-/// The numpy dtype string zarr-python gives an array of v3 data type `name`.
-fn numpy_dtype(name: &str, meta: &zarrs::metadata::ArrayMetadata) -> String {
+/// The numpy dtype string zarr-python gives an array of data type `dt`.
+fn numpy_dtype(dt: &zarrs::array::DataType, meta: &zarrs::metadata::ArrayMetadata) -> String {
     if let zarrs::metadata::ArrayMetadata::V2(m) = meta
         && let zarrs::metadata::v2::DataTypeMetadataV2::Simple(s) = &m.dtype
     {
@@ -470,7 +474,9 @@ fn numpy_dtype(name: &str, meta: &zarrs::metadata::ArrayMetadata) -> String {
     } else {
         '>'
     };
-    let (kind, size) = match name {
+    let name = dt.name_v3().unwrap_or_default();
+    let config = |key: &str| dt.configuration_v3().get(key).cloned();
+    let (kind, size) = match name.as_ref() {
         "bool" => return "|b1".into(),
         "int8" => return "|i1".into(),
         "uint8" => return "|u1".into(),
@@ -485,6 +491,21 @@ fn numpy_dtype(name: &str, meta: &zarrs::metadata::ArrayMetadata) -> String {
         "float64" => ('f', 8),
         "complex64" => ('c', 8),
         "complex128" => ('c', 16),
+        "fixed_length_utf32" => ('U', dt.fixed_size().unwrap_or_default() / 4),
+        crate::dtype::NULL_TERMINATED_BYTES => {
+            return format!("|S{}", dt.fixed_size().unwrap_or_default());
+        }
+        "numpy.datetime64" | "numpy.timedelta64" => {
+            let kind = if name == "numpy.datetime64" { 'M' } else { 'm' };
+            let unit = config("unit").and_then(|u| u.as_str().map(str::to_string));
+            let scale = config("scale_factor").and_then(|s| s.as_u64()).unwrap_or(1);
+            let scale = if scale == 1 {
+                String::new()
+            } else {
+                scale.to_string()
+            };
+            return format!("{native}{kind}8[{scale}{}]", unit.unwrap_or_default());
+        }
         other => return other.to_string(),
     };
     format!("{native}{kind}{size}")

@@ -222,7 +222,7 @@ fn parse_node(
     }
     let zarray = show(".zarray");
     if let Some(v) = get(".zarray")? {
-        let mut md: ArrayMetadataV2 = serde_json::from_value(v).map_err(|e| invalid(&zarray, e))?;
+        let mut md = parse_v2_array(v).map_err(|e| invalid(&zarray, e))?;
         let zattrs = show(".zattrs");
         md.attributes = attributes_of(&zattrs, get(".zattrs")?)?;
         return Ok(Some((
@@ -291,6 +291,25 @@ fn parse_v3_consolidated(path: &Path, cm: &Map<String, Value>) -> Result<Consoli
     Ok(Consolidated { nodes, skipped })
 }
 
+/// Parses a v2 `.zarray` document. A dtype zarrs cannot parse (a structured dtype with
+/// subarray fields, say) is kept as its JSON text, so that opening the array names the data
+/// type it does not read rather than calling valid metadata invalid.
+fn parse_v2_array(v: Value) -> serde_json::Result<ArrayMetadataV2> {
+    match serde_json::from_value(v.clone()) {
+        Ok(md) => Ok(md),
+        Err(e) => {
+            let mut v = v;
+            match v.get_mut("dtype") {
+                Some(dtype) if !dtype.is_string() => {
+                    *dtype = Value::String(dtype.to_string());
+                    serde_json::from_value(v).map_err(|_| e)
+                }
+                _ => Err(e),
+            }
+        }
+    }
+}
+
 /// Parses a v2 `.zmetadata` file.
 fn parse_zmetadata(path: &Path, v: &Value) -> Result<Consolidated> {
     let Some(Value::Object(meta)) = v.get("metadata") else {
@@ -315,8 +334,8 @@ fn parse_zmetadata(path: &Path, v: &Value) -> Result<Consolidated> {
         let attrs = || attributes_of(path, meta.get(&attrs_key).cloned());
         match file {
             ".zarray" => {
-                let mut md: ArrayMetadataV2 = serde_json::from_value(v.clone())
-                    .map_err(|e| invalid(path, format!("{k}: {e}")))?;
+                let mut md =
+                    parse_v2_array(v.clone()).map_err(|e| invalid(path, format!("{k}: {e}")))?;
                 md.attributes = attrs()?;
                 nodes.insert(node_path, NodeMeta::Array(Box::new(ArrayMetadata::V2(md))));
             }

@@ -98,21 +98,77 @@ pub(crate) fn make_array(
             reason: msg,
         }
     };
-    let meta = match zarrs::array::Array::new_with_metadata(Arc::new(()), "/", md) {
+    let stored = md.clone();
+    let meta = match zarrs::array::Array::new_with_metadata(Arc::new(()), "/", v2_fill_explicit(md))
+    {
         Ok(a) => a,
         Err(ArrayCreateError::CodecsCreateError(e)) => {
             return Err(unsupported_codec(e.to_string()));
         }
         Err(ArrayCreateError::UnsupportedZarrV2Array(msg)) => return Err(unsupported_codec(msg)),
-        Err(ArrayCreateError::DataTypeCreateError(PluginCreateError::Unsupported(e))) => {
+        Err(ArrayCreateError::DataTypeCreateError(
+            PluginCreateError::Unsupported(_) | PluginCreateError::NameInvalid { .. },
+        )) => {
             return Err(ZarrError::UnsupportedDataType {
                 array: name,
-                data_type: e.to_string(),
+                data_type: stored_data_type(&stored),
+            });
+        }
+        // Metadata zarrs refuses for a data type zcrop does not read anyway (a `|V4` with a
+        // `null` fill, say): the data type is the error to report.
+        Err(_) if !reads_data_type(&stored) => {
+            return Err(ZarrError::UnsupportedDataType {
+                array: name,
+                data_type: stored_data_type(&stored),
             });
         }
         Err(e) => return Err(invalid(&meta_path, e)),
     };
-    Array::from_metadata(name, key_prefix, dir, store, meta, options)
+    Array::from_metadata(name, key_prefix, dir, store, meta, stored, options)
+}
+
+/// Whether zcrop reads the data type of `md` (zarrs creates it, and zcrop reads that).
+fn reads_data_type(md: &ArrayMetadata) -> bool {
+    let dt = match md {
+        ArrayMetadata::V2(m) => zarrs::array::DataType::from_metadata(&m.dtype),
+        ArrayMetadata::V3(m) => zarrs::array::DataType::from_metadata(&m.data_type),
+    };
+    dt.ok()
+        .and_then(|dt| dt.name_v3())
+        .is_some_and(|n| crate::layout::SUPPORTED_DATA_TYPES.contains(&n.as_ref()))
+}
+
+/// The data type as the metadata names it: the v2 dtype, or the v3 data type's name.
+fn stored_data_type(md: &ArrayMetadata) -> String {
+    match md {
+        ArrayMetadata::V2(m) => match &m.dtype {
+            zarrs::metadata::v2::DataTypeMetadataV2::Simple(s) => s.clone(),
+            other @ zarrs::metadata::v2::DataTypeMetadataV2::Structured(_) => {
+                serde_json::to_string(other).unwrap_or_default()
+            }
+        },
+        ArrayMetadata::V3(m) => m.data_type.name().to_string(),
+    }
+}
+
+/// v2 metadata with a `null` fill value of a string or time dtype made what zarr-python reads
+/// it as (zarrs' data types refuse a `null` fill): `""` for `<U{n}` and `|S{n}`, NaT for `<M8`
+/// and `<m8`. Other metadata as it is.
+fn v2_fill_explicit(md: ArrayMetadata) -> ArrayMetadata {
+    let ArrayMetadata::V2(mut m) = md else {
+        return md;
+    };
+    if m.fill_value.is_null()
+        && let zarrs::metadata::v2::DataTypeMetadataV2::Simple(dt) = &m.dtype
+    {
+        let kind = dt.trim_start_matches(['<', '>', '|', '=']).chars().next();
+        match kind {
+            Some('U' | 'S') => m.fill_value = "".into(),
+            Some('M' | 'm') => m.fill_value = "NaT".into(),
+            _ => {}
+        }
+    }
+    ArrayMetadata::V2(m)
 }
 
 pub(crate) fn node_from(
