@@ -75,7 +75,9 @@ def satellite_like() -> xr.Dataset:
         {"radiance": (("time", "channel", "y", "x"), data, {"_FillValue": np.uint16(0)})},
         coords={
             "time": time,
-            "channel": ("channel", np.array([1, 7, 13], dtype="int8")),
+            "channel": ("channel", np.array(["IR_108", "VIS_006", "WV_062"])),
+            "band": ("channel", np.array([b"ir", b"vis", b"wv"], dtype="S3")),
+            "wavelength": ("channel", np.array([10.8, 0.6, 6.2])),
             "y": np.arange(40) * 2000.0,
             "x": np.arange(48) * 2000.0,
         },
