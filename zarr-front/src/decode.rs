@@ -4,9 +4,9 @@
 //! trailing `crc32c` take a fast path: the chunk is decompressed straight into a caller buffer
 //! (a reused per-thread scratch buffer, or the crop itself), with one reused zstd context per
 //! thread, and only as far as the crops need where the codec allows stopping early: zstd chunks
-//! of one block through [`crate::codec::zstd`], which decodes only the literal streams holding
+//! of one block through [`zcrop_codec::zstd`], which decodes only the literal streams holding
 //! the needed bytes (several chunks interleaved, see [`LeafDecoder::with_decoded_group`]),
-//! blosc through [`crate::codec::blosc`] (raw splits read in place, LZ4 splits decoded only up to
+//! blosc through [`zcrop_codec::blosc`] (raw splits read in place, LZ4 splits decoded only up to
 //! the needed bytes, and only those bytes unshuffled: straight into the crops where no
 //! transform applies, see [`LeafDecoder::with_blosc_chunk`]; other blosc chunks by c-blosc's
 //! blocks), gzip and zlib by prefix. Every other
@@ -28,7 +28,7 @@ use zarrs::array::{
 use zarrs::metadata::{ConfigurationSerialize, Endianness};
 use zarrs::plugin::ExtensionName;
 
-use crate::codec::{blosc, ffi, zstd};
+use zcrop_codec::{blosc, ffi, zstd};
 
 /// A zstd frame decodes block by block; blocks hold up to this many decoded bytes, so stopping
 /// early only saves work when at least this much of the chunk is not needed.
@@ -655,7 +655,7 @@ impl LeafDecoder {
             };
             blosc::prefetch(data, self.element_range(range));
         } else {
-            crate::stitch::prefetch_read(encoded);
+            zcrop_codec::dest::prefetch_read(encoded);
         }
     }
 

@@ -117,19 +117,19 @@ pub fn lz4(data: &[u8]) {
     let want = usize::from(u16::from_le_bytes([head[2], head[3]])) % (cap + 1);
     let mut ours = vec![0u8; cap];
     let mut theirs = vec![0u8; cap];
-    let whole = crate::codec::lz4::decompress(block, &mut ours, cap);
+    let whole = zcrop_codec::lz4::decompress(block, &mut ours, cap);
     if let Some(n) = whole {
         assert!(n <= cap);
     }
     if let (Some(n), Some(m)) = (
         whole,
-        crate::codec::ffi::lz4_decompress(block, &mut theirs, cap),
+        zcrop_codec::ffi::lz4_decompress(block, &mut theirs, cap),
     ) {
         assert_eq!(n, m);
         assert_eq!(ours[..n], theirs[..n]);
     }
     let mut part = vec![0u8; cap];
-    if let Some(n) = crate::codec::lz4::decompress(block, &mut part, want) {
+    if let Some(n) = zcrop_codec::lz4::decompress(block, &mut part, want) {
         assert!(n <= cap);
         if let Some(w) = whole
             && n >= want

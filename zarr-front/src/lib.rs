@@ -28,9 +28,9 @@
 //!
 //! ## Unsafe code
 //!
-//! Four modules hold `unsafe`: `stitch` (many decode tasks writing disjoint parts of one output
-//! buffer, as the planner guarantees), `ffi` (C-blosc and liblz4), `unshuffle` (SSE2 loads
-//! and stores of blosc's unshuffle) and `lz4` (the SSSE3 loads and stores of an LZ4 decoder).
+//! One module holds `unsafe`: `stitch` (many decode tasks writing disjoint parts of one output
+//! buffer, as the planner guarantees). The decoders' unsafe code (C calls, SSE loads and
+//! stores, raw output writes) is in the `zcrop-codec` crate.
 //! Every block has a `// SAFETY:` comment.
 
 mod array;

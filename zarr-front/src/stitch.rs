@@ -1,5 +1,5 @@
 //! Writing decoded chunks into the output from many threads at once: the unsafe module of
-//! zarr-front besides `ffi`.
+//! zarr-front (zcrop-codec holds the decoders' unsafe code).
 //!
 //! [`DisjointOut`] lets every decode task write its copies into one shared output buffer
 //! without locks. Soundness rests on the planner's guarantee (see `crate::plan`): no two copies
@@ -11,135 +11,9 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use crate::codec::shuffle::interleave;
 use crate::plan::{Copy, Piece, Plan};
 use crate::transform::StitchTransform;
-
-/// Hints the CPU to fetch the cache lines of `bytes` for reading, so that a decoder that reads
-/// them later (or sequentially, one miss at a time) finds them in cache: e.g. a blosc chunk's
-/// raw split in the page cache, read only after its compressed split is decoded. Nothing on
-/// other architectures.
-pub(crate) fn prefetch_read(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes.as_ptr(), bytes.len());
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
-
-/// [`prefetch_read`] into the second-level cache (not the first): for bytes read a while later,
-/// whose lines would take the first level's room and outstanding misses from what is read now.
-pub(crate) fn prefetch_read_l2(bytes: &[u8]) {
-    PrefetchAlong::second_level(bytes).finish();
-}
-
-/// Cache lines to ask for one at a time, spread over work that goes on meanwhile:
-/// [`PrefetchAlong::step`] asks for the next line, [`PrefetchAlong::finish`] for all those left.
-///
-/// A blosc chunk's raw split (up to 16 KiB of a 16-bit chunk of 32 KiB, read from memory) is
-/// read by the unshuffle only after the chunk's LZ4 split is decoded. Asked for in one burst
-/// before that decode, its 256 lines would fill the core's outstanding misses and the burst
-/// itself wait on them; the LZ4 decoder now asks for one line per sequence it decodes (about 490 in such a split), so
-/// the lines arrive during the decode, which misses little itself. They are asked into the
-/// first-level cache ([`PrefetchAlong::new`]), since the unshuffle reads them right after the
-/// decode ([`PrefetchAlong::second_level`] is for bytes read later).
-#[derive(Debug)]
-pub(crate) struct PrefetchAlong<'a> {
-    /// The first line not asked for yet, as an offset from `base`, and the end of the bytes.
-    next: usize,
-    end: usize,
-    base: *const u8,
-    /// Whether the lines go into the first-level cache (else the second).
-    first_level: bool,
-    _bytes: PhantomData<&'a [u8]>,
-}
-
-impl<'a> PrefetchAlong<'a> {
-    /// The lines of `bytes`, into the second-level cache: for bytes read a while after the
-    /// work they are spread over.
-    pub(crate) fn second_level(bytes: &'a [u8]) -> Self {
-        PrefetchAlong {
-            first_level: false,
-            ..Self::new(bytes)
-        }
-    }
-
-    /// The lines of `bytes`, into the first-level cache: for bytes read right after the work
-    /// they are spread over.
-    pub(crate) fn new(bytes: &'a [u8]) -> Self {
-        let skew = bytes.as_ptr().addr() & 63;
-        PrefetchAlong {
-            first_level: true,
-            next: 0,
-            // (No bytes, no lines, wherever the empty slice points.)
-            end: if bytes.is_empty() {
-                0
-            } else {
-                skew + bytes.len()
-            },
-            base: bytes.as_ptr().wrapping_sub(skew),
-            _bytes: PhantomData,
-        }
-    }
-
-    /// No lines.
-    pub(crate) fn none() -> Self {
-        Self::new(&[])
-    }
-
-    /// Asks for the next line, if any is left.
-    #[inline]
-    pub(crate) fn step(&mut self) {
-        if self.next < self.end {
-            #[cfg(target_arch = "x86_64")]
-            {
-                use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
-                let line = self.base.wrapping_add(self.next).cast::<i8>();
-                // SAFETY: a prefetch only hints the cache: it neither reads nor writes memory
-                // and never faults, whatever the address.
-                unsafe {
-                    if self.first_level {
-                        _mm_prefetch::<_MM_HINT_T0>(line);
-                    } else {
-                        _mm_prefetch::<_MM_HINT_T1>(line);
-                    }
-                }
-            }
-            self.next += 64;
-        }
-    }
-
-    /// Asks for every line left.
-    pub(crate) fn finish(mut self) {
-        while self.next < self.end {
-            self.step();
-        }
-    }
-
-    /// Lines not asked for yet.
-    #[cfg(test)]
-    pub(crate) fn left(&self) -> usize {
-        (self.end.saturating_sub(self.next)).div_ceil(64)
-    }
-}
-
-/// Issues the prefetch `HINT` for every cache line of the `len` bytes at `start` (the
-/// second-level hint goes through [`PrefetchAlong`]).
-#[cfg(target_arch = "x86_64")]
-fn prefetch_lines<const HINT: i32>(start: *const u8, len: usize) {
-    let skew = start.addr() & 63;
-    let first = start.wrapping_sub(skew);
-    for off in (0..skew + len).step_by(64) {
-        // SAFETY: a prefetch only hints the cache: it neither reads nor writes memory and
-        // never faults, whatever the address.
-        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(first.wrapping_add(off).cast::<i8>()) };
-    }
-}
-
-/// Rows ahead of the one being copied whose output lines [`DisjointOut`] asks for. A 16-bit
-/// blosc-lz4 crop row in a chunk (about 128 bytes) is copied in about 20 ns, and a line the
-/// CPU has not seen takes longer than several of them to arrive; much further ahead, the lines
-/// asked for crowd out those in use.
-const WRITE_AHEAD: usize = 12;
+use zcrop_codec::dest::{Rows, RunGroup, WRITE_AHEAD, prefetch_for_write};
 
 /// The output buffer of one planned read, shared by the decode tasks.
 pub(crate) struct DisjointOut<'a> {
@@ -228,7 +102,7 @@ impl<'a> DisjointOut<'a> {
         &self,
         plan: &Plan,
         copy: Copy<'_>,
-        mut fill: impl FnMut(&RunGroup, &mut Rows<'_, 'a>),
+        mut fill: impl FnMut(&RunGroup, &mut Rows<'_>),
     ) {
         assert_eq!(
             plan.out_elsize, plan.elsize,
@@ -246,13 +120,10 @@ impl<'a> DisjointOut<'a> {
                 .expect("stitch group past the address space");
             self.check(&(g.dst..g.dst + len));
             self.check(&(last_dst..last_dst + len));
-            let mut rows = Rows {
-                out: self,
-                dst: g.dst,
-                step: g.dst_step,
-                len,
-                count: g.rows,
-            };
+            // SAFETY: the group's first and last runs lie inside the buffer (checked above),
+            // and its runs belong to this copy alone (the plan's disjointness), written by
+            // this task only while `rows` lives.
+            let mut rows = unsafe { Rows::new(self.ptr, self.len, g.dst, g.dst_step, len, g.rows) };
             fill(&g, &mut rows);
             store_fence();
         });
@@ -293,26 +164,9 @@ impl<'a> DisjointOut<'a> {
     }
 
     /// Hints the CPU to fetch the output's cache lines of `start..start + len` for writing;
-    /// nothing if that range is not inside the buffer (or not on x86-64).
-    #[allow(clippy::unused_self)]
+    /// nothing if that range is not inside the buffer.
     fn prefetch_for_write(&self, start: usize, len: usize) {
-        // Not `prefetch_lines`: a run's first and last cache lines can be shared with runs of
-        // neighbouring chunks that other threads write. Stepping 64 bytes from `start` skips
-        // the last line when the run ends early in it, which costs less than asking for
-        // every line.
-        #[cfg(target_arch = "x86_64")]
-        if start.checked_add(len).is_some_and(|end| end <= self.len) {
-            use std::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
-            let mut at = start;
-            while at < start + len {
-                // SAFETY: `at` lies inside the buffer (checked above); a prefetch only hints
-                // the cache and neither reads nor writes memory.
-                unsafe { _mm_prefetch::<_MM_HINT_ET0>(self.ptr.add(at).cast::<i8>()) };
-                at += 64;
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (start, len);
+        prefetch_for_write(self.ptr, self.len, start, len);
     }
 
     /// Writes the fill value (one element, `fill.len() == plan.elsize`) into `copy`'s region,
@@ -396,123 +250,6 @@ impl<'a> DisjointOut<'a> {
     }
 }
 
-/// The output runs of one [`RunGroup`] of a copy, handed out one at a time.
-pub(crate) struct Rows<'o, 'a> {
-    out: &'o DisjointOut<'a>,
-    dst: usize,
-    step: usize,
-    len: usize,
-    count: usize,
-}
-
-impl Rows<'_, '_> {
-    /// The bytes of each run.
-    pub(crate) fn run_len(&self) -> usize {
-        self.len
-    }
-
-    /// The output bytes of run `i` (`i` below the group's run count, asserted). Asks for the lines of the run
-    /// [`WRITE_AHEAD`] runs on, as [`DisjointOut::copy_from_chunk`] does.
-    #[inline]
-    pub(crate) fn row(&mut self, i: usize) -> &mut [u8] {
-        assert!(i < self.count, "run {i} of a group of {}", self.count);
-        let dst = self.dst + i * self.step;
-        if self.step > 0 {
-            self.out.prefetch_for_write(
-                dst.saturating_add(self.step.saturating_mul(WRITE_AHEAD)),
-                self.len,
-            );
-        }
-        // SAFETY: the group's first and last runs were checked to lie inside the buffer, and
-        // run `i` lies between them (the step is not negative); the runs belong to this copy
-        // alone (the plan's disjointness), and the slice borrows `self` mutably, so no two of
-        // them live at once.
-        unsafe { std::slice::from_raw_parts_mut(self.out.ptr.add(dst), self.len) }
-    }
-
-    /// Writes run `i` as the interleave of `lows` and `highs` (the low and high bytes of the
-    /// run's 16-bit samples, half the run each, as blosc's byte shuffle stores them). The
-    /// cache lines the run covers whole go from registers straight to memory with
-    /// non-temporal stores: no read-for-ownership of the line, as an ordinary store would
-    /// make, and no cache room. Only the partial lines at its ends are stored (and asked for,
-    /// [`WRITE_AHEAD`] runs on) as usual. [`DisjointOut::copy_groups_with`] orders the stores
-    /// before the copy counts as done. The samples are interleaved in registers, so no copy of
-    /// the run is needed; the partial lines are not streamed (masked non-temporal stores,
-    /// `maskmovdqu`, are much slower than ordinary ones).
-    #[allow(
-        clippy::cast_ptr_alignment,
-        reason = "unaligned loads; the streaming stores' targets are 64-byte aligned (below)"
-    )]
-    pub(crate) fn write_interleaved2(&mut self, i: usize, lows: &[u8], highs: &[u8]) {
-        assert!(i < self.count, "run {i} of a group of {}", self.count);
-        let len = self.len;
-        assert!(
-            lows.len() * 2 == len && highs.len() * 2 == len,
-            "a run's two byte streams"
-        );
-        let dst = self.dst + i * self.step;
-        let addr = self.out.ptr.addr() + dst;
-        // An odd address (a caller's buffer can be anywhere) takes ordinary stores throughout.
-        let head = if addr % 2 == 1 {
-            len
-        } else {
-            ((64 - addr % 64) % 64).min(len)
-        };
-        let body = if cfg!(target_arch = "x86_64") {
-            (len - head) / 64 * 64
-        } else {
-            0
-        };
-        if self.step > 0 {
-            // Only the partial lines are read before they are written.
-            let ahead = dst.saturating_add(self.step.saturating_mul(WRITE_AHEAD));
-            if head > 0 {
-                self.out.prefetch_for_write(ahead, 1);
-            }
-            if head + body < len {
-                self.out.prefetch_for_write(ahead + head + body, 1);
-            }
-        }
-        // `head` is even unless it is all of the run (`len` is even: whole samples).
-        let (h, b) = (head / 2, head / 2 + body / 2);
-        // SAFETY: run `i` lies inside the buffer (as in `row`) and belongs to this copy alone;
-        // its head and tail, the two slices here, do not overlap; `lows` and `highs` are other
-        // memory.
-        unsafe {
-            let to = self.out.ptr.add(dst);
-            let head_out = std::slice::from_raw_parts_mut(to, head);
-            interleave::<2>([&lows[..h], &highs[..h]], head_out);
-            let tail_out = std::slice::from_raw_parts_mut(to.add(head + body), len - head - body);
-            interleave::<2>([&lows[b..], &highs[b..]], tail_out);
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{
-                __m128i, _mm_loadu_si128, _mm_stream_si128, _mm_unpackhi_epi8, _mm_unpacklo_epi8,
-            };
-            let (lows, highs) = (&lows[h..b], &highs[h..b]);
-            for e in (0..body / 2).step_by(32) {
-                // SAFETY: `e + 32 <= body / 2`, the length of both streams' slices, so the
-                // 16-byte loads at `e` and `e + 16` are inside them (unaligned loads need no
-                // alignment); the 64 output bytes at `head + 2 * e` are a whole line of run
-                // `i` (64-byte aligned, as `movntdq` needs), which belongs to this copy alone.
-                // SSE2 is part of every x86-64 CPU.
-                unsafe {
-                    let l0 = _mm_loadu_si128(lows.as_ptr().add(e).cast::<__m128i>());
-                    let l1 = _mm_loadu_si128(lows.as_ptr().add(e + 16).cast::<__m128i>());
-                    let h0 = _mm_loadu_si128(highs.as_ptr().add(e).cast::<__m128i>());
-                    let h1 = _mm_loadu_si128(highs.as_ptr().add(e + 16).cast::<__m128i>());
-                    let line = self.out.ptr.add(dst + head + 2 * e).cast::<__m128i>();
-                    _mm_stream_si128(line, _mm_unpacklo_epi8(l0, h0));
-                    _mm_stream_si128(line.add(1), _mm_unpackhi_epi8(l0, h0));
-                    _mm_stream_si128(line.add(2), _mm_unpacklo_epi8(l1, h1));
-                    _mm_stream_si128(line.add(3), _mm_unpackhi_epi8(l1, h1));
-                }
-            }
-        }
-    }
-}
-
 /// Orders this thread's non-temporal stores before the stores that follow (they are weakly
 /// ordered): a copy written with [`Rows::write_interleaved2`] is complete before it is counted.
 fn store_fence() {
@@ -554,23 +291,6 @@ pub(crate) fn contiguous_target(plan: &Plan, copy: Copy<'_>) -> Option<Range<usi
     let bytes = plan.leaf_shape.iter().product::<u64>() as usize * plan.elsize;
     Some(start..start + bytes)
 }
-
-/// Evenly spaced runs of one copy, as [`for_each_group`] hands them out: run `i` (of `rows`)
-/// starts at byte `src + i * src_step` of the decoded chunk and `dst + i * dst_step` of the
-/// output, is `elems` elements long, and lies at index `axis_index + i * axis_step` along the
-/// transform's axis. A crop's copy from a chunk is mostly the rows of one 2-D slab: one group.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RunGroup {
-    pub(crate) src: usize,
-    pub(crate) src_step: usize,
-    dst: usize,
-    dst_step: usize,
-    pub(crate) rows: usize,
-    pub(crate) elems: usize,
-    axis_index: u64,
-    axis_step: u64,
-}
-
 /// Calls `emit(src_byte, dst_byte, n_elements, axis_index)` for each contiguous run of `copy`:
 /// `src_byte` in the decoded chunk, `dst_byte` in the output buffer, `axis_index` the run's
 /// index along `axis` in the output block. Trailing dimensions that are whole in both the chunk
@@ -832,35 +552,6 @@ mod tests {
     }
 
     /// Every line the bytes touch is asked for once, whatever their alignment.
-    #[test]
-    fn prefetch_along_covers_each_line_of_its_bytes() {
-        let buf = vec![0u8; 1024];
-        let at = 64 - (buf.as_ptr().addr() & 63);
-        for (skew, len, lines) in [
-            (0, 0, 0),
-            (0, 1, 1),
-            (0, 64, 1),
-            (0, 65, 2),
-            (63, 2, 2),
-            (10, 128, 3),
-        ] {
-            let bytes = &buf[at + skew..at + skew + len];
-            for mut along in [
-                PrefetchAlong::new(bytes),
-                PrefetchAlong::second_level(bytes),
-            ] {
-                assert_eq!(along.left(), lines, "{skew}+{len}");
-                for k in (0..lines).rev() {
-                    along.step();
-                    assert_eq!(along.left(), k);
-                }
-                along.step();
-                assert_eq!(along.left(), 0);
-            }
-        }
-        assert_eq!(PrefetchAlong::none().left(), 0);
-    }
-
     #[test]
     fn crops_points_and_merged_runs() {
         // (shape, leaf, requests, output skews); the last has rows of several cache lines, on

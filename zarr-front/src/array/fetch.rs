@@ -405,7 +405,7 @@ impl Array {
             }
         }
         for &k in &members {
-            crate::stitch::prefetch_read(&group[k].bytes);
+            zcrop_codec::dest::prefetch_read(&group[k].bytes);
         }
         let items: Vec<(&[u8], Range<usize>)> = members
             .iter()
@@ -444,7 +444,7 @@ impl Array {
         // Two steps ahead, the first cache line (a blosc header); one step ahead, what the
         // decoder reads from there.
         let first_line =
-            |bytes: &Bytes| crate::stitch::prefetch_read(&bytes[..bytes.len().min(64)]);
+            |bytes: &Bytes| zcrop_codec::dest::prefetch_read(&bytes[..bytes.len().min(64)]);
         for chunk in group.iter().take(2) {
             first_line(&chunk.bytes);
         }

@@ -81,7 +81,7 @@ pub(crate) fn decode(src: &[u8], limit: Option<Limit>) -> Result<Vec<u8>, Decode
         )));
     }
     let mut out = zeroed(size)?;
-    match crate::codec::ffi::lz4_decompress(block, &mut out, size) {
+    match zcrop_codec::ffi::lz4_decompress(block, &mut out, size) {
         Some(n) if n == size => Ok(out),
         Some(n) => Err(DecodeError::WrongSize { got: n, want: size }),
         None => Err(DecodeError::Corrupt("malformed LZ4 block".into())),
@@ -93,7 +93,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::codec::ffi::tests::lz4_compress;
+    use zcrop_codec::ffi::compress::lz4_compress;
 
     /// What numcodecs' `LZ4.encode` writes (`hc`: liblz4's high-compression mode instead).
     fn encode(data: &[u8], hc: bool) -> Vec<u8> {

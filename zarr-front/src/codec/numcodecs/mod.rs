@@ -431,7 +431,7 @@ mod tests {
             .flat_map(i32::to_le_bytes)
             .collect();
         let mut chunk = 240u32.to_le_bytes().to_vec();
-        chunk.extend(crate::codec::ffi::tests::lz4_compress(&steps, false));
+        chunk.extend(zcrop_codec::ffi::compress::lz4_compress(&steps, false));
         let shape = [NonZeroU64::new(6).unwrap(), NonZeroU64::new(10).unwrap()];
         let decoded = chain
             .decode(

@@ -1,4 +1,4 @@
-//! LZ4 block decoding that stops once the bytes a crop needs are out: one of zarr-front's
+//! LZ4 block decoding that stops once the bytes a crop needs are out: one of zcrop-codec's
 //! unsafe modules (SSSE3 loads and stores), for the LZ4 splits of blosc chunks.
 //!
 //! A crop needs a prefix of a chunk's compressed split (most of it, on the benchmark's crops),
@@ -23,7 +23,7 @@
 //! target compares it with liblz4 on arbitrary bytes).
 #![allow(unsafe_code)]
 
-use crate::stitch::PrefetchAlong;
+use crate::dest::PrefetchAlong;
 
 /// Decodes the LZ4 block `src` into `out`, stopping once `want` bytes are out
 /// (`want <= out.len()`). Returns how many bytes it produced, or `None` if the block is
@@ -33,14 +33,13 @@ use crate::stitch::PrefetchAlong;
 /// caller checks it fills `out`). Otherwise the count is at least `want`, or less if the
 /// block ends first, and bytes of `out` past `want` may have been written with anything (the
 /// decoder stores 16 bytes at a time past the end of a sequence, within `out`).
-#[cfg(any(test, feature = "fuzzing"))]
-pub(crate) fn decompress(src: &[u8], out: &mut [u8], want: usize) -> Option<usize> {
+pub fn decompress(src: &[u8], out: &mut [u8], want: usize) -> Option<usize> {
     decompress_along(src, out, want, &mut PrefetchAlong::none())
 }
 
 /// [`decompress`], asking for one line of `along` per sequence decoded (see
 /// [`PrefetchAlong`]); lines left when it returns are the caller's to finish.
-pub(crate) fn decompress_along(
+pub fn decompress_along(
     src: &[u8],
     out: &mut [u8],
     want: usize,
@@ -51,14 +50,14 @@ pub(crate) fn decompress_along(
         // SAFETY: the CPU has SSSE3, the one feature `ssse3::decompress` is built with.
         return unsafe { ssse3::decompress(src, out, want, along) };
     }
-    crate::codec::ffi::lz4_decompress(src, out, want)
+    crate::ffi::lz4_decompress(src, out, want)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod ssse3 {
     use std::arch::x86_64::{_mm_loadu_si128, _mm_shuffle_epi8, _mm_storeu_si128};
 
-    use crate::stitch::PrefetchAlong;
+    use crate::dest::PrefetchAlong;
 
     /// `PATTERN[p]` picks byte `i % p` of a 16-byte load for lane `i`: the repeating pattern of
     /// a match at offset `p` (< 16); `PATTERN[16]` keeps every byte (offsets of 16 or more).
@@ -257,7 +256,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::decompress;
-    use crate::codec::ffi::tests::lz4_compress as compress;
+    use crate::ffi::compress::lz4_compress as compress;
 
     /// Data that compresses with matches of every kind: runs of `period` (1 to 40) repeated
     /// bytes, noise, copies from far back, smooth 16-bit-like high bytes; chosen by `seed`.
@@ -302,7 +301,7 @@ mod tests {
     #[test]
     fn one_line_is_asked_for_per_sequence() {
         use super::decompress_along;
-        use crate::stitch::PrefetchAlong;
+        use crate::dest::PrefetchAlong;
         if !std::arch::is_x86_feature_detected!("ssse3") {
             return; // liblz4 decodes, and leaves the lines to the caller.
         }
@@ -373,7 +372,7 @@ mod tests {
                 }
             }
             let mut theirs = vec![0u8; cap];
-            if let Some(n) = crate::codec::ffi::lz4_decompress(&block, &mut theirs, cap) {
+            if let Some(n) = crate::ffi::lz4_decompress(&block, &mut theirs, cap) {
                 let (plain_n, plain) = reference(&block, cap, cap);
                 // liblz4 lets an offset of 0 through (it copies what is there); the format
                 // and this decoder do not.

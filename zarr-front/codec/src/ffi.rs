@@ -1,26 +1,26 @@
-//! C-blosc and liblz4 calls: the unsafe module of zarr-front besides `stitch`.
+//! C-blosc and liblz4 calls: one of zcrop-codec's unsafe modules.
 //!
 //! zarrs decodes blosc into a fresh `Vec` and then copies; zcrop decodes straight into the
 //! caller's buffer (a reused scratch buffer, or the crop itself), and can decode only the blocks
 //! that hold a prefix of the chunk. Most blosc chunks do not come here at all:
-//! [`crate::codec::blosc`] reads them, calling only [`lz4_decompress`] for their LZ4 splits.
+//! [`crate::blosc`] reads them, calling only [`lz4_decompress`] for their LZ4 splits.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
 
 /// Facts from a validated blosc header.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct BloscHeader {
+pub struct BloscHeader {
     /// Decoded size.
-    pub(crate) nbytes: usize,
+    pub nbytes: usize,
     /// Item size the buffer was shuffled with.
-    pub(crate) typesize: usize,
+    pub typesize: usize,
     /// Bytes per block (the unit blosc can decode alone).
-    pub(crate) blocksize: usize,
+    pub blocksize: usize,
 }
 
 /// Validates `src` as one blosc buffer and reads its header.
-pub(crate) fn blosc_header(src: &[u8]) -> Result<BloscHeader, String> {
+pub fn blosc_header(src: &[u8]) -> Result<BloscHeader, String> {
     let mut nbytes = 0usize;
     // SAFETY: `src` is a valid slice of `src.len()` bytes; validate reads at most that many and
     // writes one usize to `nbytes`.
@@ -63,11 +63,7 @@ pub(crate) fn blosc_header(src: &[u8]) -> Result<BloscHeader, String> {
 }
 
 /// Decompresses the whole of `src` into `dst`, which must be exactly `header.nbytes` long.
-pub(crate) fn blosc_decompress(
-    src: &[u8],
-    header: &BloscHeader,
-    dst: &mut [u8],
-) -> Result<(), String> {
+pub fn blosc_decompress(src: &[u8], header: &BloscHeader, dst: &mut [u8]) -> Result<(), String> {
     if dst.len() != header.nbytes {
         return Err(format!(
             "blosc chunk decodes to {} bytes, expected {}",
@@ -95,7 +91,7 @@ pub(crate) fn blosc_decompress(
 /// Decompresses only the items `[start, start + dst.len() / typesize)` of `src` into `dst`,
 /// decoding just the blocks that hold them. `dst.len()` and the start must be multiples of the
 /// typesize (checked).
-pub(crate) fn blosc_getitem(
+pub fn blosc_getitem(
     src: &[u8],
     header: &BloscHeader,
     start_byte: usize,
@@ -142,7 +138,7 @@ unsafe extern "C" {
 /// (`want <= dst.len()`); returns how many bytes it produced, or `None` if the block is
 /// malformed. With `want == dst.len()` the whole block is decoded (and must fill `dst`, which
 /// the caller checks).
-pub(crate) fn lz4_decompress(src: &[u8], dst: &mut [u8], want: usize) -> Option<usize> {
+pub fn lz4_decompress(src: &[u8], dst: &mut [u8], want: usize) -> Option<usize> {
     let src_size = i32::try_from(src.len()).ok()?;
     let cap = i32::try_from(dst.len()).ok()?;
     let target = i32::try_from(want.min(dst.len())).ok()?;
@@ -173,12 +169,16 @@ pub(crate) fn lz4_decompress(src: &[u8], dst: &mut [u8], want: usize) -> Option<
     usize::try_from(n).ok()
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
+/// The C libraries' compressors, to make the chunks that tests, fuzz targets and benchmarks
+/// decode.
+pub mod compress {
     /// Compresses `data` with c-blosc (clevel 5; `shuffle` 0 none, 1 byte, 2 bit; `blocksize`
     /// 0 for c-blosc's choice), into `data.len() + 16` bytes as numcodecs and zarrs do, so data
     /// that does not compress is stored (the memcpyed flag).
-    pub(crate) fn blosc_compress(
+    ///
+    /// # Panics
+    /// If `cname` holds a NUL byte or c-blosc fails.
+    pub fn blosc_compress(
         data: &[u8],
         typesize: usize,
         shuffle: i32,
@@ -210,7 +210,10 @@ pub(crate) mod tests {
 
     /// liblz4's compression of `data` (`hc`: its high-compression mode, whose matches are
     /// longer and overlap more).
-    pub(crate) fn lz4_compress(data: &[u8], hc: bool) -> Vec<u8> {
+    ///
+    /// # Panics
+    /// If `data` is longer than liblz4 takes (2 GiB).
+    pub fn lz4_compress(data: &[u8], hc: bool) -> Vec<u8> {
         let len = i32::try_from(data.len()).unwrap();
         // SAFETY: plain arithmetic on a size.
         let bound = unsafe { lz4_sys::LZ4_compressBound(len) };

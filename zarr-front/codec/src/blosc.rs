@@ -9,10 +9,10 @@
 //!
 //! This module parses the buffer itself and, for each block that holds needed bytes:
 //! - takes splits stored raw straight from the encoded bytes, without copying them;
-//! - decompresses LZ4 splits only as far as the last needed byte ([`crate::codec::lz4`]);
+//! - decompresses LZ4 splits only as far as the last needed byte ([`crate::lz4`]);
 //!
 //! and [`Chunk::gather`] unshuffles just the bytes asked for, into a scratch chunk or straight
-//! into the crops (`DisjointOut::copy_groups_with`), so the needed bytes are touched once.
+//! into the crops ([`Chunk::gather_group`] into a stitch's [`crate::dest::Rows`]), so the needed bytes are touched once.
 //!
 //! Left to c-blosc (an `Err` here, and the caller falls back): bitshuffle, splits compressed
 //! with anything but LZ4 (blosclz, zlib, zstd, snappy), and anything this parser calls damaged
@@ -21,10 +21,10 @@
 
 use std::ops::Range;
 
-use crate::codec::lz4;
-use crate::codec::shuffle::interleave;
-use crate::stitch;
-use crate::stitch::{PrefetchAlong, Rows, RunGroup};
+use crate::dest;
+use crate::dest::{PrefetchAlong, Rows, RunGroup};
+use crate::lz4;
+use crate::shuffle::interleave;
 
 /// Bytes of a blosc header.
 const HEADER: usize = 16;
@@ -45,7 +45,7 @@ const MIN_BUFFERSIZE: usize = 128;
 
 /// Why a chunk is left to c-blosc.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Error {
+pub enum Error {
     /// A valid chunk this module does not decode (bitshuffle, another compressor).
     Unsupported(&'static str),
     /// The buffer is damaged; c-blosc words the error.
@@ -65,7 +65,7 @@ enum Seg {
 
 /// Reused buffers of [`open`]: decompressed splits, and where each split is.
 #[derive(Debug, Default)]
-pub(crate) struct Scratch {
+pub struct Scratch {
     tmp: Vec<u8>,
     segs: Vec<Seg>,
 }
@@ -98,7 +98,7 @@ impl Layout {
 
 /// A blosc chunk opened for reading one byte range: see [`open`].
 #[derive(Debug)]
-pub(crate) struct Chunk<'a> {
+pub struct Chunk<'a> {
     src: &'a [u8],
     tmp: &'a [u8],
     segs: &'a [Seg],
@@ -111,7 +111,7 @@ pub(crate) struct Chunk<'a> {
 }
 
 /// Decompressed size of `src`, a blosc buffer (header only, not validated beyond its length).
-pub(crate) fn decoded_size(src: &[u8]) -> Option<usize> {
+pub fn decoded_size(src: &[u8]) -> Option<usize> {
     let b = src.get(4..8)?;
     usize::try_from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok()
 }
@@ -130,7 +130,7 @@ fn le_usize(src: &[u8], at: usize, what: &'static str) -> Result<usize, Error> {
 /// Opens the blosc buffer `src` for reading the bytes `want` of its decoded chunk: decodes the
 /// splits those bytes come from (LZ4 splits only as far as needed) into `scratch`, and finds
 /// the raw ones in `src`. Read the bytes with [`Chunk::gather`].
-pub(crate) fn open<'a>(
+pub fn open<'a>(
     src: &'a [u8],
     want: Range<usize>,
     scratch: &'a mut Scratch,
@@ -255,7 +255,7 @@ pub(crate) fn open<'a>(
                 if let Some(raw) = prefetch_split(src, data.clone(), r, seg_len) {
                     match along {
                         None => along = Some(PrefetchAlong::new(raw)),
-                        Some(_) => stitch::prefetch_read_l2(raw),
+                        Some(_) => dest::prefetch_read_l2(raw),
                     }
                 }
                 found[s] = data;
@@ -319,7 +319,7 @@ pub(crate) fn open<'a>(
 /// of it (a raw split's needed bytes are asked for by [`open`], while the compressed one
 /// decodes); for other chunks (and headers this cannot read), all of `src`; nothing for an
 /// empty range.
-pub(crate) fn prefetch(src: &[u8], want: Range<usize>) {
+pub fn prefetch(src: &[u8], want: Range<usize>) {
     if want.is_empty() {
         return;
     }
@@ -349,12 +349,12 @@ pub(crate) fn prefetch(src: &[u8], want: Range<usize>) {
         } else {
             rest.saturating_sub(4)
         };
-        stitch::prefetch_read(src.get(at1..at1 + 4)?);
+        dest::prefetch_read(src.get(at1..at1 + 4)?);
         prefetch_split(src, at1 + 4..at1 + 4 + csize1, &need[1], seg_len);
         Some(())
     };
     if two_splits().is_none() {
-        stitch::prefetch_read(src);
+        dest::prefetch_read(src);
     }
 }
 
@@ -378,7 +378,7 @@ fn prefetch_split<'s>(
         src.get(data.start + need.start..data.start + need.end)
     } else {
         if let Some(bytes) = src.get(data) {
-            stitch::prefetch_read(bytes);
+            dest::prefetch_read(bytes);
         }
         None
     }
@@ -442,7 +442,7 @@ const STREAMED_RUN: usize = 512;
 
 impl<'a> Chunk<'a> {
     /// Bytes decompressed or read from raw splits to open this range.
-    pub(crate) fn decoded_bytes(&self) -> usize {
+    pub fn decoded_bytes(&self) -> usize {
         self.decoded
     }
 
@@ -463,9 +463,12 @@ impl<'a> Chunk<'a> {
     }
 
     /// Writes the decoded chunk's bytes `at..at + out.len()` into `out`. The bytes must lie in
-    /// the range the chunk was opened for (asserted: the planner's guarantee).
+    /// the range the chunk was opened for.
+    ///
+    /// # Panics
+    /// If they do not (the planner's guarantee).
     #[inline]
-    pub(crate) fn gather(&self, at: usize, out: &mut [u8]) {
+    pub fn gather(&self, at: usize, out: &mut [u8]) {
         assert!(
             at >= self.want.start && at + out.len() <= self.want.end,
             "blosc gather {at}+{} outside the opened range {:?}",
@@ -489,9 +492,9 @@ impl<'a> Chunk<'a> {
 
     /// Gathers the runs of `group` (decoded-chunk bytes `group.src + i * group.src_step`, as
     /// many as `rows.row(i)` holds) into `rows`. The common case (16-bit samples in one block,
-    /// every run inside the opened range and at most [`STREAMED_RUN`] bytes) checks the group
+    /// every run inside the opened range and at most `STREAMED_RUN` bytes) checks the group
     /// once and interleaves run by run; anything else gathers run by run.
-    pub(crate) fn gather_group(&self, group: &RunGroup, rows: &mut Rows<'_, '_>) {
+    pub fn gather_group(&self, group: &RunGroup, rows: &mut Rows<'_>) {
         let len = rows.run_len();
         if let Some((2, s)) = &self.streams
             && len.is_multiple_of(2)
@@ -613,7 +616,7 @@ impl<'a> Chunk<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::ffi::tests::blosc_compress as compress;
+    use crate::ffi::compress::blosc_compress as compress;
     use rand::{RngExt, SeedableRng};
 
     /// Imagery-like 16-bit samples: a smooth field plus noise in the low byte.

@@ -1,5 +1,5 @@
-//! Interleaving byte streams back into elements (blosc's unshuffle) with SSE2 on x86-64: the
-//! unsafe module of zarr-front for vector loads and stores, besides `stitch` and `ffi`.
+//! Interleaving byte streams back into elements (blosc's unshuffle) with SSE2 on x86-64:
+//! one of zcrop-codec's unsafe modules, for vector loads and stores.
 //!
 //! A shuffled blosc block stores byte k of every element in stream k. For 4- and 8-byte types
 //! (float32, int32, float64, ...) the compiler leaves the plain loop scalar, one byte at a
@@ -18,7 +18,7 @@
     reason = "once per crop row; measured, see `interleave2`"
 )]
 #[inline(always)]
-pub(crate) fn interleave<const T: usize>(streams: [&[u8]; T], out: &mut [u8]) {
+pub fn interleave<const T: usize>(streams: [&[u8]; T], out: &mut [u8]) {
     let n = out.len() / T;
     let streams = streams.map(|s| &s[..n]);
     let done = match T {
@@ -64,7 +64,7 @@ mod sse2 {
     }
 
     /// Stores `v` into `out[at..at + 16]` (checked).
-    pub(crate) fn store(out: &mut [u8], at: usize, v: __m128i) {
+    pub(super) fn store(out: &mut [u8], at: usize, v: __m128i) {
         let bytes = &mut out[at..at + 16];
         // SAFETY: `bytes` is 16 writable bytes of `out`, borrowed mutably here alone; an
         // unaligned store needs no alignment. SSE2 is part of every x86-64 CPU.

@@ -18,12 +18,12 @@ use std::ops::Range;
 
 /// Sequences are decoded one by one here (libzstd's loop is far faster); blocks with more than
 /// this many are left to libzstd, where partial decoding would save less than it costs.
-pub(crate) const MAX_SEQUENCES: usize = 512;
+pub const MAX_SEQUENCES: usize = 512;
 
 /// Decoding here pays when the needed literal streams hold at most this share of a block's
 /// literals: per literal this decoder costs about twice libzstd's four-stream assembly loop,
 /// and building its Huffman table adds a little per chunk.
-pub(crate) const MAX_SHARE: f64 = 0.6;
+pub const MAX_SHARE: f64 = 0.6;
 
 const MAGIC: u32 = 0xFD2F_B528;
 const MAX_BLOCK: usize = 128 * 1024;
@@ -31,7 +31,7 @@ const HUF_MAX_LOG: u32 = 11;
 
 /// Why a frame was not decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Error {
+pub enum Error {
     /// A valid frame outside this decoder's scope (several blocks, a dictionary, ...).
     Unsupported(&'static str),
     /// The frame is malformed.
@@ -1019,15 +1019,15 @@ fn read_frame(src: &[u8]) -> Result<Frame<'_>> {
 }
 
 /// One chunk to decode: its frame, its decoded size (`out.len()`) and the part crops need.
-pub(crate) struct Job<'a> {
+pub struct Job<'a> {
     /// The encoded chunk: one zstd frame.
-    pub(crate) src: &'a [u8],
+    pub src: &'a [u8],
     /// Where the chunk decodes to (the whole chunk's size).
-    pub(crate) out: &'a mut [u8],
+    pub out: &'a mut [u8],
     /// The byte range of the chunk that must be decoded.
-    pub(crate) want: Range<usize>,
+    pub want: Range<usize>,
     /// Reused room for the literals of blocks that also hold sequences.
-    pub(crate) scratch: &'a mut Vec<u8>,
+    pub scratch: &'a mut Vec<u8>,
 }
 
 /// A frame parsed down to what decoding `want` takes.
@@ -1159,7 +1159,7 @@ fn execute(sequences: &[Sequence], lo: usize, out: &mut [u8], scratch: &[u8], en
 /// streams of all jobs in one lockstep. Returns per job the range of `out` written (which
 /// contains `want`), or why the job was not decoded. A job whose needed streams hold more
 /// than `max_share` of its block's literals is left undecoded ([`Error::Unsupported`]).
-pub(crate) fn decode_many(jobs: &mut [Job<'_>], max_share: f64) -> Vec<Result<Range<usize>>> {
+pub fn decode_many(jobs: &mut [Job<'_>], max_share: f64) -> Vec<Result<Range<usize>>> {
     let parsed: Vec<Result<Parsed<'_>>> = jobs
         .iter()
         .map(|j| {
@@ -1244,7 +1244,10 @@ pub(crate) fn decode_many(jobs: &mut [Job<'_>], max_share: f64) -> Vec<Result<Ra
 
 /// Decodes at least `want` of a one-block zstd frame whose decoded size is `out.len()`, into
 /// `out` (see [`decode_many`]). Returns the range of `out` that was written.
-pub(crate) fn decode_range(
+///
+/// # Panics
+/// Never: [`decode_many`] returns one result per job.
+pub fn decode_range(
     src: &[u8],
     out: &mut [u8],
     want: Range<usize>,
