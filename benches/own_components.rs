@@ -6,8 +6,9 @@
 //!   and a thread per job: one job handed to an idle pool and its result taken, and bursts of
 //!   jobs (a batch of async reads) on a pool smaller than the burst.
 //! - `read_buffers`: io-core's buffer pool (`io-core/src/pool.rs`) against plain `Vec`
-//!   allocation, alone (take, fill, free; one buffer or a queue's worth at once) and inside
-//!   warm reads through `IoEngine` (`IoConfig::recycle_buffers` on and off).
+//!   allocation, alone (take, fill, free; one buffer or a queue's worth at once, freed by
+//!   another thread; a queue's worth after a pause between batches, when fresh memory faults
+//!   in) and inside warm reads through `IoEngine` (`IoConfig::recycle_buffers` on and off).
 //! - `lru`: zarr-front's byte-budget LRU (`zarr-front/src/cache.rs`) against `quick_cache`,
 //!   `lru` (with a byte budget around it) and `moka`, on shard-index lookups and on the
 //!   decoded-chunk cache fed by random crops; the hit rates are printed (stderr) as well.
@@ -23,10 +24,12 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{
+    BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
+};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use zcrop::bench::io::ensure_io_file;
@@ -148,6 +151,9 @@ fn bench_thread_pool(c: &mut Criterion) {
 /// largest merged local read (`LOCAL_MAX_MERGED_LEN`).
 const READ_SIZES: [usize; 4] = [4 << 10, 64 << 10, 1 << 20, 4 << 20];
 
+/// A pause between batches (a training step's compute).
+const BATCH_PAUSE: Duration = Duration::from_millis(25);
+
 /// A buffer for `len` bytes filled from `src` (a read's copy out of the page cache), handed
 /// out as `Bytes` the way `sys::ReadBuf::into_bytes` does.
 fn filled(len: usize, src: &[u8], pooled: bool) -> Bytes {
@@ -165,6 +171,15 @@ fn filled(len: usize, src: &[u8], pooled: bool) -> Bytes {
 
 fn bench_read_buffers(c: &mut Criterion) {
     let src = vec![7u8; 4 << 20];
+    // The consumer: drops the buffers it is sent and says so.
+    let (to_consumer, from_bench) = mpsc::channel::<Vec<Bytes>>();
+    let (done, freed) = mpsc::channel();
+    let consumer = std::thread::spawn(move || {
+        for bufs in from_bench {
+            drop(bufs);
+            let _ = done.send(());
+        }
+    });
     let mut g = c.benchmark_group("read_buffers");
     g.measurement_time(Duration::from_secs(3));
     for len in READ_SIZES {
@@ -176,7 +191,7 @@ fn bench_read_buffers(c: &mut Criterion) {
             });
         }
         // A queue's worth (64 reads in flight, the default queue depth) alive at once, then
-        // freed on another thread than the one that took them (a consumer's), as in a batch.
+        // freed by another thread than the one that took them (a consumer's), as in a batch.
         let depth = 64.min((64 << 20) / len);
         g.throughput(Throughput::Bytes((len * depth) as u64));
         for (name, pooled) in [("pool", true), ("vec", false)] {
@@ -186,14 +201,49 @@ fn bench_read_buffers(c: &mut Criterion) {
                     b.iter(|| {
                         let bufs: Vec<Bytes> =
                             (0..depth).map(|_| filled(len, &src, pooled)).collect();
-                        std::thread::scope(|s| {
-                            s.spawn(move || drop(bufs));
-                        });
+                        to_consumer.send(bufs).expect("consumer");
+                        freed.recv().expect("consumer");
                     });
                 },
             );
         }
     }
+    g.finish();
+    // The same queue's worth after a pause, as between a training loop's batches: an allocator
+    // may return freed memory to the kernel meanwhile (mimalloc purges it after 10 ms), and
+    // fresh pages fault in, zeroed, when filled. Only the take-fill-free is timed; each sample
+    // is one batch.
+    let mut g = c.benchmark_group("read_buffers_paused");
+    g.sampling_mode(SamplingMode::Flat)
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_millis(1));
+    for len in READ_SIZES {
+        let depth = 64.min((64 << 20) / len);
+        g.throughput(Throughput::Bytes((len * depth) as u64));
+        for (name, pooled) in [("pool", true), ("vec", false)] {
+            g.bench_function(
+                BenchmarkId::new(format!("{depth}x{}k", len >> 10), name),
+                |b| {
+                    b.iter_custom(|iters| {
+                        let mut busy = Duration::ZERO;
+                        for _ in 0..iters {
+                            std::thread::sleep(BATCH_PAUSE);
+                            let start = Instant::now();
+                            let bufs: Vec<Bytes> =
+                                (0..depth).map(|_| filled(len, &src, pooled)).collect();
+                            to_consumer.send(bufs).expect("consumer");
+                            freed.recv().expect("consumer");
+                            busy += start.elapsed();
+                        }
+                        busy
+                    });
+                },
+            );
+        }
+    }
+    drop(to_consumer);
+    consumer.join().expect("consumer");
     g.finish();
     bench_engine_reads(c);
 }
