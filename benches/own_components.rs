@@ -9,11 +9,12 @@
 //!   allocation, alone (take, fill, free; one buffer or a queue's worth at once, freed by
 //!   another thread; a queue's worth after a pause between batches, when fresh memory faults
 //!   in) and inside warm reads through `IoEngine` (`IoConfig::recycle_buffers` on and off).
-//! - `lru`: zarr-front's byte-budget LRU (`zarr-front/src/cache.rs`) against `quick_cache`,
+//! - `lru`: zarr-front's byte-budget cache (`zarr-front/src/cache.rs`: `quick_cache` in one
+//!   shard, since the replaced own LRU lost to it) against `quick_cache`'s default shards,
 //!   `lru` (with a byte budget around it) and `moka`, on shard-index lookups and on the
 //!   decoded-chunk cache fed by random crops; the hit rates are printed (stderr) as well.
 //!
-//! The own components are crate-private; their source files are compiled into this bench with
+//! The components are crate-private; their source files are compiled into this bench with
 //! `#[path]` so that no crate widens its API for a benchmark. The bench runs with mimalloc as
 //! its allocator, as the `zcrop` binary and the Python module do.
 //!
@@ -49,7 +50,7 @@ mod own_buffers;
 
 #[path = "../zarr-front/src/cache.rs"]
 #[allow(dead_code, unused_imports)]
-mod own_lru;
+mod zcrop_cache;
 
 // ---------------------------------------------------------------------------------------------
 // Thread pool.
@@ -308,7 +309,7 @@ trait ByteCache<K, V> {
 }
 
 impl<K: std::hash::Hash + Eq + Clone + Send, V: Clone + Send> ByteCache<K, V>
-    for own_lru::LruCache<K, V>
+    for zcrop_cache::LruCache<K, V>
 {
     fn get_by<Q: std::hash::Hash + Eq + ?Sized>(&self, key: &Q) -> Option<V>
     where
@@ -333,15 +334,14 @@ impl<K, V> quick_cache::Weighter<K, (V, usize)> for Cost {
 
 type Quick<K, V> = quick_cache::sync::Cache<K, (V, usize), Cost>;
 
-fn quick<K: std::hash::Hash + Eq + Clone, V: Clone>(
+/// `quick_cache` with its default shards (4 per core), each holding its share of the budget.
+fn quick_sharded<K: std::hash::Hash + Eq + Clone, V: Clone>(
     budget: usize,
     typical: usize,
-    shards: usize,
 ) -> Quick<K, V> {
     let options = quick_cache::OptionsBuilder::new()
         .weight_capacity(budget as u64)
         .estimated_items_capacity((budget / typical).max(1))
-        .shards(shards)
         .build()
         .expect("options");
     quick_cache::sync::Cache::with_options(
@@ -533,15 +533,10 @@ fn bench_lru(c: &mut Criterion) {
     };
     g.throughput(Throughput::Elements(lookups.len() as u64));
     {
-        let own = own_lru::LruCache::new(index_budget);
-        fill(&|k, v, c| own.put(k, v, c));
-        g.bench_function("index_hits_40/own", |b| {
-            b.iter(|| index_lookups(&own, &lookups));
-        });
-        let q = quick(index_budget, cost, 1);
-        fill(&|k, v, c| q.put(k, v, c));
-        g.bench_function("index_hits_40/quick_cache", |b| {
-            b.iter(|| index_lookups(&q, &lookups));
+        let ours = zcrop_cache::LruCache::new(index_budget);
+        fill(&|k, v, c| ours.put(k, v, c));
+        g.bench_function("index_hits_40/zcrop", |b| {
+            b.iter(|| index_lookups(&ours, &lookups));
         });
         let l = LruBytes::new(index_budget);
         fill(&|k, v, c| l.put(k, v, c));
@@ -572,40 +567,19 @@ fn bench_lru(c: &mut Criterion) {
                 hits as f64 / leaves_per_run as f64
             );
         };
-        let own = own_lru::LruCache::new(budget);
-        run(&|b| chunk_batch(&own, b, &chunk));
-        report("own", run(&|b| chunk_batch(&own, b, &chunk)));
-        g.bench_function(format!("chunks_{budget_mib}MiB/own"), |b| {
-            b.iter(|| run(&|l| chunk_batch(&own, l, &chunk)));
+        let ours = zcrop_cache::LruCache::new(budget);
+        run(&|b| chunk_batch(&ours, b, &chunk));
+        report("zcrop", run(&|b| chunk_batch(&ours, b, &chunk)));
+        g.bench_function(format!("chunks_{budget_mib}MiB/zcrop"), |b| {
+            b.iter(|| run(&|l| chunk_batch(&ours, l, &chunk)));
         });
-        own.clear();
-        for shards in [1, 0] {
-            let q = if shards == 0 {
-                let options = quick_cache::OptionsBuilder::new()
-                    .weight_capacity(budget as u64)
-                    .estimated_items_capacity(budget / chunk.len())
-                    .build()
-                    .expect("options");
-                quick_cache::sync::Cache::with_options(
-                    options,
-                    Cost,
-                    quick_cache::DefaultHashBuilder::default(),
-                    quick_cache::sync::DefaultLifecycle::default(),
-                )
-            } else {
-                quick(budget, chunk.len(), shards)
-            };
-            let name = if shards == 0 {
-                "quick_cache_sharded"
-            } else {
-                "quick_cache"
-            };
-            run(&|b| chunk_batch(&q, b, &chunk));
-            report(name, run(&|b| chunk_batch(&q, b, &chunk)));
-            g.bench_function(format!("chunks_{budget_mib}MiB/{name}"), |b| {
-                b.iter(|| run(&|l| chunk_batch(&q, l, &chunk)));
-            });
-        }
+        ours.clear();
+        let q = quick_sharded(budget, chunk.len());
+        run(&|b| chunk_batch(&q, b, &chunk));
+        report("quick_cache_sharded", run(&|b| chunk_batch(&q, b, &chunk)));
+        g.bench_function(format!("chunks_{budget_mib}MiB/quick_cache_sharded"), |b| {
+            b.iter(|| run(&|l| chunk_batch(&q, l, &chunk)));
+        });
         let l = LruBytes::new(budget);
         run(&|b| chunk_batch(&l, b, &chunk));
         report("lru", run(&|b| chunk_batch(&l, b, &chunk)));
