@@ -371,8 +371,11 @@ where
 /// The `lru` crate with the byte budget kept beside it.
 struct LruBytes<K: std::hash::Hash + Eq, V> {
     budget: usize,
-    inner: Mutex<(lru::LruCache<K, (V, usize)>, usize)>,
+    inner: Mutex<LruState<K, V>>,
 }
+
+/// The entries with their costs, and the bytes they hold.
+type LruState<K, V> = (lru::LruCache<K, (V, usize)>, usize);
 
 impl<K: std::hash::Hash + Eq, V> LruBytes<K, V> {
     fn new(budget: usize) -> Self {
@@ -483,6 +486,9 @@ fn chunk_batch<C: ByteCache<Vec<u64>, ChunkVal>>(
 /// The leaves of `crops` random (4, 12, 128, 128) crops of a (96, 12, 1024, 1024) array with
 /// (1, 1, 128, 128) chunks (the benchmark's sharded dataset), batch after batch.
 fn crop_leaves(batches: usize, crops: usize, seed: u64) -> Vec<Vec<Vec<u64>>> {
+    // Crops and chunks are 128 wide along y and x.
+    const CROP: u64 = 128;
+    const CHUNK: u64 = 128;
     let mut rng = StdRng::seed_from_u64(seed);
     (0..batches)
         .map(|_| {
@@ -493,8 +499,8 @@ fn crop_leaves(batches: usize, crops: usize, seed: u64) -> Vec<Vec<Vec<u64>>> {
                 let x = rng.random_range(0..=896u64);
                 for ti in t..t + 4 {
                     for ci in 0..12 {
-                        for yi in y / 128..=(y + 127) / 128 {
-                            for xi in x / 128..=(x + 127) / 128 {
+                        for yi in y / CHUNK..=(y + CROP - 1) / CHUNK {
+                            for xi in x / CHUNK..=(x + CROP - 1) / CHUNK {
                                 leaves.push(vec![ti, ci, yi, xi]);
                             }
                         }
@@ -534,19 +540,19 @@ fn bench_lru(c: &mut Criterion) {
     g.throughput(Throughput::Elements(lookups.len() as u64));
     {
         let ours = zcrop_cache::LruCache::new(index_budget);
-        fill(&|k, v, c| ours.put(k, v, c));
+        fill(&|key, val, cost| ours.put(key, val, cost));
         g.bench_function("index_hits_40/zcrop", |b| {
             b.iter(|| index_lookups(&ours, &lookups));
         });
-        let l = LruBytes::new(index_budget);
-        fill(&|k, v, c| l.put(k, v, c));
+        let lru_bytes = LruBytes::new(index_budget);
+        fill(&|key, val, cost| lru_bytes.put(key, val, cost));
         g.bench_function("index_hits_40/lru", |b| {
-            b.iter(|| index_lookups(&l, &lookups));
+            b.iter(|| index_lookups(&lru_bytes, &lookups));
         });
-        let m = moka_cache(index_budget);
-        fill(&|k, v, c| m.put(k, v, c));
+        let moka = moka_cache(index_budget);
+        fill(&|key, val, cost| moka.put(key, val, cost));
         g.bench_function("index_hits_40/moka", |b| {
-            b.iter(|| index_lookups(&m, &lookups));
+            b.iter(|| index_lookups(&moka, &lookups));
         });
     }
 
@@ -574,24 +580,27 @@ fn bench_lru(c: &mut Criterion) {
             b.iter(|| run(&|l| chunk_batch(&ours, l, &chunk)));
         });
         ours.clear();
-        let q = quick_sharded(budget, chunk.len());
-        run(&|b| chunk_batch(&q, b, &chunk));
-        report("quick_cache_sharded", run(&|b| chunk_batch(&q, b, &chunk)));
+        let sharded = quick_sharded(budget, chunk.len());
+        run(&|b| chunk_batch(&sharded, b, &chunk));
+        report(
+            "quick_cache_sharded",
+            run(&|b| chunk_batch(&sharded, b, &chunk)),
+        );
         g.bench_function(format!("chunks_{budget_mib}MiB/quick_cache_sharded"), |b| {
-            b.iter(|| run(&|l| chunk_batch(&q, l, &chunk)));
+            b.iter(|| run(&|l| chunk_batch(&sharded, l, &chunk)));
         });
-        let l = LruBytes::new(budget);
-        run(&|b| chunk_batch(&l, b, &chunk));
-        report("lru", run(&|b| chunk_batch(&l, b, &chunk)));
+        let lru_bytes = LruBytes::new(budget);
+        run(&|b| chunk_batch(&lru_bytes, b, &chunk));
+        report("lru", run(&|b| chunk_batch(&lru_bytes, b, &chunk)));
         g.bench_function(format!("chunks_{budget_mib}MiB/lru"), |b| {
-            b.iter(|| run(&|l2| chunk_batch(&l, l2, &chunk)));
+            b.iter(|| run(&|l2| chunk_batch(&lru_bytes, l2, &chunk)));
         });
-        let m = moka_cache(budget);
-        run(&|b| chunk_batch(&m, b, &chunk));
-        m.run_pending_tasks();
-        report("moka", run(&|b| chunk_batch(&m, b, &chunk)));
+        let moka = moka_cache(budget);
+        run(&|b| chunk_batch(&moka, b, &chunk));
+        moka.run_pending_tasks();
+        report("moka", run(&|b| chunk_batch(&moka, b, &chunk)));
         g.bench_function(format!("chunks_{budget_mib}MiB/moka"), |b| {
-            b.iter(|| run(&|l| chunk_batch(&m, l, &chunk)));
+            b.iter(|| run(&|l| chunk_batch(&moka, l, &chunk)));
         });
     }
     g.finish();
