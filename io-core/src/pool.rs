@@ -1,16 +1,18 @@
 //! Recycled read buffers.
 //!
+//! Kept rather than plain allocation: faster with glibc, and with mimalloc after a pause
+//! between batches (docs/performance.md, "Own components and why").
+//!
 //! Every read needs a fresh buffer that is handed to the consumer as `Bytes`. Allocating it
-//! with `malloc` each time costs more than the read on cached data: glibc returns freed memory
-//! to the kernel and the next read faults it back in, zeroed (30% of the CPU of 64 KiB reads in
-//! a profile). Buffers come from per-size-class pools instead and go back when the consumer
-//! drops the last `Bytes` that views them. Each class holds a bounded number of buffers, and
+//! each time can cost more than the read on cached data: an allocator returns freed memory to
+//! the kernel and the next read faults it back in, zeroed, and glibc frees buffers allocated by
+//! another thread slowly. Buffers come from per-size-class pools instead and go back when the
+//! consumer drops the last `Bytes` that views them. Each class holds a bounded number of buffers, and
 //! hands out the one freed last: it is the most likely to still be in the CPU cache, which the
 //! next read copies into.
 //!
 //! Small classes (up to 64 KiB) also keep a few buffers per thread, so a thread that reads and
-//! frees many small buffers does not take a lock shared with the other threads each time (two
-//! threads reading cached 4 KiB blocks spent 5% of their time on the pool's locks). A thread's
+//! frees many small buffers does not take a lock shared with the other threads each time. A thread's
 //! cache refills from and spills to the shared class in runs of [`local_batch`] buffers; it
 //! goes back to the shared classes when the thread exits.
 

@@ -1,9 +1,12 @@
 //! Thread pools for reads that run off the calling thread.
 //!
+//! Kept rather than tokio's blocking pool, which works the same way, because it hands a job to
+//! an idle thread faster (docs/performance.md, "Own components and why").
+//!
 //! A pool starts a thread only when a queued job finds no waiting thread to take it (up to `max`
 //! threads) and lets a thread go after [`IDLE_EXIT`] without work, so it costs nothing when
 //! unused and never makes a job wait for an unrelated, slow one while it may grow. Handing a job
-//! to a waiting thread costs a few microseconds; starting a thread costs tens.
+//! to a waiting thread is much cheaper than starting one.
 //!
 //! All bookkeeping (the queue, the waiting and live thread counts) sits under one mutex, so a
 //! queued job always has a thread that will take it: one that was waiting and is woken, one
