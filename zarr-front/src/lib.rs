@@ -40,6 +40,7 @@ mod decode;
 pub mod error;
 mod hierarchy;
 mod layout;
+mod place;
 pub mod plan;
 mod shard;
 mod stitch;
