@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from pagecache import ROOT, drop_caches, prewarm, zcrop_binary
 HERE = os.path.dirname(os.path.abspath(__file__))
 READERS = ["zcrop", "zcrop-mmap", "zcrop-cache", "tensorstore", "zarrs", "zarr", "zarr-obstore", "zarr-fsspec"]
 LOCAL_READERS = ["zcrop", "zcrop-mmap", "tensorstore", "zarrs", "zarr"]
@@ -234,32 +234,6 @@ def venv_python() -> str:
     return py
 
 
-def zcrop_cli() -> str:
-    subprocess.run(["cargo", "build", "--release", "-q", "--bin", "zcrop"], cwd=ROOT, check=True)
-    return os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "zcrop")
-
-
-def drop_caches() -> bool:
-    try:
-        subprocess.run(["sync"], check=True)
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1")
-        return True
-    except OSError:
-        return False
-
-
-def prewarm(path: str) -> int:
-    """Reads every file under `path` once (into the page cache); returns the bytes read."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb", buffering=0) as f:
-                while chunk := f.read(8 << 20):
-                    total += len(chunk)
-    return total
-
-
 def chunks_needed(origins, shape, chunk) -> int:
     """Distinct (1, 1, cy, cx)-chunks the crops of one batch touch (any reader must decode them)."""
     s = set()
@@ -296,7 +270,7 @@ def main() -> None:
         return worker(args)
 
     py = venv_python()
-    zcrop = zcrop_cli()
+    zcrop = zcrop_binary()
     shape = [int(s) for s in args.shape.split(",")]
     s3 = args.store == "s3"
     readers = args.readers.split(",") if args.readers != ",".join(READERS) else (S3_READERS if s3 else LOCAL_READERS)

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from pagecache import drop_caches, prewarm, zcrop_binary
 
 
 def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -43,28 +43,6 @@ def ensure_fio() -> str:
     prefix = [] if os.geteuid() == 0 else ["sudo"]
     subprocess.run(prefix + ["apt-get", "install", "-y", "-qq", "fio"], check=True)
     return shutil.which("fio") or sys.exit("fio could not be installed")
-
-
-def zcrop_binary() -> str:
-    subprocess.run(["cargo", "build", "--release", "-q", "--bin", "zcrop"], cwd=ROOT, check=True)
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    return os.path.join(target, "release", "zcrop")
-
-
-def drop_caches() -> bool:
-    try:
-        subprocess.run(["sync"], check=True)
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1")
-        return True
-    except OSError:
-        return False
-
-
-def prewarm(path: str) -> None:
-    with open(path, "rb") as f:
-        while f.read(16 << 20):
-            pass
 
 
 def pinned(one_core: bool) -> list[str]:

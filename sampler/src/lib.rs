@@ -55,7 +55,6 @@
 //! Only [`pinned`] (mmap, mlock, dlopen of the CUDA runtime) holds `unsafe`, each block with a
 //! `// SAFETY:` comment.
 
-pub mod bench;
 mod coords;
 pub mod error;
 pub mod fft;

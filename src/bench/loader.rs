@@ -1,9 +1,16 @@
-//! `zcrop bench loader`: the sampler's loader against the same batches read directly.
+//! `zcrop bench loader` and `cargo bench --bench loader`: the sampler's [`Loader`] against the
+//! same batches read by calling zarr-front's `read_batch_into` directly in a loop.
 
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use zcrop_sampler::{
+    Dim, Loader, LoaderConfig, PinOptions, PinState, SampleSpec, Sampler, Shard, Source, Transform,
+};
 use zcrop_zarr::Array;
+
+use super::synth::{Codec, Layout, Spec};
 
 /// Options of the loader benchmark (`zcrop bench loader`).
 #[derive(Debug, Clone)]
@@ -63,26 +70,254 @@ pub struct LoaderBenchJson {
     pub pin_note: Option<String>,
 }
 
+/// What one run of batches did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunStats {
+    /// Batches timed.
+    pub batches: u64,
+    /// Bytes delivered (all sources).
+    pub bytes: u64,
+    /// Wall time of the timed batches.
+    pub seconds: f64,
+    /// Batches per second.
+    pub batches_per_s: f64,
+    /// Delivered GB (10^9 bytes) per second.
+    pub gb_per_s: f64,
+    /// Time the consumer spent waiting for data (the whole read, for the direct loop).
+    pub wait_seconds: f64,
+}
+
+impl RunStats {
+    fn new(batches: u64, bytes: u64, elapsed: Duration, wait: Duration) -> RunStats {
+        let seconds = elapsed.as_secs_f64();
+        RunStats {
+            batches,
+            bytes,
+            seconds,
+            batches_per_s: batches as f64 / seconds,
+            gb_per_s: bytes as f64 / seconds / 1e9,
+            wait_seconds: wait.as_secs_f64(),
+        }
+    }
+}
+
+/// The loader benchmark: `batches` batches of `batch_size` crops of `crop` from a (T, C, Y, X)
+/// array (crops follow t, y and x and start at channel 0), after `warmup` untimed ones, read (a) by calling `read_batch_into`
+/// directly in a loop and (b) through a [`Loader`]; after each batch the consumer "works" for
+/// `consume` (a sleep, like waiting on a GPU step). Each is run `rounds` times; the fastest
+/// round counts.
+#[derive(Debug, Clone)]
+pub struct LoaderBench {
+    /// Crop shape.
+    pub crop: [u64; 4],
+    /// Crops per batch.
+    pub batch_size: usize,
+    /// Timed batches per round.
+    pub batches: u64,
+    /// Untimed batches before them.
+    pub warmup: u64,
+    /// The consumer's time per batch.
+    pub consume: Duration,
+    /// Rounds (the fastest counts).
+    pub rounds: u32,
+    /// The loader's prefetch depth.
+    pub prefetch: usize,
+    /// The loader's worker threads.
+    pub workers: usize,
+    /// The transform (the same in both loops).
+    pub transform: Transform,
+    /// Page-locking and CUDA registration of the loader's buffers.
+    pub pin: PinOptions,
+    /// The seed.
+    pub seed: u64,
+}
+
+impl Default for LoaderBench {
+    fn default() -> Self {
+        LoaderBench {
+            crop: [4, 12, 128, 128],
+            batch_size: 8,
+            batches: 40,
+            warmup: 4,
+            consume: Duration::ZERO,
+            rounds: 3,
+            prefetch: 4,
+            workers: 2,
+            transform: Transform::none(),
+            pin: PinOptions::default(),
+            seed: 0,
+        }
+    }
+}
+
+/// Both loops' results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoaderBenchReport {
+    /// `read_batch_into` called directly in a loop.
+    pub direct: RunStats,
+    /// The same batches through the loader.
+    pub pipeline: RunStats,
+    /// Pipeline wall time over direct wall time (below 1: the pipeline is faster).
+    pub time_ratio: f64,
+    /// The loader's buffers.
+    pub pin_state: PinState,
+}
+
+impl std::fmt::Display for LoaderBenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (name, r) in [
+            ("direct read_batch", &self.direct),
+            ("loader", &self.pipeline),
+        ] {
+            writeln!(
+                f,
+                "{name:>17}: {:>4} batches in {:>7.3} s = {:>7.1} batches/s, {:>6.3} GB/s, consumer waited {:.3} s",
+                r.batches, r.seconds, r.batches_per_s, r.gb_per_s, r.wait_seconds
+            )?;
+        }
+        write!(
+            f,
+            "loader / direct time: {:.3} (pinned: {}, CUDA-registered: {})",
+            self.time_ratio, self.pin_state.page_locked, self.pin_state.cuda_registered
+        )
+    }
+}
+
+impl LoaderBench {
+    /// The sampler this benchmark reads with, over the (T, C, Y, X) array at `path`.
+    pub fn sampler(&self, path: &Path) -> Result<Sampler> {
+        let array = Array::open(path)?;
+        if array.ndim() != 4 {
+            bail!(
+                "the loader benchmark needs a 4-d (T, C, Y, X) array; {} is {}-d",
+                path.display(),
+                array.ndim()
+            );
+        }
+        let source = Source::new("data", array, self.crop)
+            .dims([
+                Dim::along("t"),
+                Dim::fixed(0),
+                Dim::along("y"),
+                Dim::along("x"),
+            ])
+            .transform(self.transform.clone());
+        Ok(Sampler::new(
+            SampleSpec::new(["t", "y", "x"])
+                .source(source)
+                .seed(self.seed)
+                .batch_size(self.batch_size),
+        )?)
+    }
+
+    /// The benchmark dataset of `cargo bench --bench loader`: the default workload's layout
+    /// (shards of (T, 12, Y, X) with zstd inner chunks of (1, 1, 128, 128)) at 96 MiB.
+    pub fn dataset() -> Spec {
+        Spec::new([16, 12, 512, 512], Codec::Zstd, Layout::Sharded)
+            .chunked([8, 12, 256, 256], [1, 1, 128, 128])
+    }
+
+    fn consume(&self) {
+        if !self.consume.is_zero() {
+            std::thread::sleep(self.consume);
+        }
+    }
+
+    /// Times the direct loop: plan, `read_batch_into` every source, consume.
+    pub fn run_direct(&self, sampler: &Sampler) -> Result<RunStats> {
+        let mut bufs: Vec<Vec<u8>> = sampler
+            .sources()
+            .iter()
+            .map(|s| vec![0u8; s.batch_bytes])
+            .collect();
+        let bytes: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        self.timed(bytes, |step| {
+            let plan = sampler.plan(step, Shard::SINGLE)?;
+            for (s, buf) in bufs.iter_mut().enumerate() {
+                sampler.read_into(&plan, s, buf, None)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `warmup + batches` steps of `fetch` then consume, timing the last `batches`: the
+    /// wall time and the time spent in `fetch`. What `fetch` returns is dropped after consuming.
+    fn timed<T>(
+        &self,
+        batch_bytes: u64,
+        mut fetch: impl FnMut(u64) -> Result<T>,
+    ) -> Result<RunStats> {
+        let mut t0 = Instant::now();
+        let mut wait = Duration::ZERO;
+        for step in 0..self.warmup + self.batches {
+            if step == self.warmup {
+                t0 = Instant::now();
+                wait = Duration::ZERO;
+            }
+            let w0 = Instant::now();
+            let item = fetch(step)?;
+            wait += w0.elapsed();
+            self.consume();
+            drop(item);
+        }
+        Ok(RunStats::new(
+            self.batches,
+            batch_bytes * self.batches,
+            t0.elapsed(),
+            wait,
+        ))
+    }
+
+    /// Times the loader: `next_batch`, consume, drop.
+    pub fn run_pipeline(&self, sampler: &Sampler) -> Result<(RunStats, PinState)> {
+        let config = LoaderConfig {
+            end_step: Some(self.warmup + self.batches),
+            prefetch: self.prefetch,
+            workers: self.workers,
+            pin: self.pin.clone(),
+            ..LoaderConfig::default()
+        };
+        let mut loader = Loader::new(sampler.clone(), config)?;
+        let pin = loader.pin_state().clone();
+        let bytes: u64 = sampler.sources().iter().map(|s| s.batch_bytes as u64).sum();
+        let stats = self.timed(bytes, |_| Ok(loader.next_batch()?))?;
+        Ok((stats, pin))
+    }
+
+    /// Runs both loops `rounds` times, alternating, on the array at `path`.
+    pub fn run(&self, path: &Path) -> Result<LoaderBenchReport> {
+        let sampler = self.sampler(path)?;
+        let mut direct = self.run_direct(&sampler)?;
+        let (mut pipeline, pin_state) = self.run_pipeline(&sampler)?;
+        for _ in 1..self.rounds {
+            let d = self.run_direct(&sampler)?;
+            if d.seconds < direct.seconds {
+                direct = d;
+            }
+            let (p, _) = self.run_pipeline(&sampler)?;
+            if p.seconds < pipeline.seconds {
+                pipeline = p;
+            }
+        }
+        Ok(LoaderBenchReport {
+            time_ratio: pipeline.seconds / direct.seconds,
+            direct,
+            pipeline,
+            pin_state,
+        })
+    }
+}
+
 /// Runs the sampler's loader against direct `read_batch_into` calls on the (T, C, Y, X) array
 /// at `path`, crops following (t, y, x) with all of C.
-pub fn run_loader(path: &std::path::Path, opts: &LoaderBenchOptions) -> Result<LoaderBenchJson> {
-    use zcrop_sampler::bench::LoaderBench;
-    use zcrop_sampler::{Dim, SampleSpec, Sampler, Source, Transform};
-    let array = Array::open(path)?;
-    if array.ndim() != 4 {
-        bail!(
-            "the loader benchmark needs a 4-d (T, C, Y, X) array; {} is {}-d",
-            path.display(),
-            array.ndim()
-        );
-    }
+pub fn run_loader(path: &Path, opts: &LoaderBenchOptions) -> Result<LoaderBenchJson> {
     let bench = LoaderBench {
         crop: opts.crop,
         batch_size: opts.batch_size,
         batches: opts.batches,
         warmup: opts.warmup,
         consume: opts.consume,
-        rounds: opts.rounds,
+        rounds: opts.rounds.max(1),
         prefetch: opts.prefetch,
         workers: opts.workers,
         transform: if opts.to_f32 {
@@ -93,41 +328,8 @@ pub fn run_loader(path: &std::path::Path, opts: &LoaderBenchOptions) -> Result<L
         seed: opts.seed,
         ..LoaderBench::default()
     };
-    let source = Source::new("data", array, opts.crop.to_vec())
-        .dims([
-            Dim::along("t"),
-            Dim::fixed(0),
-            Dim::along("y"),
-            Dim::along("x"),
-        ])
-        .transform(bench.transform.clone());
-    let sampler = Sampler::new(
-        SampleSpec::new(["t", "y", "x"])
-            .source(source)
-            .seed(opts.seed)
-            .batch_size(opts.batch_size),
-    )?;
-    let (mut direct, mut pipeline, mut pin) = (None, None, None);
-    for _ in 0..opts.rounds.max(1) {
-        let d = bench.run_direct(&sampler)?;
-        let (p, state) = bench.run_pipeline(&sampler)?;
-        if direct
-            .as_ref()
-            .is_none_or(|b: &zcrop_sampler::bench::RunStats| d.seconds < b.seconds)
-        {
-            direct = Some(d);
-        }
-        if pipeline
-            .as_ref()
-            .is_none_or(|b: &zcrop_sampler::bench::RunStats| p.seconds < b.seconds)
-        {
-            pipeline = Some(p);
-        }
-        pin = Some(state);
-    }
-    let (Some(d), Some(p), Some(pin)) = (direct, pipeline, pin) else {
-        bail!("no rounds ran");
-    };
+    let r = bench.run(path)?;
+    let (d, p, pin) = (r.direct, r.pipeline, r.pin_state);
     Ok(LoaderBenchJson {
         path: path.display().to_string(),
         crop_shape: opts.crop.to_vec(),
@@ -142,6 +344,38 @@ pub fn run_loader(path: &std::path::Path, opts: &LoaderBenchOptions) -> Result<L
         loader_wait_s: p.wait_seconds,
         page_locked: pin.page_locked,
         cuda_registered: pin.cuda_registered,
-        pin_note: pin.reason.clone(),
+        pin_note: pin.reason,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_loops_deliver_the_same_bytes_and_count_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = Spec::new([4, 3, 70, 90], Codec::Zstd, Layout::Sharded)
+            .chunked([2, 3, 64, 64], [1, 1, 32, 32]);
+        let path = super::super::synth::ensure(&spec, dir.path(), &|_, _| {}).unwrap();
+        let bench = LoaderBench {
+            crop: [2, 3, 16, 16],
+            batch_size: 3,
+            batches: 5,
+            warmup: 1,
+            rounds: 1,
+            pin: PinOptions::pageable(),
+            ..LoaderBench::default()
+        };
+        let r = bench.run(&path).unwrap();
+        let batch_bytes = 3 * 2 * 3 * 16 * 16 * 2;
+        for s in [&r.direct, &r.pipeline] {
+            assert_eq!(s.batches, 5);
+            assert_eq!(s.bytes, 5 * batch_bytes);
+            assert!(s.seconds > 0.0 && s.batches_per_s > 0.0 && s.gb_per_s > 0.0);
+            assert!(s.wait_seconds <= s.seconds);
+        }
+        assert!((r.time_ratio - r.pipeline.seconds / r.direct.seconds).abs() < 1e-12);
+        assert!(r.to_string().contains("loader / direct time"));
+    }
 }

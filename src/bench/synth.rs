@@ -1,10 +1,13 @@
 //! Synthetic benchmark datasets: smooth fields plus noise (so they compress like real imagery),
-//! written with zarrs into a folder that later runs reuse.
+//! written with zarrs into a folder that later runs reuse. The one generator of `zcrop bench`,
+//! the criterion benchmarks and the loader benchmark.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
 use zarrs::array::codec::{
     BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, ZstdCodec,
@@ -41,23 +44,57 @@ pub struct Spec {
     pub layout: Layout,
     /// Seed of the noise.
     pub seed: u64,
+    /// Storage chunk: the shard (sharded layout) or the chunk (v2).
+    pub storage_chunk: [u64; 4],
+    /// Inner chunk of a shard (sharded layout only).
+    pub inner_chunk: [u64; 4],
 }
 
 /// Channels, rows and columns of the default dataset; its length in time follows the size.
 const CHANNELS: u64 = 12;
 const SIDE: u64 = 1024;
+/// Inner chunk of the sharded layout.
+const INNER_CHUNK: [u64; 4] = [1, 1, 128, 128];
+
+impl Layout {
+    /// The storage chunk of a dataset with `channels` channels in this layout.
+    fn default_storage_chunk(self, channels: u64) -> [u64; 4] {
+        match self {
+            Layout::Sharded => [16, channels, 512, 512],
+            Layout::V2 => [1, 1, 256, 256],
+        }
+    }
+}
 
 impl Spec {
+    /// A dataset of `shape` with its layout's default chunking (see [`Layout`]) and seed 42.
+    pub fn new(shape: [u64; 4], codec: Codec, layout: Layout) -> Spec {
+        Spec {
+            shape,
+            codec,
+            layout,
+            seed: 42,
+            storage_chunk: layout.default_storage_chunk(shape[1]),
+            inner_chunk: INNER_CHUNK,
+        }
+    }
+
     /// A dataset of about `bytes` uncompressed bytes: (T, 12, 1024, 1024) uint16, T a multiple
     /// of 16 (the shard length in time).
     pub fn with_size(bytes: u64, codec: Codec, layout: Layout) -> Spec {
         let per_t = CHANNELS * SIDE * SIDE * 2;
         let t = (bytes / per_t).div_ceil(16).max(1) * 16;
+        Spec::new([t, CHANNELS, SIDE, SIDE], codec, layout)
+    }
+
+    /// The same dataset with a shard of `shard` holding inner chunks of `inner` (sharded layout),
+    /// or chunks of `shard` (v2).
+    #[must_use]
+    pub fn chunked(self, shard: [u64; 4], inner: [u64; 4]) -> Spec {
         Spec {
-            shape: [t, CHANNELS, SIDE, SIDE],
-            codec,
-            layout,
-            seed: 42,
+            storage_chunk: shard,
+            inner_chunk: inner,
+            ..self
         }
     }
 
@@ -66,15 +103,8 @@ impl Spec {
         self.shape.iter().product::<u64>() * 2
     }
 
-    /// Storage chunk (shard or chunk) shape.
-    pub fn storage_chunk(&self) -> [u64; 4] {
-        match self.layout {
-            Layout::Sharded => [16, self.shape[1], 512, 512],
-            Layout::V2 => [1, 1, 256, 256],
-        }
-    }
-
-    /// A folder name that identifies the dataset, so a run with the same spec reuses it.
+    /// A folder name that identifies the dataset, so a run with the same spec reuses it. The
+    /// layout's default chunking is left out of the name.
     pub fn dir_name(&self) -> String {
         let codec = match self.codec {
             Codec::Zstd => "zstd1",
@@ -84,8 +114,19 @@ impl Spec {
             Layout::Sharded => "v3sharded",
             Layout::V2 => "v2",
         };
-        let [t, c, y, x] = self.shape;
-        format!("u16_{t}x{c}x{y}x{x}_{layout}_{codec}_s{}.zarr", self.seed)
+        let dims = |d: [u64; 4]| d.map(|n| n.to_string()).join("x");
+        let mut chunking = String::new();
+        if self.storage_chunk != self.layout.default_storage_chunk(self.shape[1]) {
+            chunking = chunking + "_c" + &dims(self.storage_chunk);
+        }
+        if self.layout == Layout::Sharded && self.inner_chunk != INNER_CHUNK {
+            chunking = chunking + "_i" + &dims(self.inner_chunk);
+        }
+        format!(
+            "u16_{}_{layout}_{codec}{chunking}_s{}.zarr",
+            dims(self.shape),
+            self.seed
+        )
     }
 }
 
@@ -98,22 +139,17 @@ pub fn default_data_dir() -> PathBuf {
 }
 
 /// Value of element (t, c, y, x): a smooth field that drifts over time, per-channel offsets and
-/// amplitudes, and ~5 bits of hashed noise. Deterministic in `seed`.
+/// amplitudes, and 5 bits of uniform noise from a generator seeded per row, so any chunk can be
+/// written on its own. Deterministic in `seed`.
 fn row(spec: &Spec, time: u64, chan: u64, line: u64, out: &mut [u16]) {
     let base = 2000.0 + 600.0 * chan as f64;
     let amp = 400.0 + 50.0 * chan as f64;
     let phase = 0.07 * time as f64 + 0.9 * chan as f64;
     let yf = (line as f64 * 0.011 + phase).sin();
-    let mut state = spec.seed ^ (time << 48) ^ (chan << 40) ^ (line << 20);
+    let mut rng = StdRng::seed_from_u64(spec.seed ^ (time << 48) ^ (chan << 40) ^ (line << 20));
     for (x, v) in out.iter_mut().enumerate() {
         let xf = (x as f64 * 0.008 - phase).cos();
-        // splitmix64 step for noise
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        let noise = (z & 31) as f64 - 16.0;
+        let noise = f64::from(rng.random::<u32>() & 31) - 16.0;
         let val = base + amp * (yf * xf) + 0.5 * amp * yf + noise;
         *v = val.clamp(0.0, 65535.0) as u16;
     }
@@ -148,7 +184,7 @@ pub fn ensure(spec: &Spec, dir: &Path, progress: &(dyn Fn(u64, u64) + Sync)) -> 
             .map_err(|e| anyhow::anyhow!("blosc: {e}"))?,
         ),
     };
-    let chunk = spec.storage_chunk();
+    let chunk = spec.storage_chunk;
     let array: Array<FilesystemStore> = match spec.layout {
         Layout::Sharded => {
             let mut b = ArrayBuilder::new(
@@ -157,7 +193,7 @@ pub fn ensure(spec: &Spec, dir: &Path, progress: &(dyn Fn(u64, u64) + Sync)) -> 
                 data_type::uint16(),
                 0u16,
             );
-            b.subchunk_shape(vec![1, 1, 128, 128]);
+            b.subchunk_shape(spec.inner_chunk.to_vec());
             b.bytes_to_bytes_codecs(vec![compressor]);
             b.dimension_names(Some(["time", "channel", "y", "x"]));
             b.build(Arc::clone(&store), "/")?
@@ -273,5 +309,42 @@ mod tests {
         let s = Spec::with_size(2 << 30, Codec::Zstd, Layout::Sharded);
         assert_eq!(s.shape, [96, 12, 1024, 1024]);
         assert!((2u64 << 30) <= s.bytes() && s.bytes() < (2u64 << 30) + (400 << 20));
+        assert_eq!(s.dir_name(), "u16_96x12x1024x1024_v3sharded_zstd1_s42.zarr");
+        let s = s.chunked([8, 12, 256, 256], [1, 1, 64, 64]);
+        assert_eq!(
+            s.dir_name(),
+            "u16_96x12x1024x1024_v3sharded_zstd1_c8x12x256x256_i1x1x64x64_s42.zarr"
+        );
+    }
+
+    /// Every layout and codec reads back through zarr-front as [`row`] made it, edge chunks
+    /// included.
+    #[test]
+    fn datasets_read_back_as_generated() {
+        let dir = tempfile::tempdir().unwrap();
+        let shape = [4, 3, 70, 90];
+        for (codec, layout) in [
+            (Codec::Zstd, Layout::Sharded),
+            (Codec::BloscLz4, Layout::Sharded),
+            (Codec::Zstd, Layout::V2),
+        ] {
+            let spec = Spec::new(shape, codec, layout).chunked([2, 3, 64, 64], [1, 1, 32, 32]);
+            let path = ensure(&spec, dir.path(), &|_, _| {}).unwrap();
+            let a = zcrop_zarr::Array::open(&path).unwrap();
+            assert_eq!(a.shape(), &shape);
+            let got = a.read_region(&[0, 0, 0, 0], &shape).unwrap();
+            let mut want = Vec::new();
+            let mut line = vec![0u16; 90];
+            for t in 0..4 {
+                for c in 0..3 {
+                    for y in 0..70 {
+                        row(&spec, t, c, y, &mut line);
+                        want.extend(line.iter().flat_map(|v| v.to_ne_bytes()));
+                    }
+                }
+            }
+            assert!(got == want, "{} does not read back", spec.dir_name());
+            assert_eq!(spec.bytes(), want.len() as u64);
+        }
     }
 }

@@ -41,6 +41,7 @@ mod dtype;
 pub mod error;
 mod hierarchy;
 mod layout;
+mod place;
 pub mod plan;
 mod shard;
 mod stitch;

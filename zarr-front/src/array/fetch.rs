@@ -262,7 +262,7 @@ impl Array {
                         Some(&s) => s,
                         None => {
                             let rel = core.meta.chunk_key(&storage).to_string();
-                            let s = self.stamp(&core.dir.join(rel));
+                            let s = self.stamp(&core.place.dir.join(rel));
                             stamps.insert(storage.clone(), s);
                             s
                         }

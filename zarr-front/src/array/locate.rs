@@ -119,9 +119,9 @@ impl Array {
                 s
             } else {
                 let rel = core.meta.chunk_key(&coords).to_string();
-                let path: Arc<Path> = Arc::from(core.dir.join(&rel).as_path());
+                let path: Arc<Path> = Arc::from(core.place.dir.join(&rel).as_path());
                 storages.list.push(Storage {
-                    key: format!("{}{rel}", core.key_prefix),
+                    key: core.place.key(&rel),
                     stamp: self.stamp(&path),
                     path,
                 });

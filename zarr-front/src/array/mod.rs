@@ -15,7 +15,7 @@ pub(crate) mod options;
 mod read;
 
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use zcrop_io::{IoEngine, ObjectEngine, ReadRange, ReadRequest};
@@ -24,6 +24,7 @@ use crate::cache::LruCache;
 use crate::decode::LeafDecoder;
 use crate::error::{Location, Result, ZarrError};
 use crate::layout::Layout;
+use crate::place::NodePlace;
 use crate::shard::{IndexEntry, ShardLevel};
 use crate::store::{Reader, Store};
 
@@ -60,7 +61,7 @@ pub struct Array {
 impl std::fmt::Debug for Array {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Array")
-            .field("name", &self.core.name)
+            .field("name", &self.core.place.name)
             .field("shape", &self.core.layout.shape)
             .field("data_type", &self.data_type())
             .finish_non_exhaustive()
@@ -68,12 +69,8 @@ impl std::fmt::Debug for Array {
 }
 
 pub(crate) struct Core {
-    /// Path inside the store, `/`-rooted.
-    name: String,
-    /// Key prefix of this array relative to the store root (`""` or `a/b/`).
-    key_prefix: String,
-    /// The array's directory, or its key prefix in the object store.
-    pub(crate) dir: PathBuf,
+    /// Where the array is in its store.
+    pub(crate) place: NodePlace,
     meta: zarrs::array::Array<()>,
     /// The metadata as stored (`meta` may hold a v2 `null` fill value made explicit).
     stored: zarrs::metadata::ArrayMetadata,
@@ -94,25 +91,20 @@ type IndexCache = LruCache<(Arc<Path>, usize, u64), (Option<FileStamp>, Arc<[u64
 type ChunkCache = LruCache<Vec<u64>, (Option<FileStamp>, Arc<[u8]>)>;
 
 impl Array {
-    /// Builds an array from parsed metadata. `name` is its `/`-rooted path in the store,
-    /// `key_prefix` its key prefix relative to the store root, `dir` its directory (or key
-    /// prefix in `store`), `stored` its metadata as stored.
+    /// Builds the array at `place` of `store` from parsed metadata; `stored` is its metadata as
+    /// stored.
     pub(crate) fn from_metadata(
-        name: String,
-        key_prefix: String,
-        dir: PathBuf,
+        place: NodePlace,
         store: &Store,
         meta: zarrs::array::Array<()>,
         stored: zarrs::metadata::ArrayMetadata,
         options: &OpenOptions,
     ) -> Result<Array> {
-        let (layout, decoder) = Layout::new(&name, &meta, options.verify_checksums)?;
+        let (layout, decoder) = Layout::new(&place.name, &meta, options.verify_checksums)?;
         let reader = store.reader(options.engine.as_ref())?;
         Ok(Array {
             core: Arc::new(Core {
-                name,
-                key_prefix,
-                dir,
+                place,
                 meta,
                 stored,
                 layout,
@@ -193,7 +185,7 @@ impl Array {
         let Some(level) = self.core.layout.levels.first() else {
             return Err(ZarrError::InvalidArgument(format!(
                 "array {:?} is not sharded",
-                self.core.name
+                self.core.place.name
             )));
         };
         let index = level
@@ -211,23 +203,23 @@ impl Array {
 
     /// The array's path in its store, e.g. `/` or `/group/temperature`.
     pub fn name(&self) -> &str {
-        &self.core.name
+        &self.core.place.name
     }
 
     /// The array's path relative to the store root, e.g. `` or `group/temperature`.
     pub fn path(&self) -> &str {
-        self.core.key_prefix.trim_end_matches('/')
+        self.core.place.path()
     }
 
     /// The array's directory on disk, or for an object store its key prefix under the bucket
     /// (or container, or host).
     pub fn dir(&self) -> &Path {
-        &self.core.dir
+        &self.core.place.dir
     }
 
     /// Where the array is: its directory, or its URL.
     pub fn uri(&self) -> String {
-        self.store().uri(&self.core.dir)
+        self.store().uri(&self.core.place.dir)
     }
 
     /// The storage options the array was opened with (empty for a local array).
@@ -348,7 +340,7 @@ impl Array {
     pub fn storage_key(&self, coords: &[u64]) -> String {
         format!(
             "{}{}",
-            self.core.key_prefix,
+            self.core.place.key_prefix,
             self.core.meta.chunk_key(coords)
         )
     }
@@ -373,7 +365,7 @@ impl Array {
             .ok_or_else(|| {
                 ZarrError::InvalidArgument(format!(
                     "array {:?}: its grid {grid:?} has more than 2^64 storage chunks to count",
-                    self.core.name
+                    self.core.place.name
                 ))
             })?;
         let mut summary = StorageSummary {
@@ -383,7 +375,7 @@ impl Array {
         let mut present: Vec<(String, Arc<Path>, u64)> = Vec::new();
         let mut coords = vec![0u64; grid.len()];
         // An object store lists the array's objects once; local files are asked one by one.
-        let listed = self.store().object_sizes(&self.core.dir)?;
+        let listed = self.store().object_sizes(&self.core.place.dir)?;
         for i in 0..total {
             let mut rem = i;
             for d in (0..grid.len()).rev() {
@@ -391,7 +383,7 @@ impl Array {
                 rem /= grid[d];
             }
             let rel = self.core.meta.chunk_key(&coords).to_string();
-            let path = self.core.dir.join(&rel);
+            let path = self.core.place.dir.join(&rel);
             let size = match &listed {
                 Some(sizes) => sizes.get(&rel).copied(),
                 None => std::fs::metadata(&path)
@@ -402,11 +394,7 @@ impl Array {
             if let Some(len) = size {
                 summary.storage_chunks_present += 1;
                 summary.stored_bytes += len;
-                present.push((
-                    format!("{}{rel}", self.core.key_prefix),
-                    Arc::from(path.as_path()),
-                    len,
-                ));
+                present.push((self.core.place.key(&rel), Arc::from(path.as_path()), len));
             }
         }
         if let Some(level) = self.core.layout.levels.first() {
@@ -455,7 +443,7 @@ impl Array {
     #[allow(clippy::unnecessary_box_returns)] // errors box their location to stay small
     fn location(&self, key: &str, range: Option<ReadRange>) -> Box<Location> {
         Box::new(Location {
-            node: self.core.name.clone(),
+            node: self.core.place.name.clone(),
             key: key.to_string(),
             range,
         })

@@ -29,7 +29,7 @@ impl Array {
             .map(|c| {
                 if c.len() != grid.len() || c.iter().zip(&grid).any(|(x, g)| x >= g) {
                     return Err(ZarrError::OutOfBounds {
-                        array: self.core.name.clone(),
+                        array: self.core.place.name.clone(),
                         shape: grid.clone(),
                         reason: format!("chunk {c:?} is outside the chunk grid {grid:?}"),
                     });
@@ -271,7 +271,7 @@ impl Array {
             return Ok(());
         }
         Err(ZarrError::OutOfBounds {
-            array: self.core.name.clone(),
+            array: self.core.place.name.clone(),
             shape: self.shape().to_vec(),
             reason: format!("{what} has {got} dimensions, the array has {}", self.ndim()),
         })
@@ -280,10 +280,10 @@ impl Array {
     pub(crate) fn plan_error(&self, e: &PlanError) -> ZarrError {
         match e {
             PlanError::TooLarge | PlanError::TooManyChunks => {
-                ZarrError::InvalidArgument(format!("array {:?}: {e}", self.core.name))
+                ZarrError::InvalidArgument(format!("array {:?}: {e}", self.core.place.name))
             }
             _ => ZarrError::OutOfBounds {
-                array: self.core.name.clone(),
+                array: self.core.place.name.clone(),
                 shape: self.shape().to_vec(),
                 reason: e.to_string(),
             },

@@ -12,6 +12,7 @@ use zarrs::plugin::PluginCreateError;
 
 use crate::array::{Array, OpenOptions};
 use crate::error::{Result, ZarrError};
+use crate::place::NodePlace;
 use crate::store::Store;
 
 use super::metadata::{
@@ -39,14 +40,12 @@ impl Node {
 
 /// Builds an [`Array`] from metadata, turning zarrs' complaints into typed errors.
 pub(crate) fn make_array(
-    name: String,
-    key_prefix: String,
-    dir: PathBuf,
+    place: NodePlace,
     store: &Store,
     md: ArrayMetadata,
     options: &OpenOptions,
 ) -> Result<Array> {
-    let meta_path = store.show(&dir.join(if matches!(md, ArrayMetadata::V2(_)) {
+    let meta_path = store.show(&place.dir.join(if matches!(md, ArrayMetadata::V2(_)) {
         ".zarray"
     } else {
         "zarr.json"
@@ -58,19 +57,19 @@ pub(crate) fn make_array(
             .find(|(_, f)| f.must_understand())
         {
             return Err(ZarrError::Unsupported {
-                array: name,
+                array: place.name,
                 feature: format!("the metadata extension {field:?} (must_understand)"),
             });
         }
         if let Some(t) = m.storage_transformers.first() {
             return Err(ZarrError::Unsupported {
-                array: name,
+                array: place.name,
                 feature: format!("the storage transformer {:?}", t.name()),
             });
         }
         if m.chunk_grid.name() != "regular" {
             return Err(ZarrError::Unsupported {
-                array: name,
+                array: place.name,
                 feature: format!(
                     "the chunk grid {:?} (only \"regular\")",
                     m.chunk_grid.name()
@@ -93,7 +92,7 @@ pub(crate) fn make_array(
             .cloned()
             .unwrap_or_else(|| "unknown".into());
         ZarrError::UnsupportedCodec {
-            array: name.clone(),
+            array: place.name.clone(),
             codec,
             reason: msg,
         }
@@ -110,7 +109,7 @@ pub(crate) fn make_array(
             PluginCreateError::Unsupported(_) | PluginCreateError::NameInvalid { .. },
         )) => {
             return Err(ZarrError::UnsupportedDataType {
-                array: name,
+                array: place.name,
                 data_type: stored_data_type(&stored),
             });
         }
@@ -118,13 +117,13 @@ pub(crate) fn make_array(
         // `null` fill, say): the data type is the error to report.
         Err(_) if !reads_data_type(&stored) => {
             return Err(ZarrError::UnsupportedDataType {
-                array: name,
+                array: place.name,
                 data_type: stored_data_type(&stored),
             });
         }
         Err(e) => return Err(invalid(&meta_path, e)),
     };
-    Array::from_metadata(name, key_prefix, dir, store, meta, stored, options)
+    Array::from_metadata(place, store, meta, stored, options)
 }
 
 /// Whether zcrop reads the data type of `md` (zarrs creates it, and zcrop reads that).
@@ -174,24 +173,18 @@ fn v2_fill_explicit(md: ArrayMetadata) -> ArrayMetadata {
 pub(crate) fn node_from(
     meta: NodeMeta,
     consolidated: Option<Arc<Consolidated>>,
-    name: String,
-    key_prefix: String,
-    dir: PathBuf,
+    place: NodePlace,
     store: &Store,
     options: &OpenOptions,
 ) -> Result<Node> {
     match meta {
-        NodeMeta::Array(md) => Ok(Node::Array(make_array(
-            name, key_prefix, dir, store, *md, options,
-        )?)),
+        NodeMeta::Array(md) => Ok(Node::Array(make_array(place, store, *md, options)?)),
         NodeMeta::Group {
             zarr_format,
             attributes,
         } => Ok(Node::Group(Group {
             core: Arc::new(GroupCore {
-                name,
-                key_prefix,
-                dir,
+                place,
                 store: store.clone(),
                 zarr_format,
                 attributes,
@@ -210,9 +203,7 @@ pub struct Group {
 
 #[derive(Debug)]
 struct GroupCore {
-    name: String,
-    key_prefix: String,
-    dir: PathBuf,
+    place: NodePlace,
     store: Store,
     zarr_format: u8,
     attributes: Map<String, Value>,
@@ -223,23 +214,23 @@ struct GroupCore {
 impl Group {
     /// The group's path in its store (`/` for the root).
     pub fn name(&self) -> &str {
-        &self.core.name
+        &self.core.place.name
     }
 
     /// The group's path relative to the store root.
     pub fn path(&self) -> &str {
-        self.core.key_prefix.trim_end_matches('/')
+        self.core.place.path()
     }
 
     /// The group's directory, or for an object store its key prefix under the bucket (or
     /// container, or host).
     pub fn dir(&self) -> &Path {
-        &self.core.dir
+        &self.core.place.dir
     }
 
     /// Where the group is: its directory, or its URL.
     pub fn uri(&self) -> String {
-        self.core.store.uri(&self.core.dir)
+        self.core.store.uri(&self.core.place.dir)
     }
 
     /// Zarr format: 2 or 3.
@@ -266,20 +257,6 @@ impl Group {
             .map_or(&[], |c| c.skipped.as_slice())
     }
 
-    fn child_names(&self, rel: &str) -> (String, String, PathBuf) {
-        let rel = rel.trim_matches('/');
-        let name = if self.core.name == "/" {
-            format!("/{rel}")
-        } else {
-            format!("{}/{rel}", self.core.name)
-        };
-        (
-            name,
-            format!("{}{rel}/", self.core.key_prefix),
-            self.core.dir.join(rel),
-        )
-    }
-
     /// Opens the member at `path` (a name, or a `/`-separated path of nested members).
     pub fn get(&self, path: &str) -> Result<Node> {
         let rel = path.trim_matches('/');
@@ -292,40 +269,36 @@ impl Group {
                 "invalid member path {path:?}"
             )));
         }
-        let (name, key_prefix, dir) = self.child_names(rel);
+        let place = self.core.place.child(rel);
         // A node's own metadata files are authoritative; consolidated metadata stands in where
         // they are absent.
-        if let Some((meta, consolidated)) = read_node(&self.core.store, &dir)? {
+        if let Some((meta, consolidated)) = read_node(&self.core.store, &place.dir)? {
             let consolidated = consolidated
                 .map(Arc::new)
                 .or_else(|| self.core.consolidated.clone());
             return node_from(
                 meta,
                 consolidated,
-                name,
-                key_prefix,
-                dir,
+                place,
                 &self.core.store,
                 &self.core.options,
             );
         }
         if let Some(c) = &self.core.consolidated {
-            let full = format!("{}{rel}", self.core.key_prefix);
+            let full = self.core.place.key(rel);
             let hit = c.nodes.get(rel).or_else(|| c.nodes.get(&full));
             if let Some(meta) = hit {
                 return node_from(
                     meta.clone(),
                     Some(Arc::clone(c)),
-                    name,
-                    key_prefix,
-                    dir,
+                    place,
                     &self.core.store,
                     &self.core.options,
                 );
             }
         }
         Err(ZarrError::NodeNotFound {
-            path: self.core.store.show(&dir),
+            path: self.core.store.show(&place.dir),
         })
     }
 
@@ -338,7 +311,7 @@ impl Group {
     pub fn members(&self) -> Result<Vec<(String, NodeKind)>> {
         let mut out: BTreeMap<String, NodeKind> = BTreeMap::new();
         if let Some(c) = &self.core.consolidated {
-            let prefix = self.core.key_prefix.clone();
+            let prefix = self.core.place.key_prefix.clone();
             for (path, meta) in &c.nodes {
                 let rel = path.strip_prefix(&prefix).unwrap_or(path);
                 if !rel.is_empty()
@@ -350,7 +323,7 @@ impl Group {
             }
         }
         let store = &self.core.store;
-        let names = match store.child_dirs(&self.core.dir) {
+        let names = match store.child_dirs(&self.core.place.dir) {
             Ok(names) => names,
             // Some object stores cannot list (plain HTTP); consolidated metadata says enough.
             Err(_) if self.core.consolidated.is_some() && matches!(store, Store::Object(_)) => {
@@ -358,7 +331,7 @@ impl Group {
             }
             Err(e) => return Err(e),
         };
-        let dirs: Vec<PathBuf> = names.iter().map(|n| self.core.dir.join(n)).collect();
+        let dirs: Vec<PathBuf> = names.iter().map(|n| self.core.place.dir.join(n)).collect();
         let dir_refs: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
         for (name, node) in names.into_iter().zip(read_nodes(store, &dir_refs)?) {
             if let Some((meta, _)) = node {

@@ -12,6 +12,7 @@ use zarrs::metadata::v2::ArrayMetadataV2;
 
 use crate::array::{Array, OpenOptions};
 use crate::error::{Result, ZarrError};
+use crate::place::NodePlace;
 use crate::store::Store;
 
 use super::metadata::{NodeMeta, invalid, parse_json, parse_v3, read_node};
@@ -40,9 +41,7 @@ pub(crate) fn open_in(store: &Store, dir: &Path, options: &OpenOptions) -> Resul
     node_from(
         meta,
         consolidated.map(Arc::new),
-        "/".into(),
-        String::new(),
-        dir.to_path_buf(),
+        NodePlace::root(dir.to_path_buf()),
         store,
         options,
     )
@@ -126,9 +125,7 @@ pub(crate) fn array_from_json(
         }
     };
     make_array(
-        "/".into(),
-        String::new(),
-        dir.to_path_buf(),
+        NodePlace::root(dir.to_path_buf()),
         &Store::Local,
         md,
         options,
@@ -192,11 +189,11 @@ impl Array {
     /// The group that holds the array's directory, opened the same way as the array (same
     /// store, same options); `None` where there is no group there (or no parent directory).
     pub fn parent(&self) -> Result<Option<Group>> {
-        let Some(parent) = self.core.dir.parent() else {
+        let Some(parent) = self.core.place.dir.parent() else {
             return Ok(None);
         };
         let store = self.store();
-        if matches!(store, Store::Object(_)) && self.core.dir.as_os_str().is_empty() {
+        if matches!(store, Store::Object(_)) && self.core.place.dir.as_os_str().is_empty() {
             return Ok(None);
         }
         match open_in(&store, parent, &self.core.options) {

@@ -1,7 +1,7 @@
 //! The loader against zarr-front's `read_batch_into` called directly in a loop, on the
-//! benchmark dataset (`zcrop_sampler::bench::Workload`, written to a temporary directory).
+//! loader benchmark's dataset (`LoaderBench::dataset`, written to a temporary directory).
 //!
-//! `cargo bench -p zcrop-sampler --bench loader` prints criterion's per-batch times for both,
+//! `cargo bench -p zcrop --bench loader` prints criterion's per-batch times for both,
 //! then the `LoaderBench` summary (batches/s, GB/s, loader/direct time ratio) with a consumer
 //! that takes no time and with one that takes 30 ms per batch (a GPU step), where the loader
 //! overlaps reading with consumption and the direct loop cannot.
@@ -9,14 +9,14 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use zcrop_sampler::bench::{LoaderBench, Workload};
-use zcrop_sampler::{Loader, LoaderConfig, Shard};
+use zcrop::bench::loader::LoaderBench;
+use zcrop::bench::synth;
+use zcrop::sampler::{Loader, LoaderConfig, Shard};
 
 fn loader(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let path = dir.path().join("workload.zarr");
-    let workload = Workload::default();
-    workload.write(&path).expect("the benchmark dataset");
+    let dataset = LoaderBench::dataset();
+    let path = synth::ensure(&dataset, dir.path(), &|_, _| {}).expect("the benchmark dataset");
     let bench = LoaderBench::default();
     let sampler = bench.sampler(&path).expect("the sampler");
     let batch_bytes = sampler.source(0).batch_bytes;
@@ -47,12 +47,12 @@ fn loader(c: &mut Criterion) {
     group.finish();
 
     println!(
-        "\ndataset: {:?} uint16 ({} MiB), shards {:?}, chunks {:?}, zstd {}; crops {:?} x {} per batch",
-        workload.shape,
-        workload.bytes() >> 20,
-        workload.shard,
-        workload.chunk,
-        workload.zstd_level,
+        "\ndataset: {:?} uint16 ({} MiB), shards {:?}, chunks {:?}, {:?}; crops {:?} x {} per batch",
+        dataset.shape,
+        dataset.bytes() >> 20,
+        dataset.storage_chunk,
+        dataset.inner_chunk,
+        dataset.codec,
         bench.crop,
         bench.batch_size
     );
