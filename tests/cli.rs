@@ -96,7 +96,7 @@ fn info_describes_arrays_and_groups() {
 }
 
 /// A Zarr v2 group as xarray writes one: `_ARRAY_DIMENSIONS`, a time coordinate with CF units,
-/// a packed variable, and a string variable zcrop cannot read.
+/// a packed variable, and a variable-length string variable zcrop cannot read.
 fn xarray_like_store(dir: &std::path::Path) {
     let write = |rel: &str, body: &[u8]| {
         let p = dir.join(rel);
@@ -125,7 +125,11 @@ fn xarray_like_store(dir: &std::path::Path) {
         "q/.zattrs",
         br#"{"_ARRAY_DIMENSIONS": ["time"], "scale_factor": 0.001, "add_offset": 1.5}"#,
     );
-    write("name/.zarray", zarray("|S3", 4).as_bytes());
+    write(
+        "name/.zarray",
+        br#"{"zarr_format": 2, "shape": [4], "chunks": [4], "dtype": "|O", "compressor": null,
+            "filters": [{"id": "vlen-utf8"}], "fill_value": null, "order": "C"}"#,
+    );
     write("name/.zattrs", br#"{"_ARRAY_DIMENSIONS": ["time"]}"#);
 }
 
