@@ -209,7 +209,8 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    from compare import drop_caches, prewarm, venv_python
+    from compare import venv_python
+    from pagecache import drop_caches, prewarm
 
     py = venv_python()
     size = int(float(args.size[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[args.size[-1].upper()])
