@@ -131,6 +131,12 @@ fn xarray_like_store(dir: &std::path::Path) {
             "filters": [{"id": "vlen-utf8"}], "fill_value": null, "order": "C"}"#,
     );
     write("name/.zattrs", br#"{"_ARRAY_DIMENSIONS": ["time"]}"#);
+    write(
+        "rec/.zarray",
+        br#"{"zarr_format": 2, "shape": [4], "chunks": [4], "dtype": [["a", "<i4"], ["b", "<f4"]],
+            "compressor": null, "filters": null, "fill_value": null, "order": "C"}"#,
+    );
+    write("rec/.zattrs", br#"{"_ARRAY_DIMENSIONS": ["time"]}"#);
 }
 
 #[test]
@@ -149,7 +155,9 @@ fn info_shows_dimensions_coordinates_cf_and_unreadable_members() {
         "values       0 .. 18 hours since 2020-01-01 (4 values)",
         r#"cf           units="hours since 2020-01-01" calendar="standard""#,
         "cf           scale_factor=0.001 add_offset=1.5",
-        "name (cannot be read: ",
+        "rec (cannot be read: ",
+        "dtype        string (|O)",
+        "size         0 B on disk (variable-length elements)",
     ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }

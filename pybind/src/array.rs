@@ -9,8 +9,8 @@
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
-use zcrop::zarr::{Array, DimSelection, ReadOptions, ReadPart, read_many};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use zcrop::zarr::{Array, DimSelection, ReadOptions, ReadPart, VariableKind, read_many};
 
 use crate::background::{self, Pending};
 use crate::blocking;
@@ -142,6 +142,42 @@ impl NativeArray {
     ) -> PyResult<Option<Words<'py>>> {
         let request = Request::Blocks(parse_blocks(blocks)?);
         self.run(py, request, out)
+    }
+
+    /// What variable-length elements are (`"utf8"` or `"bytes"`); `None` for fixed-size ones.
+    #[getter]
+    fn variable_kind(&self) -> Option<&'static str> {
+        self.inner.variable_kind().map(|k| match k {
+            VariableKind::Utf8 => "utf8",
+            VariableKind::Bytes => "bytes",
+        })
+    }
+
+    /// Reads the variable-length elements of the box at `origin` of `shape`, in C order: a
+    /// list of `str` (UTF-8 text) or `bytes`.
+    fn read_variable<'py>(
+        &self,
+        py: Python<'py>,
+        origin: Vec<u64>,
+        shape: Vec<u64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let array = self.inner.clone();
+        let text = array.variable_kind() == Some(VariableKind::Utf8);
+        let elements = blocking::run_owned(py, 0, move |_| {
+            array.read_variable(&origin, &shape).map_err(Into::into)
+        })?;
+        let items = (0..elements.len()).map(|i| -> PyResult<Bound<'py, PyAny>> {
+            let e = elements.get(i);
+            Ok(if text {
+                // Checked as UTF-8 by `read_variable`.
+                let s =
+                    std::str::from_utf8(e).map_err(|err| PyValueError::new_err(err.to_string()))?;
+                PyString::new(py, s).into_any()
+            } else {
+                PyBytes::new(py, e).into_any()
+            })
+        });
+        PyList::new(py, items.collect::<PyResult<Vec<_>>>()?)
     }
 
     /// Reads single elements at `coords` (an `(N, ndim)` `uint64` array), in order.

@@ -6,8 +6,10 @@ without a compressor, sharded, big-endian where the type has a byte order, with 
 (v2 ``null`` included), missing chunks and edge chunks: zcrop reports the dtype and fill value
 zarr-python reports and reads the same values for every selection kind.
 
-Data types zcrop does not read (variable-length strings, structured dtypes) raise a typed
-error naming the array and the data type when opened.
+Variable-length strings and bytes (v3 ``string`` / ``variable_length_bytes``, v2 ``|O`` with
+the vlen-utf8 / vlen-bytes codecs), as zarr-python and xarray write them, read the same for
+every selection kind; batched crop reads of them are a typed error. Data types zcrop does not
+read (structured dtypes) raise a typed error naming the array and the data type when opened.
 """
 
 from __future__ import annotations
@@ -181,10 +183,138 @@ def test_xarray_written_fixed_size_variables(xarray_stores, fmt):
 
 
 @pytest.mark.parametrize("fmt", [2, 3])
-def test_variable_length_strings_are_a_typed_error_naming_the_array(xarray_stores, fmt):
-    g = zcrop.open_group(xarray_stores[fmt])
-    with pytest.raises(zcrop.UnsupportedError, match=r'"/obj".*data type string'):
-        g["obj"]
+def test_xarray_written_variable_length_strings(xarray_stores, fmt):
+    xr = pytest.importorskip("xarray")
+    z, a = zarr.open_group(xarray_stores[fmt], mode="r")["obj"], zcrop.open_group(xarray_stores[fmt])["obj"]
+    assert a.dtype == z.dtype
+    assert repr(a.fill_value) == repr(z.fill_value)
+    assert_same(z[...], a[...])
+    kw = {"consolidated": fmt == 2}
+    xr.testing.assert_identical(
+        xr.open_dataset(xarray_stores[fmt], engine="zcrop", **kw).load(),
+        xr.open_zarr(xarray_stores[fmt], **kw).load(),
+    )
+
+
+# --- variable-length strings and bytes ---------------------------------------------------------
+
+#: (zarr format, kind, sharded)
+VLEN_LAYOUTS = [(2, "str", False), (2, "bytes", False), (3, "str", False), (3, "bytes", False), (3, "str", True)]
+
+
+def vlen_values(kind: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Strings (empty, long, non-ASCII, outside the BMP) or bytes (any byte, NUL included)."""
+    n = int(np.prod(shape))
+    lengths = rng.choice([0, 1, 3, 40, 300], size=n)
+    if kind == "str":
+        alphabet = list("abcxyz") + ["é", "漢", "😀", " ", "\x00"]
+        flat = ["".join(rng.choice(alphabet, size=k)) for k in lengths]
+    else:
+        flat = [bytes(rng.integers(0, 256, size=k).astype(np.uint8)) for k in lengths]
+    return np.array(flat, dtype=object).reshape(shape)
+
+
+@pytest.fixture(scope="module")
+def vlen_store(tmp_path_factory):
+    """Variable-length arrays in every layout, with edge chunks and chunks never written."""
+    from zarr.dtype import VariableLengthBytes, VariableLengthUTF8
+
+    root = tmp_path_factory.mktemp("vlen")
+    rng = np.random.default_rng(29)
+    paths = {}
+    for fmt, kind, sharded in VLEN_LAYOUTS:
+        for shape, chunks in SHAPES:
+            p = str(root / f"v{fmt}-{kind}-{sharded}-{len(shape)}d.zarr")
+            dtype = VariableLengthUTF8() if kind == "str" else VariableLengthBytes()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                z = zarr.create_array(
+                    p, shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt,
+                    shards=tuple(2 * c for c in chunks) if sharded else None,
+                )
+                data = vlen_values(kind, shape, rng)
+                # Leave the last chunk along the first dimension unwritten: fill values.
+                keep = tuple(slice(0, (shape[0] - 1) // chunks[0] * chunks[0]) if d == 0 else slice(None)
+                             for d in range(len(shape)))
+                z[keep] = data[keep]
+            paths[(fmt, kind, sharded, len(shape))] = p
+    return paths
+
+
+def test_vlen_dtype_fill_value_and_whole_arrays(vlen_store):
+    for p in vlen_store.values():
+        z, a = zarr.open_array(p, mode="r"), zcrop.open_array(p)
+        assert a.dtype == z.dtype, p
+        assert a.fill_value == z.fill_value, p
+        assert_same(z[...], a[...])
+
+
+@given(data=st.data())
+@EXAMPLES
+def test_vlen_every_selection_kind(vlen_store, data):
+    p = vlen_store[data.draw(st.sampled_from(sorted(vlen_store)), label="array")]
+    z, a = zarr.open_array(p, mode="r"), zcrop.open_array(p)
+    any_selection_kind(z, a, data, kinds=("basic", "orthogonal", "coordinate", "mask"))
+
+
+def test_vlen_out_and_async(vlen_store):
+    import asyncio
+
+    p = vlen_store[(3, "str", True, 3)]
+    z = zarr.open_array(p, mode="r")
+    a = zcrop.open_array(p)
+    out = np.empty((3, 2, 6), dtype=a.dtype)
+    assert a.get_basic_selection((slice(2, 5), slice(1, 3)), out=out) is out
+    assert_same(z[2:5, 1:3], out)
+
+    async def read():
+        aa = await zcrop.open_async(p)
+        return await aa.getitem((slice(None), 2)), await aa.vindex.getitem(([0, 12], [1, 6], [5, 0]))
+
+    got, points = asyncio.run(read())
+    assert_same(z[:, 2], got)
+    assert_same(z.vindex[[0, 12], [1, 6], [5, 0]], points)
+
+
+def test_vlen_crop_batches_are_a_typed_error_naming_the_array(vlen_store):
+    a = zcrop.open_array(vlen_store[(3, "str", False, 2)])
+    with pytest.raises(zcrop.UnsupportedError, match=r'"/".*variable-length string'):
+        a.read_crops([[0, 0]], [2, 2])
+
+
+def test_vlen_corrupt_chunks_are_codec_errors_naming_the_key(tmp_path):
+    """Truncated and bit-flipped chunks, and bytes that are not UTF-8 in a string array: a
+    CodecError naming the chunk's key (or, where the damage still parses, values), never a
+    crash or a panic."""
+    from zarr.dtype import VariableLengthBytes
+
+    rng = np.random.default_rng(7)
+    p = tmp_path / "v.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        z = zarr.create_array(str(p), shape=(6,), chunks=(6,), dtype=VariableLengthBytes(), compressors=None)
+        z[:] = np.array([b"ab", b"\xff\xfe", b"", b"xyz", b"q" * 50, b"r"], dtype=object)
+    good = (p / "c" / "0").read_bytes()
+    # The same bytes as text: vlen-bytes and vlen-utf8 share their encoding.
+    meta = json.loads((p / "zarr.json").read_text())
+    meta["data_type"] = "string"
+    meta["fill_value"] = ""
+    meta["codecs"][0]["name"] = "vlen-utf8"
+    (p / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(zcrop.CodecError, match=r"c/0.*element 1 .*not UTF-8"):
+        zcrop.open_array(str(p))[...]
+    for _ in range(60):
+        bad = bytearray(good)
+        if rng.random() < 0.5:
+            bad = bad[: rng.integers(0, len(bad))]
+        else:
+            for i in rng.integers(0, len(bad), size=3):
+                bad[i] = int(rng.integers(0, 256))
+        (p / "c" / "0").write_bytes(bytes(bad))
+        try:
+            zcrop.open_array(str(p))[...]
+        except zcrop.CodecError as e:
+            assert "c/0" in str(e)
 
 
 def test_unreadable_dtypes_are_a_typed_error_not_a_metadata_error(tmp_path):

@@ -125,13 +125,23 @@ def test_unsupported_codec(tmp_path):
 def test_unsupported_data_type(tmp_path):
     store = copy_fixture(tmp_path, "v3_bytes_le_raw.zarr")
     meta = json.loads((store / "zarr.json").read_text())
-    meta["data_type"] = "string"
-    meta["fill_value"] = ""
-    meta["codecs"] = [{"name": "vlen-utf8"}]
+    meta["data_type"] = "int4"
+    meta["fill_value"] = 0
     (store / "zarr.json").write_text(json.dumps(meta))
     with pytest.raises(zcrop.ZcropError) as e:
         zcrop.open(store)
     assert isinstance(e.value, (zcrop.UnsupportedError, zcrop.MetadataError))
+
+
+def test_strings_through_a_codec_other_than_vlen_utf8_are_unsupported(tmp_path):
+    store = copy_fixture(tmp_path, "v3_bytes_le_raw.zarr")
+    meta = json.loads((store / "zarr.json").read_text())
+    meta["data_type"] = "string"
+    meta["fill_value"] = ""
+    meta["codecs"] = [{"name": "vlen", "configuration": {}}]
+    (store / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(zcrop.UnsupportedError, match=r"vlen"):
+        zcrop.open(store)
 
 
 # --- corrupt data -----------------------------------------------------------------------------

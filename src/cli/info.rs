@@ -43,8 +43,8 @@ pub(super) struct ArrayInfo {
     pub inner_chunks_present: Option<u64>,
     /// Bytes on disk (chunk files).
     pub stored_bytes: u64,
-    /// Uncompressed bytes of the whole array.
-    pub logical_bytes: u64,
+    /// Uncompressed bytes of the whole array (`None` for variable-length elements).
+    pub logical_bytes: Option<u64>,
     /// Uncompressed bytes of the stored chunks over stored bytes.
     pub compression_ratio: Option<f64>,
     /// Attributes.
@@ -172,6 +172,7 @@ pub(super) fn array_info(a: &Array) -> Result<ArrayInfo> {
             "order": meta.get("order").cloned().unwrap_or_default(),
         }),
     };
+    let fixed = a.variable_kind().is_none();
     Ok(ArrayInfo {
         name: a.name().to_string(),
         zarr_format: a.zarr_format(),
@@ -189,8 +190,8 @@ pub(super) fn array_info(a: &Array) -> Result<ArrayInfo> {
         inner_chunks: s.inner_chunks,
         inner_chunks_present: s.inner_chunks_present,
         stored_bytes: s.stored_bytes,
-        logical_bytes: logical,
-        compression_ratio: (s.stored_bytes > 0)
+        logical_bytes: fixed.then_some(logical),
+        compression_ratio: (fixed && s.stored_bytes > 0)
             .then(|| stored_logical as f64 / s.stored_bytes as f64),
         attributes: a.attributes().clone(),
         coordinate: None,
@@ -307,9 +308,12 @@ pub(super) fn format_array(a: &ArrayInfo, indent: &str) -> String {
     );
     let _ = writeln!(
         s,
-        "{indent}  size         {} on disk, {} uncompressed{}",
+        "{indent}  size         {} on disk{}{}",
         human_bytes(a.stored_bytes),
-        human_bytes(a.logical_bytes),
+        a.logical_bytes.map_or_else(
+            || " (variable-length elements)".to_string(),
+            |b| format!(", {} uncompressed", human_bytes(b))
+        ),
         a.compression_ratio
             .map(|r| format!(", compression ratio {r:.2}"))
             .unwrap_or_default()

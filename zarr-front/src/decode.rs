@@ -23,7 +23,8 @@ use zarrs::array::codec::{
     BloscCodec, BytesCodec, BytesCodecConfiguration, Crc32cCodec, GzipCodec, ZlibCodec, ZstdCodec,
 };
 use zarrs::array::{
-    ArrayToBytesCodecTraits, CodecChain, CodecMetadataOptions, CodecOptions, DataType, FillValue,
+    ArrayToBytesCodecTraits, BytesRepresentation, CodecChain, CodecMetadataOptions, CodecOptions,
+    DataType, FillValue,
 };
 use zarrs::metadata::{ConfigurationSerialize, Endianness};
 use zarrs::plugin::ExtensionName;
@@ -255,6 +256,39 @@ impl LeafDecoder {
                 format!("zarrs codec chain: {}", names.join(" -> "))
             }
         }
+    }
+
+    /// Decodes a chunk of variable-length elements: their bytes one after the other, and the
+    /// offsets of element `i`'s bytes, `offsets[i]..offsets[i + 1]` (one more than the chunk
+    /// has elements). The bytes-to-bytes codecs are zarrs'; the vlen-utf8 / vlen-bytes framing
+    /// is parsed here, checked against the chunk's length (zarrs' own parser trusts it).
+    pub(crate) fn decode_variable(
+        &self,
+        encoded: &[u8],
+    ) -> Result<(Vec<u8>, Vec<usize>), DecodeError> {
+        let Kind::Generic(chain) = &self.kind else {
+            return Err("not a chunk of variable-length elements".to_string().into());
+        };
+        let mut bytes = Cow::Borrowed(encoded);
+        for codec in chain.bytes_to_bytes_codecs().iter().rev() {
+            bytes = codec
+                .decode(bytes, &BytesRepresentation::UnboundedSize, &self.options)
+                .map_err(|e| e.to_string())?;
+        }
+        let elements = self.shape.iter().map(|s| s.get()).product::<u64>();
+        Ok(parse_vlen(&bytes, elements)?)
+    }
+
+    /// Whether the leaf chunks' array-to-bytes codec is `vlen-bytes` (elements are bytes,
+    /// not UTF-8 text).
+    pub(crate) fn vlen_bytes(&self) -> bool {
+        matches!(&self.kind, Kind::Generic(chain)
+            if chain.array_to_bytes_codec().name_v3().as_deref() == Some("vlen-bytes"))
+    }
+
+    /// The fill value's bytes (for variable-length elements: the fill element's bytes).
+    pub(crate) fn fill_bytes(&self) -> &[u8] {
+        self.fill_value.as_ne_bytes()
     }
 
     /// Whether this chain can decode straight into a caller buffer.
@@ -771,9 +805,113 @@ fn zstd_prefix(src: &[u8], out: &mut [u8]) -> Result<(), String> {
     })
 }
 
+/// Parses the vlen-utf8 / vlen-bytes framing of a chunk of `elements` elements: a
+/// little-endian `u32` count, then per element a `u32` length and that many bytes.
+fn parse_vlen(b: &[u8], elements: u64) -> Result<(Vec<u8>, Vec<usize>), String> {
+    let u32_at = |pos: usize| -> Option<u64> {
+        let word = b.get(pos..pos.checked_add(4)?)?;
+        Some(u64::from(u32::from_le_bytes(word.try_into().ok()?)))
+    };
+    let count =
+        u32_at(0).ok_or_else(|| format!("{} bytes, too short for a vlen header", b.len()))?;
+    if count != elements {
+        return Err(format!(
+            "the vlen header counts {count} elements, the chunk has {elements}"
+        ));
+    }
+    // Each element takes at least its 4-byte length.
+    if count > (b.len() as u64 - 4) / 4 {
+        return Err(format!("{count} elements cannot fit in {} bytes", b.len()));
+    }
+    let n = count as usize;
+    let mut bytes = Vec::with_capacity(b.len() - 4 - 4 * n);
+    let mut offsets = Vec::with_capacity(n + 1);
+    offsets.push(0);
+    let mut pos = 4usize;
+    for i in 0..n {
+        let len = u32_at(pos).ok_or_else(|| format!("element {i}'s length is cut off"))?;
+        pos += 4;
+        let end = pos
+            .checked_add(len as usize)
+            .filter(|&e| e <= b.len())
+            .ok_or_else(|| {
+                format!(
+                    "element {i} of {len} bytes at byte {pos} runs past the chunk's end ({} bytes)",
+                    b.len()
+                )
+            })?;
+        bytes.extend_from_slice(&b[pos..end]);
+        offsets.push(bytes.len());
+        pos = end;
+    }
+    if pos != b.len() {
+        return Err(format!("{} bytes after the last element", b.len() - pos));
+    }
+    Ok((bytes, offsets))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn vlen(elements: &[&[u8]]) -> Vec<u8> {
+        let mut b = (elements.len() as u32).to_le_bytes().to_vec();
+        for e in elements {
+            b.extend_from_slice(&(e.len() as u32).to_le_bytes());
+            b.extend_from_slice(e);
+        }
+        b
+    }
+
+    #[test]
+    fn vlen_framing_parses_and_rejects_what_does_not_add_up() {
+        let good = vlen(&[b"ab", b"", b"\xff\x00z"]);
+        let (bytes, offsets) = parse_vlen(&good, 3).unwrap();
+        assert_eq!(bytes, b"ab\xff\x00z");
+        assert_eq!(offsets, [0, 2, 2, 5]);
+        assert!(
+            parse_vlen(&good, 4)
+                .unwrap_err()
+                .contains("counts 3 elements")
+        );
+        assert!(
+            parse_vlen(&good[..good.len() - 1], 3)
+                .unwrap_err()
+                .contains("runs past")
+        );
+        let cut = vlen(&[b"abcd", b""]);
+        assert!(parse_vlen(&cut[..14], 2).unwrap_err().contains("cut off"));
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert!(
+            parse_vlen(&trailing, 3)
+                .unwrap_err()
+                .contains("after the last")
+        );
+        assert!(parse_vlen(&[1, 0], 1).unwrap_err().contains("too short"));
+        // A count the bytes cannot hold is refused before anything is allocated for it.
+        let huge = vlen(&[b"a"]);
+        let mut huge = huge;
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            parse_vlen(&huge, u64::from(u32::MAX))
+                .unwrap_err()
+                .contains("cannot fit")
+        );
+    }
+
+    proptest! {
+        /// Any bytes: elements or an error, never a panic; parsed elements re-frame to the
+        /// same bytes.
+        #[test]
+        fn vlen_parsing_never_panics(b in proptest::collection::vec(any::<u8>(), 0..64), n in 0u64..8) {
+            if let Ok((bytes, offsets)) = parse_vlen(&b, n) {
+                let elements: Vec<&[u8]> = offsets.windows(2).map(|w| &bytes[w[0]..w[1]]).collect();
+                prop_assert_eq!(vlen(&elements), b);
+            }
+        }
+    }
 
     #[test]
     fn swapping_a_range_that_starts_mid_element_swaps_whole_elements_only() {

@@ -20,6 +20,10 @@ use crate::shard::ShardLevel;
 
 const TWO: NonZeroU64 = NonZeroU64::new(2).unwrap();
 
+/// Variable-length data types (zarr-python's `string` and `bytes`; v2 `|O` with the
+/// vlen-utf8 or vlen-bytes codec), read whole chunks at a time by `Array::read_variable`.
+pub(crate) const VARIABLE_DATA_TYPES: &[&str] = &["string", "bytes"];
+
 /// Data types zcrop reads through its fixed-size read path (v3 names).
 pub(crate) const SUPPORTED_DATA_TYPES: &[&str] = &[
     "bool",
@@ -47,6 +51,9 @@ pub(crate) const SUPPORTED_DATA_TYPES: &[&str] = &[
 pub(crate) struct Layout {
     pub(crate) shape: Vec<u64>,
     pub(crate) elsize: usize,
+    /// Elements of variable length (strings, bytes): `elsize` is 1, a plan's unit, and only
+    /// `Array::read_variable` reads them.
+    pub(crate) variable: bool,
     /// One fill element, native endian.
     pub(crate) fill: Vec<u8>,
     /// Shape of a storage chunk (a file): a chunk, or an outermost shard.
@@ -125,8 +132,15 @@ impl Layout {
     ) -> Result<(Layout, LeafDecoder), ZarrError> {
         let dt = array.data_type();
         let dt_name = dt.name_v3().map(Cow::into_owned);
+        let variable = dt_name
+            .as_deref()
+            .is_some_and(|n| VARIABLE_DATA_TYPES.contains(&n))
+            && dt.fixed_size().is_none();
         let elsize = match (&dt_name, dt.fixed_size()) {
             (Some(n), Some(size)) if SUPPORTED_DATA_TYPES.contains(&n.as_str()) => size,
+            // Variable-length elements count as one unit in plans; `Array::read_variable`
+            // reads them, the fixed-size paths refuse them.
+            _ if variable => 1,
             _ => {
                 return Err(ZarrError::UnsupportedDataType {
                     array: name.to_string(),
@@ -226,6 +240,23 @@ impl Layout {
             outer = inner;
             chain = next;
         }
+        if variable {
+            let a2b = crate::decode::codec_name(chain.array_to_bytes_codec().name_v3());
+            if !matches!(a2b.as_str(), "vlen-utf8" | "vlen-bytes") {
+                return Err(unsupported_codec(
+                    name,
+                    &a2b,
+                    "variable-length elements are read with vlen-utf8 or vlen-bytes",
+                ));
+            }
+            if let Some(c) = chain.array_to_array_codecs().first() {
+                return Err(unsupported_codec(
+                    name,
+                    &crate::decode::codec_name(c.name_v3()),
+                    "array-to-array codecs before vlen-utf8 / vlen-bytes",
+                ));
+            }
+        }
         let leaf = outer;
         let leaf_nz: Vec<NonZeroU64> = leaf.iter().filter_map(|&c| NonZeroU64::new(c)).collect();
         if leaf_nz.len() != nd {
@@ -241,7 +272,11 @@ impl Layout {
             elsize,
             verify_checksums,
         );
-        let fill = array.fill_value().as_ne_bytes().to_vec();
+        let fill = if variable {
+            vec![0]
+        } else {
+            array.fill_value().as_ne_bytes().to_vec()
+        };
         if fill.len() != elsize {
             return Err(unsupported(
                 name,
@@ -256,6 +291,7 @@ impl Layout {
                 tables: LocateTables::new(&shape, &leaf, &storage_chunk, &levels),
                 shape,
                 elsize,
+                variable,
                 fill,
                 storage_chunk,
                 levels,

@@ -57,7 +57,7 @@ pub mod fuzzing;
 
 pub use array::{
     Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadPart, ReadStats,
-    StorageSummary, read_many,
+    StorageSummary, VariableElements, VariableKind, read_many,
 };
 pub use error::{Location, Result, ZarrError};
 pub use hierarchy::{Group, Node, NodeKind, open, open_with};

@@ -104,6 +104,63 @@ def _out_array(out: Any) -> npt.NDArray[Any]:
     return out
 
 
+def _variable_dtype(kind: str | None) -> np.dtype[Any] | None:
+    """The dtype zarr-python gives variable-length elements: numpy's ``StringDType`` for text
+    (``object`` before numpy 2), ``object`` for bytes; ``None`` for fixed-size elements."""
+    if kind == "utf8" and hasattr(np.dtypes, "StringDType"):
+        return np.dtype(np.dtypes.StringDType())
+    return np.dtype(object) if kind else None
+
+
+def _variable_box(dims: Sequence[Any]) -> tuple[list[int], list[int], list[Any]]:
+    """The box an orthogonal selection of a variable-length array reads (its bounding box:
+    such arrays are read whole chunks at a time), and each dimension's index into it."""
+    origin, shape, local = [], [], []
+    for d in dims:
+        if isinstance(d, tuple):
+            origin.append(int(d[0]))
+            shape.append(int(d[1]))
+            local.append(None)
+        else:
+            idx = np.asarray(d, dtype=np.int64)
+            lo = int(idx.min()) if idx.size else 0
+            origin.append(lo)
+            shape.append(int(idx.max()) - lo + 1 if idx.size else 0)
+            local.append(idx - lo)
+    return origin, shape, local
+
+
+def _variable_orthogonal(native: NativeArray, dtype: np.dtype[Any], sel: Orthogonal) -> Any:
+    """An orthogonal selection of a variable-length array."""
+    origin, shape, local = _variable_box(sel.dims)
+    box = np.array(native.read_variable(origin, shape), dtype=dtype).reshape(shape)
+    for axis, idx in enumerate(local):
+        if idx is not None:
+            box = np.take(box, idx, axis=axis)
+    return box.reshape(sel.shape)
+
+
+def _variable_points(native: NativeArray, dtype: np.dtype[Any], sel: Coordinates) -> Any:
+    """A coordinate selection of a variable-length array."""
+    coords = np.asarray(sel.coords, dtype=np.int64).reshape(-1, len(native.shape))
+    if coords.shape[0] == 0:
+        return np.empty(sel.shape, dtype=dtype)
+    lo = coords.min(axis=0)
+    shape = coords.max(axis=0) - lo + 1
+    box = np.array(native.read_variable(lo.tolist(), shape.tolist()), dtype=dtype)
+    box = box.reshape(tuple(shape.tolist()))
+    return box[tuple((coords - lo).T)].reshape(sel.shape)
+
+
+def _into(out: Any, result: Any) -> Any:
+    """Copies a variable-length result into a caller's ``out`` array."""
+    out = _out_array(out)
+    if out.shape != result.shape:
+        raise ValueError(f"out has shape {out.shape}, the selection {result.shape}")
+    out[...] = result
+    return out
+
+
 class _ArrayBase:
     """What ``Array`` and ``AsyncArray`` share: the native handle, metadata, result views."""
 
@@ -121,8 +178,8 @@ class _ArrayBase:
     def __init__(self, native: NativeArray) -> None:
         self._native = native
         self._shape = tuple(int(n) for n in native.shape)
-        self._dtype = np.dtype(native.numpy_dtype)
-        self._native_dtype = self._dtype.newbyteorder("=")
+        self._dtype = _variable_dtype(native.variable_kind) or np.dtype(native.numpy_dtype)
+        self._native_dtype = self._dtype if native.variable_kind else self._dtype.newbyteorder("=")
         self._swap = self._dtype.byteorder not in ("=", "|", _NATIVE_ORDER)
         self._attrs: Attributes | None = None
         self._meta: ArrayMetadata | None = None
@@ -209,6 +266,10 @@ class _ArrayBase:
         """The fill value, a numpy scalar of the dtype (``None`` for a v2 ``null`` fill)."""
         if self.zarr_format == 2 and self.metadata.get("fill_value") is None:
             return None
+        if self._native.variable_kind == "utf8":
+            return self._native.fill_value_bytes.decode()
+        if self._native.variable_kind:
+            return self._native.fill_value_bytes
         return np.frombuffer(self._native.fill_value_bytes, dtype=self._native_dtype)[0]
 
     @property
@@ -371,6 +432,9 @@ class Array(_ArrayBase):
 
     def _read(self, sel: Orthogonal, out: Any) -> Any:
         _fork.check()
+        if self._native.variable_kind:
+            result = _variable_orthogonal(self._native, self._dtype, sel)
+            return result if out is None else _into(out, result)
         if out is None:
             return self._view(self._native.read([sel.dims]), sel.shape)
         arr = self._out_bytes(out, sel.shape)
@@ -380,6 +444,9 @@ class Array(_ArrayBase):
 
     def _read_points(self, sel: Coordinates, out: Any) -> Any:
         _fork.check()
+        if self._native.variable_kind:
+            result = _variable_points(self._native, self._dtype, sel)
+            return result if out is None else _into(out, result)
         if out is None:
             return self._view(self._native.read_points(sel.coords), sel.shape)
         arr = self._out_bytes(out, sel.shape)
@@ -557,10 +624,14 @@ class AsyncArray(_ArrayBase):
     __slots__ = ()
 
     async def _read(self, sel: Orthogonal) -> Any:
+        if self._native.variable_kind:
+            return await asyncio.to_thread(_variable_orthogonal, self._native, self._dtype, sel)
         result = await await_native(self._native.submit_read, [sel.dims])
         return self._view(result, sel.shape)
 
     async def _read_points(self, sel: Coordinates) -> Any:
+        if self._native.variable_kind:
+            return await asyncio.to_thread(_variable_points, self._native, self._dtype, sel)
         result = await await_native(self._native.submit_points, sel.coords)
         return self._view(result, sel.shape)
 

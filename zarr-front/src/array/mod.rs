@@ -7,12 +7,14 @@
 //! - [`fetch`]: all those byte ranges to `zcrop-io` in one submission, each chunk decoded on
 //!   the rayon pool as soon as its bytes arrive and copied into every output block that needs
 //!   it while it is still in cache;
-//! - [`options`]: how to open and read, and what a read did.
+//! - [`options`]: how to open and read, and what a read did;
+//! - [`variable`]: arrays of variable-length strings and bytes, read whole chunks at a time.
 
 mod fetch;
 mod locate;
 pub(crate) mod options;
 mod read;
+mod variable;
 
 use std::ops::Range;
 use std::path::Path;
@@ -33,6 +35,7 @@ use self::fetch::decode_error;
 use self::locate::FileStamp;
 pub use self::options::{OpenOptions, ReadOptions, ReadStats};
 pub use self::read::{ReadPart, read_many};
+pub use self::variable::{VariableElements, VariableKind};
 
 /// Default byte budget of the shard-index cache of one array (64 MiB).
 pub const DEFAULT_INDEX_CACHE_BYTES: usize = 64 << 20;
@@ -132,6 +135,7 @@ impl Array {
     /// [`Array::decode_chunk`] into `out`, which must be exactly one decoded chunk long (an
     /// error otherwise): for callers that decode many chunks into one reused buffer.
     pub fn decode_chunk_into(&self, encoded: &[u8], out: &mut [u8]) -> Result<()> {
+        self.fixed_size_elements()?;
         self.core
             .decoder
             .decode_full_into(encoded, out)
@@ -144,6 +148,7 @@ impl Array {
     /// the literal streams that hold the range, other codecs stop where they can. Parts of the
     /// chunk outside `range` are not verified.
     pub fn decode_chunk_range(&self, encoded: &[u8], range: Range<usize>) -> Result<Vec<u8>> {
+        self.fixed_size_elements()?;
         let full = self.core.decoder.chunk_bytes;
         if range.start > range.end || range.end > full {
             return Err(ZarrError::Codec {
@@ -269,9 +274,14 @@ impl Array {
         self.core.layout.elsize
     }
 
-    /// The fill value, one element of native-endian bytes.
+    /// The fill value, one element of native-endian bytes (of a variable-length array: the
+    /// fill element's bytes).
     pub fn fill_value_bytes(&self) -> &[u8] {
-        &self.core.layout.fill
+        if self.core.layout.variable {
+            self.core.decoder.fill_bytes()
+        } else {
+            &self.core.layout.fill
+        }
     }
 
     /// Shape of a storage chunk: the chunk, or the shard of a sharded array.
@@ -480,6 +490,8 @@ fn numpy_dtype(dt: &zarrs::array::DataType, meta: &zarrs::metadata::ArrayMetadat
         "complex64" => ('c', 8),
         "complex128" => ('c', 16),
         "fixed_length_utf32" => ('U', dt.fixed_size().unwrap_or_default() / 4),
+        // Variable-length elements are Python objects in numpy's classic dtypes.
+        "string" | "bytes" => return "|O".into(),
         crate::dtype::NULL_TERMINATED_BYTES => {
             return format!("|S{}", dt.fixed_size().unwrap_or_default());
         }

@@ -266,7 +266,7 @@ impl Array {
         Ok(origins.len() / nd)
     }
 
-    fn check_dims(&self, got: usize, what: &str) -> Result<()> {
+    pub(super) fn check_dims(&self, got: usize, what: &str) -> Result<()> {
         if got == self.ndim() {
             return Ok(());
         }

@@ -132,9 +132,11 @@ fn reads_data_type(md: &ArrayMetadata) -> bool {
         ArrayMetadata::V2(m) => zarrs::array::DataType::from_metadata(&m.dtype),
         ArrayMetadata::V3(m) => zarrs::array::DataType::from_metadata(&m.data_type),
     };
-    dt.ok()
-        .and_then(|dt| dt.name_v3())
-        .is_some_and(|n| crate::layout::SUPPORTED_DATA_TYPES.contains(&n.as_ref()))
+    dt.ok().and_then(|dt| dt.name_v3()).is_some_and(|n| {
+        let n = n.as_ref();
+        crate::layout::SUPPORTED_DATA_TYPES.contains(&n)
+            || crate::layout::VARIABLE_DATA_TYPES.contains(&n)
+    })
 }
 
 /// The data type as the metadata names it: the v2 dtype, or the v3 data type's name.
