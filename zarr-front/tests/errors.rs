@@ -271,24 +271,37 @@ fn unknown_codec_is_named_at_open() {
 fn unsupported_data_types_are_named_at_open() {
     let (_d, store) = copy_store("v2_zstd_be_u2");
     let structured = serde_json::json!([["a", "<i4"], ["b", "<f4"]]);
-    let vlen = serde_json::json!([{"id": "vlen-utf8"}]);
-    for (dtype, filters) in [
-        ("|O".into(), serde_json::Value::Null),
-        ("|O".into(), vlen),
-        ("|V4".into(), serde_json::Value::Null),
-        (structured, serde_json::Value::Null),
-    ] {
+    let set = |dtype: &serde_json::Value, filters: serde_json::Value| {
         set_json(&store.join(".zarray"), |v| {
             v["dtype"] = dtype.clone();
             v["fill_value"] = serde_json::Value::Null;
             v["compressor"] = serde_json::Value::Null;
             v["filters"] = filters;
         });
+    };
+    for dtype in ["|V4".into(), structured] {
+        set(&dtype, serde_json::Value::Null);
         // Never a metadata error: the metadata is valid, zcrop does not read the type.
         match zcrop_zarr::open(&store) {
             Err(ZarrError::UnsupportedDataType { array, .. }) => assert_eq!(array, "/", "{dtype}"),
             other => panic!("{dtype}: {other:?}"),
         }
+    }
+    // Object arrays: strings through vlen-utf8 are read; without an object codec they
+    // cannot be (zarr-python would need pickle or the like).
+    set(&"|O".into(), serde_json::json!([{"id": "vlen-utf8"}]));
+    let a = open(&store);
+    assert_eq!(a.variable_kind(), Some(zcrop_zarr::VariableKind::Utf8));
+    assert!(matches!(
+        a.read_region(&[0, 0], &[1, 1]),
+        Err(ZarrError::Unsupported { .. })
+    ));
+    set(&"|O".into(), serde_json::Value::Null);
+    match zcrop_zarr::open(&store) {
+        Err(ZarrError::UnsupportedCodec { array, codec, .. }) => {
+            assert_eq!((array.as_str(), codec.as_str()), ("/", "bytes"));
+        }
+        other => panic!("|O: {other:?}"),
     }
 }
 
