@@ -115,7 +115,9 @@ def _variable_dtype(kind: str | None) -> np.dtype[Any] | None:
 def _variable_box(dims: Sequence[Any]) -> tuple[list[int], list[int], list[Any]]:
     """The box an orthogonal selection of a variable-length array reads (its bounding box:
     such arrays are read whole chunks at a time), and each dimension's index into it."""
-    origin, shape, local = [], [], []
+    origin: list[int] = []
+    shape: list[int] = []
+    local: list[Any] = []
     for d in dims:
         if isinstance(d, tuple):
             origin.append(int(d[0]))

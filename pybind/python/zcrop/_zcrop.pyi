@@ -104,7 +104,13 @@ class NativeArray:
     def fill_value_bytes(self) -> bytes:
         """The fill value: one element, native-endian (UTF-32 code units of a ``<U``
         array, NUL-padded bytes of a ``|S`` array, int64 of a datetime64, NaT for a v2
-        ``null`` one)."""
+        ``null`` one; the element's bytes for variable-length strings and bytes)."""
+    @property
+    def variable_kind(self) -> str | None:
+        """``"utf8"`` or ``"bytes"`` for variable-length elements, ``None`` for fixed-size."""
+    def read_variable(self, origin: Sequence[int], shape: Sequence[int]) -> list[Any]:
+        """The variable-length elements of the box at ``origin`` of ``shape``, C order: a
+        list of ``str`` (text) or ``bytes``."""
     @property
     def zarr_format(self) -> int:
         """2 or 3."""
