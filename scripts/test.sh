@@ -84,13 +84,13 @@ fi
 export ZCROP_TEST_VENV="$VENV" ZCROP_REQUIRE_S3=1
 
 step "cargo test --workspace"
-cargo test --workspace -- --skip fuzzing::runner 2>&1 | tee "$LOGS/cargo.log"
+cargo test --workspace -- --skip fuzz_ 2>&1 | tee "$LOGS/cargo.log"
 
 # The fuzz targets of zarr-front's parsers and decoders on the stable toolchain: the committed
 # corpus (zarr-front/fuzz/corpus), then seeded mutations of it for a fixed time per target.
 export ZCROP_FUZZ_SECONDS="${ZCROP_FUZZ_SECONDS:-5}"
 step "fuzz targets: corpus, then ${ZCROP_FUZZ_SECONDS}s of mutations each"
-cargo test -p zcrop-zarr --lib fuzzing::runner -- --nocapture 2>&1 \
+cargo test -p zcrop-zarr --test fuzz -- --nocapture 2>&1 \
     | grep -E '^(fuzz |test result|thread|.*panicked)' | tee -a "$LOGS/cargo.log"
 
 # --- Python ------------------------------------------------------------------------------------

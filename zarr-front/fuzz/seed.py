@@ -2,7 +2,7 @@
 """Builds seed corpora for the fuzz targets from the committed fixtures (stdlib only).
 
     python3 zarr-front/fuzz/seed.py && cd zarr-front && cargo +nightly fuzz run chunk -- -max_total_time=600
-    (targets: metadata, shard_index, chunk, chunk_range, lz4)
+    (targets: metadata, shard_index, chunk, chunk_range, lz4, vlen)
 """
 
 import json
@@ -38,10 +38,27 @@ def lz4_splits(buf: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+def vlen_frame(elements: list[bytes]) -> bytes:
+    """A vlen-utf8 / vlen-bytes chunk: a u32 count, then each element's u32 length and bytes."""
+    out = len(elements).to_bytes(4, "little")
+    for e in elements:
+        out += len(e).to_bytes(4, "little") + e
+    return out
+
+
+#: vlen seeds: element lists (the head byte holds the count less one; no zstd).
+VLEN_SEEDS = {
+    "one-empty": [b""],
+    "three": [b"ab", b"", "\u00e9\u6f22\U0001f600".encode()],
+    "long": [b"x" * 300, b"y", b"z" * 40, b"", b"q"],
+    "not-utf8": [b"\xff\xfe", b"ok"],
+}
+
+
 def main() -> None:
     manifest = json.loads((FIXTURES / "manifest.json").read_text())
     roots = [e for e in manifest if e["array_path"] == ""]
-    corpus = {name: HERE / "corpus" / name for name in ("metadata", "shard_index", "chunk", "chunk_range", "lz4")}
+    corpus = {name: HERE / "corpus" / name for name in ("metadata", "shard_index", "chunk", "chunk_range", "lz4", "vlen")}
     for d in corpus.values():
         d.mkdir(parents=True, exist_ok=True)
     for i, e in enumerate(roots):
@@ -68,6 +85,8 @@ def main() -> None:
             data = f.read_bytes()
             (corpus["shard_index"] / f"{name}_{j}_end").write_bytes(bytes([i | 0x80]) + data[-132:])
             (corpus["shard_index"] / f"{name}_{j}_start").write_bytes(bytes([i | 0x80]) + data[:132])
+    for name, elements in VLEN_SEEDS.items():
+        (corpus["vlen"] / name).write_bytes(bytes([len(elements) - 1]) + vlen_frame(elements))
     for name, d in corpus.items():
         print(f"{name}: {len(list(d.iterdir()))} seeds")
 

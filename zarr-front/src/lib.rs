@@ -49,12 +49,6 @@ mod store;
 mod throttle;
 pub mod transform;
 
-/// The fuzz targets, for `zarr-front/fuzz` (feature `fuzzing`) and the tests: not a public
-/// API.
-#[cfg(any(test, feature = "fuzzing"))]
-#[doc(hidden)]
-pub mod fuzzing;
-
 pub use array::{
     Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadPart, ReadStats,
     StorageSummary, VariableElements, VariableKind, read_many,

@@ -1,8 +1,12 @@
-//! cargo-fuzz driver of `zcrop_zarr::fuzzing::chunk` (see there for what it checks).
+//! cargo-fuzz driver of `chunk` in `zarr-front/tests/fuzz/targets.rs` (see there for what it checks).
 #![no_main]
 
 mod common;
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| zcrop_zarr::fuzzing::chunk(common::root_arrays(), data));
+#[path = "../../tests/fuzz/targets.rs"]
+#[allow(dead_code)]
+mod targets;
+
+fuzz_target!(|data: &[u8]| targets::chunk(common::root_arrays(), data));

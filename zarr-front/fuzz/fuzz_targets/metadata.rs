@@ -1,6 +1,10 @@
-//! cargo-fuzz driver of `zcrop_zarr::fuzzing::metadata` (see there for what it checks).
+//! cargo-fuzz driver of `metadata` in `zarr-front/tests/fuzz/targets.rs` (see there for what it checks).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| zcrop_zarr::fuzzing::metadata(data));
+#[path = "../../tests/fuzz/targets.rs"]
+#[allow(dead_code)]
+mod targets;
+
+fuzz_target!(|data: &[u8]| targets::metadata(data));

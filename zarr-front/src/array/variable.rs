@@ -47,12 +47,6 @@ impl VariableElements {
     }
 }
 
-/// One leaf chunk's decoded elements (or none: not stored, every element the fill value).
-struct Decoded {
-    bytes: Vec<u8>,
-    offsets: Vec<usize>,
-}
-
 impl Array {
     /// What the array's elements are, if they have variable length; `None` for fixed-size
     /// elements (numbers, fixed-width strings, times).
@@ -82,19 +76,51 @@ impl Array {
         })
     }
 
+    /// Decodes the bytes of one chunk (for a sharded array: one innermost chunk) of
+    /// variable-length elements: all its elements, C order. Text that is not UTF-8 is an error.
+    pub fn decode_variable_chunk(&self, encoded: &[u8]) -> Result<VariableElements> {
+        self.decode_variable_at(encoded, "")
+    }
+
+    /// [`Array::decode_variable_chunk`] of the chunk at `key` (named in errors).
+    fn decode_variable_at(&self, encoded: &[u8], key: &str) -> Result<VariableElements> {
+        let kind = self.variable_kind().ok_or_else(|| self.not_variable())?;
+        let at = || self.location(key, None);
+        let (bytes, offsets) = self
+            .core
+            .decoder
+            .decode_variable(encoded)
+            .map_err(|err| decode_error(at(), err))?;
+        let elements = VariableElements { bytes, offsets };
+        if kind == VariableKind::Utf8
+            && let Some(i) =
+                (0..elements.len()).find(|&i| std::str::from_utf8(elements.get(i)).is_err())
+        {
+            return Err(ZarrError::Codec {
+                at: at(),
+                reason: format!("element {i} of the chunk is not UTF-8 text"),
+            });
+        }
+        Ok(elements)
+    }
+
+    /// The error for reading fixed-size elements as variable-length ones.
+    fn not_variable(&self) -> ZarrError {
+        ZarrError::InvalidArgument(format!(
+            "array {:?}: its data type {} has a fixed size, not variable-length elements",
+            self.core.place.name,
+            self.data_type()
+        ))
+    }
+
     /// The variable-length elements of the box at `origin` of `shape`, in C order. Every
     /// chunk the box touches is read (in one submission) and decoded whole; a chunk that is
     /// not stored gives fill values. Text (see [`Array::variable_kind`]) that is not UTF-8 is
     /// an error naming its chunk.
     pub fn read_variable(&self, origin: &[u64], shape: &[u64]) -> Result<VariableElements> {
-        let Some(kind) = self.variable_kind() else {
-            return Err(ZarrError::InvalidArgument(format!(
-                "array {:?}: read_variable reads variable-length elements; its data type {} \
-                 has a fixed size",
-                self.core.place.name,
-                self.data_type()
-            )));
-        };
+        if self.variable_kind().is_none() {
+            return Err(self.not_variable());
+        }
         self.check_dims(origin.len(), "the origin")?;
         self.check_dims(shape.len(), "the shape")?;
         let l = &self.core.layout;
@@ -147,29 +173,15 @@ impl Array {
             break;
         }
         let encoded = self.read_encoded_chunks(&coords)?;
-        let decoder = &self.core.decoder;
-        let chunks: Vec<Option<Decoded>> = coords
+        let chunks: Vec<Option<VariableElements>> = coords
             .iter()
             .zip(encoded)
             .map(|(c, e)| {
-                let Some(e) = e else { return Ok(None) };
-                let at = || self.location(&self.storage_key(c), None);
-                let (bytes, offsets) = decoder
-                    .decode_variable(&e)
-                    .map_err(|err| decode_error(at(), err))?;
-                if kind == VariableKind::Utf8
-                    && let Some(i) = (0..offsets.len() - 1)
-                        .find(|&i| std::str::from_utf8(&bytes[offsets[i]..offsets[i + 1]]).is_err())
-                {
-                    return Err(ZarrError::Codec {
-                        at: at(),
-                        reason: format!("element {i} of the chunk is not UTF-8 text"),
-                    });
-                }
-                Ok(Some(Decoded { bytes, offsets }))
+                e.map(|e| self.decode_variable_at(&e, &self.storage_key(c)))
+                    .transpose()
             })
             .collect::<Result<_>>()?;
-        let fill = decoder.fill_bytes();
+        let fill = self.core.decoder.fill_bytes();
         // Walk the box in C order: the chunk and the element in it of each position.
         let mut out = VariableElements {
             bytes: Vec::new(),
@@ -185,10 +197,7 @@ impl Array {
                 within = within * leaf[d] + g % leaf[d];
             }
             let element = match &chunks[chunk as usize] {
-                Some(dec) => {
-                    let w = within as usize;
-                    &dec.bytes[dec.offsets[w]..dec.offsets[w + 1]]
-                }
+                Some(dec) => dec.get(within as usize),
                 None => fill,
             };
             out.bytes.extend_from_slice(element);

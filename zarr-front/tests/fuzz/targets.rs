@@ -1,0 +1,167 @@
+//! The fuzz targets of zarr-front's parsers and decoders, as plain functions over its public
+//! API: each takes arbitrary bytes and must return (an error inside is fine) without
+//! panicking, aborting or reading out of bounds.
+//!
+//! Two drivers include this file: the cargo-fuzz binaries in `zarr-front/fuzz`
+//! (coverage-guided, for long runs that grow the corpus) and, on the stable toolchain, the
+//! runner in `tests/fuzz.rs`, which replays the corpus committed in `zarr-front/fuzz/corpus`
+//! and then mutates it for a fixed time (`ZCROP_FUZZ_SECONDS` per target, 1 by default; CI
+//! runs longer).
+
+use zcrop_zarr::{Array, DimSelection, OpenOptions};
+
+/// Arbitrary bytes as array metadata (`zarr.json` or `.zarray`, by the first byte's low bit):
+/// opening returns an error or an array; an opened array answers its accessors and sizes a
+/// small read.
+pub(crate) fn metadata(data: &[u8]) {
+    let Some((&format, json)) = data.split_first() else {
+        return;
+    };
+    let format = if format & 1 == 0 { 2 } else { 3 };
+    let dir = std::env::temp_dir().join("zcrop-fuzz-empty");
+    if let Ok(a) = Array::from_metadata_json(json, format, &dir, &OpenOptions::default()) {
+        let _ = (
+            a.shape(),
+            a.numpy_dtype(),
+            a.chunk_shape(),
+            a.shard_index_size(),
+        );
+        let nd = a.ndim();
+        if nd > 0 && a.shape().iter().all(|&s| s > 0) && a.element_size() * nd <= 64 {
+            let origin = vec![0u64; nd];
+            let one: Vec<DimSelection> = (0..nd)
+                .map(|_| DimSelection::Range { start: 0, len: 1 })
+                .collect();
+            let _ = a.output_len(&[one], 4);
+            let _ = a.storage_key(&origin);
+        }
+    }
+}
+
+/// Arbitrary bytes as the shard index of one of `arrays` (the first byte picks it; its high
+/// bit keeps the bytes' own length, else they are repeated to the index's size, so decoding
+/// goes deep): entries or an error, every entry's end representable.
+pub(crate) fn shard_index(arrays: &[Array], data: &[u8]) {
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    let sharded: Vec<&Array> = arrays
+        .iter()
+        .filter(|a| a.shard_index_size().is_some())
+        .collect();
+    if sharded.is_empty() {
+        return;
+    }
+    let a = sharded[pick as usize % sharded.len()];
+    let size = a.shard_index_size().unwrap_or(0) as usize;
+    let bytes: Vec<u8> = if pick & 0x80 == 0 {
+        rest.iter().copied().cycle().take(size).collect()
+    } else {
+        rest.to_vec()
+    };
+    if let Ok(entries) = a.decode_shard_index(&bytes, Some(u64::from(pick) * 1000)) {
+        assert!(
+            entries
+                .iter()
+                .flatten()
+                .all(|(o, n)| o.checked_add(*n).is_some())
+        );
+    }
+}
+
+/// Arbitrary bytes as a chunk of one of `arrays` (the first byte picks it): the decoded chunk,
+/// of exactly the chunk's size, or an error.
+pub(crate) fn chunk(arrays: &[Array], data: &[u8]) {
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    if arrays.is_empty() {
+        return;
+    }
+    let a = &arrays[pick as usize % arrays.len()];
+    if let Ok(chunk) = a.decode_chunk(rest) {
+        let n: u64 = a.chunk_shape().iter().product();
+        assert_eq!(chunk.len() as u64, n * a.element_size() as u64);
+    }
+}
+
+/// Arbitrary bytes as a chunk of one of `arrays`, decoded only over a range (the partial zstd
+/// block decoder, blosc's block decode, stopping early): the range's bytes or an error. Head:
+/// array (1 byte), start and length (u16 LE each).
+pub(crate) fn chunk_range(arrays: &[Array], data: &[u8]) {
+    let Some((head, rest)) = data.split_first_chunk::<5>() else {
+        return;
+    };
+    if arrays.is_empty() {
+        return;
+    }
+    let a = &arrays[head[0] as usize % arrays.len()];
+    let n = (a.chunk_shape().iter().product::<u64>() as usize * a.element_size()).max(1);
+    let start = u16::from_le_bytes([head[1], head[2]]) as usize % n;
+    let end = (start + u16::from_le_bytes([head[3], head[4]]) as usize).min(n);
+    if let Ok(bytes) = a.decode_chunk_range(rest, start..end) {
+        assert_eq!(bytes.len(), end - start);
+    }
+}
+
+/// Arbitrary bytes as an LZ4 block (head: output size and target, u16 LE each), decoded whole
+/// and up to the target by zcrop's decoder and by liblz4: zcrop's never panics or writes
+/// outside its buffer, and wherever liblz4 decodes the block whole, zcrop's gives the same
+/// bytes (liblz4 also lets through an offset of 0, which zcrop refuses, so a block liblz4
+/// decodes may still be an error here); a prefix is what the whole block starts with.
+pub(crate) fn lz4(data: &[u8]) {
+    let Some((head, block)) = data.split_first_chunk::<4>() else {
+        return;
+    };
+    let cap = usize::from(u16::from_le_bytes([head[0], head[1]])) % 20_000;
+    let want = usize::from(u16::from_le_bytes([head[2], head[3]])) % (cap + 1);
+    let mut ours = vec![0u8; cap];
+    let mut theirs = vec![0u8; cap];
+    let whole = zcrop_codec::lz4::decompress(block, &mut ours, cap);
+    if let Some(n) = whole {
+        assert!(n <= cap);
+    }
+    if let (Some(n), Some(m)) = (
+        whole,
+        zcrop_codec::ffi::lz4_decompress(block, &mut theirs, cap),
+    ) {
+        assert_eq!(n, m);
+        assert_eq!(ours[..n], theirs[..n]);
+    }
+    let mut part = vec![0u8; cap];
+    if let Some(n) = zcrop_codec::lz4::decompress(block, &mut part, want) {
+        assert!(n <= cap);
+        if let Some(w) = whole
+            && n >= want
+        {
+            assert!(w >= want);
+            assert_eq!(part[..want], ours[..want]);
+        }
+    }
+}
+
+/// Arbitrary bytes as a chunk of variable-length strings (head: element count 1..=64 and
+/// whether a zstd codec follows vlen-utf8): elements, as many as the chunk has, or an error.
+pub(crate) fn vlen(data: &[u8]) {
+    let Some((&head, chunk)) = data.split_first() else {
+        return;
+    };
+    let n = u64::from(head & 0x3f) + 1;
+    let zstd = if head & 0x40 == 0 {
+        ""
+    } else {
+        r#",{"name":"zstd","configuration":{"level":0,"checksum":false}}"#
+    };
+    let meta = format!(
+        r#"{{"zarr_format":3,"node_type":"array","shape":[{n}],"data_type":"string",
+            "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[{n}]}}}},
+            "chunk_key_encoding":{{"name":"default"}},"fill_value":"",
+            "codecs":[{{"name":"vlen-utf8"}}{zstd}]}}"#
+    );
+    let dir = std::env::temp_dir().join("zcrop-fuzz-empty");
+    let a = Array::from_metadata_json(meta.as_bytes(), 3, &dir, &OpenOptions::default())
+        .expect("a valid string array");
+    if let Ok(elements) = a.decode_variable_chunk(chunk) {
+        assert_eq!(elements.len() as u64, n);
+    }
+}
