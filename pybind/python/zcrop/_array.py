@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zcrop import _fork, _indexing, _zcrop
-from zcrop._zcrop import NativeArray, Pending
+from zcrop._zcrop import NativeArray, NativeGroup, Pending
 from zcrop.errors import BoundsError
 
 if TYPE_CHECKING:
@@ -163,19 +163,54 @@ def _into(out: Any, result: Any) -> Any:
     return out
 
 
-class _ArrayBase:
+class _Node:
+    """What arrays and groups share: the native handle, and its name, path, format and
+    attributes."""
+
+    __slots__ = ("_attrs", "_native", "__weakref__")
+
+    _native: NativeArray | NativeGroup
+    _attrs: Attributes | None
+
+    @property
+    def name(self) -> str:
+        """The node's path in its store, ``/``-rooted (``/`` for the root)."""
+        return str(self._native.name)
+
+    @property
+    def path(self) -> str:
+        """The node's path relative to the store root (``""`` for the root)."""
+        return str(self._native.path)
+
+    @property
+    def basename(self) -> str:
+        """The last part of :attr:`name` (``""`` for the root)."""
+        return self.name.rsplit("/", 1)[-1]
+
+    @property
+    def zarr_format(self) -> int:
+        """2 or 3."""
+        return int(self._native.zarr_format)
+
+    @property
+    def attrs(self) -> Attributes:
+        """The user attributes (read-only)."""
+        if self._attrs is None:
+            self._attrs = Attributes(json.loads(self._native.attributes_json))
+        return self._attrs
+
+    @property
+    def read_only(self) -> bool:
+        """Always ``True``: zcrop reads."""
+        return True
+
+
+class _ArrayBase(_Node):
     """What ``Array`` and ``AsyncArray`` share: the native handle, metadata, result views."""
 
-    __slots__ = (
-        "_attrs",
-        "_dtype",
-        "_meta",
-        "_native",
-        "_native_dtype",
-        "_shape",
-        "_swap",
-        "__weakref__",
-    )
+    __slots__ = ("_dtype", "_meta", "_native_dtype", "_shape", "_swap")
+
+    _native: NativeArray
 
     def __init__(self, native: NativeArray) -> None:
         self._native = native
@@ -183,7 +218,7 @@ class _ArrayBase:
         self._dtype = _variable_dtype(native.variable_kind) or np.dtype(native.numpy_dtype)
         self._native_dtype = self._dtype if native.variable_kind else self._dtype.newbyteorder("=")
         self._swap = self._dtype.byteorder not in ("=", "|", _NATIVE_ORDER)
-        self._attrs: Attributes | None = None
+        self._attrs = None
         self._meta: ArrayMetadata | None = None
 
     # --- metadata ---------------------------------------------------------------------------
@@ -245,18 +280,6 @@ class _ArrayBase:
         return math.prod(self.cdata_shape)
 
     @property
-    def zarr_format(self) -> int:
-        """2 or 3."""
-        return int(self._native.zarr_format)
-
-    @property
-    def attrs(self) -> Attributes:
-        """The user attributes (read-only)."""
-        if self._attrs is None:
-            self._attrs = Attributes(json.loads(self._native.attributes_json))
-        return self._attrs
-
-    @property
     def metadata(self) -> ArrayMetadata:
         """The metadata as stored (see :class:`ArrayMetadata`)."""
         if self._meta is None:
@@ -285,26 +308,6 @@ class _ArrayBase:
         """The v3 dimension names, if set."""
         names = self._native.dimension_names
         return None if names is None else tuple(names)
-
-    @property
-    def name(self) -> str:
-        """The array's path in its store, ``/``-rooted (``/`` for a root array)."""
-        return str(self._native.name)
-
-    @property
-    def path(self) -> str:
-        """The array's path relative to the store root (``""`` for a root array)."""
-        return str(self._native.path)
-
-    @property
-    def basename(self) -> str:
-        """The last part of :attr:`name`."""
-        return self.name.rsplit("/", 1)[-1]
-
-    @property
-    def read_only(self) -> bool:
-        """Always ``True``: zcrop reads."""
-        return True
 
     @property
     def native(self) -> NativeArray:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Union
 
-from zcrop._array import Array, AsyncArray, Attributes, await_native
+from zcrop._array import Array, AsyncArray, Attributes, _Node, await_native
 from zcrop._zcrop import NativeArray, NativeGroup
 from zcrop.errors import NodeNotFoundError
 
@@ -31,12 +30,14 @@ def wrap_async(native: NativeArray | NativeGroup) -> AsyncArray | AsyncGroup:
     return AsyncGroup(native)
 
 
-class _GroupBase:
-    __slots__ = ("_attrs", "_native", "__weakref__")
+class _GroupBase(_Node):
+    __slots__ = ()
+
+    _native: NativeGroup
 
     def __init__(self, native: NativeGroup) -> None:
         self._native = native
-        self._attrs: Attributes | None = None
+        self._attrs = None
         skipped = native.skipped_consolidated_keys
         if skipped:
             warnings.warn(
@@ -44,33 +45,6 @@ class _GroupBase:
                 f"have, left out: {', '.join(map(repr, skipped))}",
                 stacklevel=4,
             )
-
-    @property
-    def name(self) -> str:
-        """The group's path in its store, ``/``-rooted (``/`` for the root)."""
-        return str(self._native.name)
-
-    @property
-    def path(self) -> str:
-        """The group's path relative to the store root (``""`` for the root)."""
-        return str(self._native.path)
-
-    @property
-    def basename(self) -> str:
-        """The last part of :attr:`name` (``""`` for the root)."""
-        return self.name.rsplit("/", 1)[-1]
-
-    @property
-    def zarr_format(self) -> int:
-        """2 or 3."""
-        return int(self._native.zarr_format)
-
-    @property
-    def attrs(self) -> Attributes:
-        """The user attributes (read-only)."""
-        if self._attrs is None:
-            self._attrs = Attributes(json.loads(self._native.attributes_json))
-        return self._attrs
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -82,11 +56,6 @@ class _GroupBase:
             "attributes": self.attrs.asdict(),
             "consolidated": bool(self._native.is_consolidated),
         }
-
-    @property
-    def read_only(self) -> bool:
-        """Always ``True``: zcrop reads."""
-        return True
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
