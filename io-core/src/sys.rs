@@ -181,8 +181,8 @@ pub(crate) fn pread(
             iov_len: len,
         };
         // The raw system call, not glibc's `preadv2`: that wrapper is a thread cancellation
-        // point and brackets the call with cancellation bookkeeping (1% of the CPU of cached
-        // 4 KiB reads). The offset goes in two halves (`pos_l`, `pos_h`) as the kernel expects;
+        // point and brackets the call with cancellation bookkeeping, a visible cost on cached
+        // 4 KiB reads. The offset goes in two halves (`pos_l`, `pos_h`) as the kernel expects;
         // on 64-bit kernels `pos_l` alone carries it.
         // SAFETY: `iov` describes `len` writable bytes of `buf`'s spare capacity, which outlives
         // this call; the kernel writes at most `len` bytes there.

@@ -46,9 +46,8 @@ impl<'a> Chunk<'a> {
             self.want
         );
         // The common case (16-bit samples in one block), called once per row of a crop in the
-        // chunk, so kept small enough to inline and free of divisions by the type size: with
-        // the general path's four divisions and large frame, `gather` alone was 7% of a
-        // blosc-lz4 crop read's samples in perf.
+        // chunk, so kept small enough to inline and free of divisions by the type size (the
+        // general path's four divisions and large frame show in blosc-lz4 crop profiles).
         if let Some((2, s)) = &self.streams
             && at.is_multiple_of(2)
             && out.len().is_multiple_of(2)
