@@ -579,9 +579,6 @@ pub(crate) fn fetch_and_stitch_parts(
     parts: &[Part<'_, '_, '_>],
     stats: &mut [ReadStats],
 ) -> Result<()> {
-    for p in parts {
-        p.array.fixed_size_elements()?;
-    }
     // Request ids: part k's leaf i is `offsets[k] + i`.
     let mut offsets = Vec::with_capacity(parts.len());
     let mut total = 0usize;

@@ -327,6 +327,7 @@ pub fn read_many(parts: Vec<ReadPart<'_>>) -> Result<Vec<ReadStats>> {
     let mut options = Vec::with_capacity(parts.len());
     let mut outs = Vec::with_capacity(parts.len());
     for p in parts {
+        p.array.fixed_size_elements()?;
         let l = &p.array.core.layout;
         let out_elsize = p
             .options
