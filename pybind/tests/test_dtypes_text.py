@@ -282,6 +282,19 @@ def test_vlen_crop_batches_are_a_typed_error_naming_the_array(vlen_store):
         a.read_crops([[0, 0]], [2, 2])
 
 
+def test_vlen_box_too_large_to_hold_is_an_error_not_an_abort(tmp_path):
+    from zarr.dtype import VariableLengthUTF8
+
+    p = str(tmp_path / "huge.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.create_array(p, shape=(2**61,), chunks=(2**58,), dtype=VariableLengthUTF8())
+    a = zcrop.open_array(p)
+    assert a[5] == ""
+    with pytest.raises(zcrop.OutOfMemoryError, match=r'"/"'):
+        a[...]
+
+
 def test_vlen_corrupt_chunks_are_codec_errors_naming_the_key(tmp_path):
     """Truncated and bit-flipped chunks, and bytes that are not UTF-8 in a string array: a
     CodecError naming the chunk's key (or, where the damage still parses, values), never a

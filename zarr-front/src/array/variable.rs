@@ -159,7 +159,17 @@ impl Array {
             .map(|d| (origin[d] + shape[d] - 1) / leaf[d])
             .collect();
         let span: Vec<u64> = first.iter().zip(&last).map(|(f, l)| l - f + 1).collect();
+        let chunks = span
+            .iter()
+            .try_fold(1usize, |acc, &s| usize::try_from(s).ok()?.checked_mul(acc))
+            .unwrap_or(usize::MAX);
         let mut coords = Vec::new();
+        coords.try_reserve_exact(chunks).map_err(|_| {
+            ZarrError::InvalidArgument(format!(
+                "array {:?}: a box of shape {shape:?} touches too many chunks",
+                self.core.place.name
+            ))
+        })?;
         let mut c = first.clone();
         'chunks: loop {
             coords.push(c.clone());
@@ -183,10 +193,17 @@ impl Array {
             .collect::<Result<_>>()?;
         let fill = self.core.decoder.fill_bytes();
         // Walk the box in C order: the chunk and the element in it of each position.
-        let mut out = VariableElements {
-            bytes: Vec::new(),
-            offsets: Vec::with_capacity(n + 1),
+        let no_memory = |bytes: usize| ZarrError::OutOfMemory {
+            what: format!(
+                "array {:?}: its variable-length elements",
+                self.core.place.name
+            ),
+            bytes: bytes as u64,
         };
+        let mut out = VariableElements::default();
+        out.offsets
+            .try_reserve_exact(n.saturating_add(1))
+            .map_err(|_| no_memory(n.saturating_add(1).saturating_mul(size_of::<usize>())))?;
         out.offsets.push(0);
         let mut idx = vec![0u64; shape.len()];
         for _ in 0..n {
@@ -200,6 +217,9 @@ impl Array {
                 Some(dec) => dec.get(within as usize),
                 None => fill,
             };
+            out.bytes
+                .try_reserve(element.len())
+                .map_err(|_| no_memory(out.bytes.len() + element.len()))?;
             out.bytes.extend_from_slice(element);
             out.offsets.push(out.bytes.len());
             for d in (0..shape.len()).rev() {
