@@ -48,6 +48,14 @@ mod own_pool;
 #[allow(dead_code, unused_imports)]
 mod own_buffers;
 
+/// What `io-core/src/pool.rs` uses from its crate, under the names it uses.
+mod fork {
+    pub(crate) use zcrop::io::fork::PerProcess;
+}
+mod sync {
+    pub(crate) use zcrop::io::sync::Mutex;
+}
+
 #[path = "../zarr-front/src/cache.rs"]
 #[allow(dead_code, unused_imports)]
 mod zcrop_cache;

@@ -6,18 +6,20 @@
 //! (back-pressure) instead of allocating more. Several users of one process therefore share one
 //! limit instead of multiplying their concurrency.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
+
+use crate::fork::{self, PerProcess};
 
 /// Default cap on requests in flight in one process (`ZCROP_IO_MAX_REQUESTS` overrides it).
 pub const DEFAULT_MAX_REQUESTS: usize = 4096;
 /// Default cap on bytes in flight in one process (`ZCROP_IO_MAX_BYTES` overrides it): 1 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 
-static GLOBAL: OnceLock<Arc<Budget>> = OnceLock::new();
+static GLOBAL: PerProcess<Arc<Budget>> = PerProcess::new();
 
 /// A limit on requests and bytes in flight.
 #[derive(Debug)]
@@ -29,11 +31,22 @@ pub struct Budget {
     waiters: AtomicUsize,
     lock: Mutex<()>,
     freed: Condvar,
+    /// The process generation the budget was made in (see [`fork`]): in a child of `fork` it
+    /// counts its parent's reads, which will never be released there.
+    generation: u64,
+    /// Whether this is a generation's [`Budget::global`].
+    global: bool,
+    /// The budget of the same limits that replaces this one in a child of `fork`.
+    successor: PerProcess<Arc<Budget>>,
 }
 
 impl Budget {
     /// A budget of `max_requests` requests and `max_bytes` bytes (each at least 1).
     pub fn new(max_requests: usize, max_bytes: u64) -> Arc<Self> {
+        Self::make(max_requests, max_bytes, false)
+    }
+
+    fn make(max_requests: usize, max_bytes: u64, global: bool) -> Arc<Self> {
         Arc::new(Budget {
             max_requests: max_requests.max(1),
             max_bytes: max_bytes.max(1),
@@ -42,17 +55,38 @@ impl Budget {
             waiters: AtomicUsize::new(0),
             lock: Mutex::new(()),
             freed: Condvar::new(),
+            generation: fork::generation(),
+            global,
+            successor: PerProcess::new(),
         })
     }
 
+    /// This budget, or in a child of `fork` the one that replaces it there: the child's own
+    /// [`Budget::global`] for a parent's global budget, else one budget of the same limits per
+    /// budget of the parent (so engines that shared one still share one).
+    pub fn live(self: &Arc<Self>) -> Arc<Budget> {
+        if self.generation == fork::generation() {
+            Arc::clone(self)
+        } else if self.global {
+            Arc::clone(Budget::global())
+        } else {
+            Arc::clone(
+                self.successor
+                    .get_or_init(|| Budget::new(self.max_requests, self.max_bytes)),
+            )
+        }
+    }
+
     /// The process-wide budget every engine uses unless given another. Its limits come from
-    /// `ZCROP_IO_MAX_REQUESTS` and `ZCROP_IO_MAX_BYTES` when set, else the defaults.
+    /// `ZCROP_IO_MAX_REQUESTS` and `ZCROP_IO_MAX_BYTES` when set, else the defaults. A child of
+    /// `fork` gets a fresh one.
     pub fn global() -> &'static Arc<Budget> {
         GLOBAL.get_or_init(|| {
             let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-            Budget::new(
+            Budget::make(
                 env("ZCROP_IO_MAX_REQUESTS").map_or(DEFAULT_MAX_REQUESTS, |v| v as usize),
                 env("ZCROP_IO_MAX_BYTES").unwrap_or(DEFAULT_MAX_BYTES),
+                true,
             )
         })
     }
@@ -166,7 +200,9 @@ impl Budget {
     }
 
     fn notify_waiters(&self) {
-        if self.waiters.load(Ordering::Acquire) > 0 {
+        // A parent's budget in a child of `fork` (its reads' permits dropped there): its
+        // waiters are the parent's threads, and its lock may be held by one of them for ever.
+        if self.waiters.load(Ordering::Acquire) > 0 && self.generation == fork::generation() {
             let _guard = self.lock.lock();
             self.freed.notify_all();
         }

@@ -38,10 +38,10 @@
 //!
 //! ## Unsafe code
 //!
-//! Only three modules contain `unsafe`: `sys` (syscalls, the buffers the kernel fills, file
-//! mappings), `uring` (handing those buffers to io_uring) and `mapguard` (the `SIGBUS`
-//! handler that keeps a truncated mapped file from killing the process). Every block carries
-//! a `// SAFETY:` comment.
+//! Only four modules contain `unsafe`: `sys` (syscalls, the buffers the kernel fills, file
+//! mappings), `uring` (handing those buffers to io_uring), `mapguard` (the `SIGBUS` handler
+//! that keeps a truncated mapped file from killing the process) and [`fork`] (state of one
+//! process generation, held by pointer). Every block carries a `// SAFETY:` comment.
 
 pub mod budget;
 pub mod coalesce;
@@ -49,11 +49,13 @@ mod config;
 mod engine;
 pub mod error;
 mod files;
+pub mod fork;
 mod metrics;
 pub mod object;
 mod pool;
 mod range;
 pub mod request;
+pub mod sync;
 mod sys;
 mod worker;
 

@@ -17,9 +17,10 @@
 //! goes back to the shared classes when the thread exits.
 
 use std::cell::RefCell;
-use std::sync::OnceLock;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
+
+use crate::fork::PerProcess;
 
 /// Smallest pooled size (4 KiB); smaller reads use a 4 KiB buffer.
 const MIN_SHIFT: u32 = 12;
@@ -42,8 +43,10 @@ struct Pools {
     classes: Vec<Class>,
 }
 
+/// The process's pools; a child of `fork` starts with empty ones (a class lock a parent thread
+/// held at the fork would never be released).
 fn pools() -> &'static Pools {
-    static POOLS: OnceLock<Pools> = OnceLock::new();
+    static POOLS: PerProcess<Pools> = PerProcess::new();
     POOLS.get_or_init(|| Pools {
         classes: (MIN_SHIFT..=MAX_SHIFT)
             .map(|shift| Class {

@@ -5,6 +5,7 @@
 //! - [`pread`]: `pread`/`preadv2(RWF_NOWAIT)` into a [`ReadBuf`].
 //! - [`dio_alignment`]: the `O_DIRECT` alignment a file needs (`statx(STATX_DIOALIGN)`).
 //! - [`EventFd`]: wakes an io_uring worker when new work is queued.
+//! - [`on_fork_in_child`]: the fork handler of `crate::fork`.
 //! - [`map_file`] and [`resident`]: read-only file mappings (guarded by `crate::mapguard`) and
 //!   whether a range of one is in memory.
 #![allow(unsafe_code)]
@@ -388,6 +389,18 @@ pub(crate) fn map_file(file: &File) -> io::Result<Bytes> {
             .ok_or_else(|| io::Error::other("no SIGBUS guard for the mapping"))?,
     );
     Ok(Bytes::from_owner(mapping))
+}
+
+/// Registers `handler` to run in the child of every later `fork`, before `fork` returns there.
+/// `handler` must only do what is safe in a child of a threaded process (atomic updates).
+pub(crate) fn on_fork_in_child(handler: extern "C" fn()) {
+    // SAFETY: registers a plain function pointer, valid for the life of the process; the
+    // handler itself is safe code and touches only atomics.
+    let rc = unsafe { libc::pthread_atfork(None, None, Some(handler)) };
+    if rc != 0 {
+        // Only fails without memory for the handler list; then a fork is not seen, as before.
+        log::warn!("zcrop-io: pthread_atfork failed ({rc}); zcrop is not fork-safe here");
+    }
 }
 
 /// A Linux eventfd used to wake an io_uring worker.

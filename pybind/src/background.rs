@@ -10,29 +10,35 @@
 //!
 //! Sync and async calls run the same job function; only the waiting differs (`blocking.rs`).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::blocking::{self, Failure};
 use crate::pool::{Job, Pool};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use zcrop::io::fork::PerProcess;
 
 /// Fewest threads running async work; more on machines with more cores.
 const MIN_THREADS: usize = 4;
 
-/// The threads that run async work (IO waits there; decoding fans out to the rayon pool).
+/// The threads that run async work (IO waits there; decoding fans out to the rayon pool); a
+/// child of `fork` starts its own.
 fn pool() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
+    static POOL: PerProcess<Pool> = PerProcess::new();
     POOL.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         Pool::new("zcrop-async", (2 * cores).max(MIN_THREADS))
     })
 }
 
-/// Pool threads attached to Python to deliver a result, or about to.
-static ATTACHED: AtomicUsize = AtomicUsize::new(0);
+/// Pool threads attached to Python to deliver a result, or about to (in this process: a
+/// child of `fork` has none of its parent's).
+fn attached() -> &'static AtomicUsize {
+    static ATTACHED: PerProcess<AtomicUsize> = PerProcess::new();
+    ATTACHED.get_or_init(|| AtomicUsize::new(0))
+}
 
 /// Set at interpreter exit ([`quiesce`]): no thread attaches any more.
 static CLOSING: AtomicBool = AtomicBool::new(false);
@@ -45,13 +51,13 @@ const EXIT_WAIT: Duration = Duration::from_secs(5);
 /// when it then lets go of the GIL): [`quiesce`], run at exit, waits for these calls to end
 /// and lets no new one in.
 fn attach_unless_closing<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
-    ATTACHED.fetch_add(1, Ordering::AcqRel);
+    attached().fetch_add(1, Ordering::AcqRel);
     let out = if CLOSING.load(Ordering::Acquire) {
         None
     } else {
         Python::try_attach(f)
     };
-    ATTACHED.fetch_sub(1, Ordering::AcqRel);
+    attached().fetch_sub(1, Ordering::AcqRel);
     out
 }
 
@@ -64,7 +70,7 @@ pub(crate) fn quiesce(py: Python<'_>) {
     CLOSING.store(true, Ordering::Release);
     py.detach(|| {
         let start = Instant::now();
-        while ATTACHED.load(Ordering::Acquire) > 0 && start.elapsed() < EXIT_WAIT {
+        while attached().load(Ordering::Acquire) > 0 && start.elapsed() < EXIT_WAIT {
             std::thread::sleep(Duration::from_millis(1));
         }
     });

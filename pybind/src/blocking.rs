@@ -22,11 +22,12 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
+use zcrop::io::fork::PerProcess;
 use zcrop::sampler::SamplerError;
 use zcrop::zarr::ZarrError;
 
@@ -160,9 +161,9 @@ where
     }
 }
 
-/// The threads that run sync reads while their callers wait.
+/// The threads that run sync reads while their callers wait; a child of `fork` starts its own.
 fn sync_pool() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
+    static POOL: PerProcess<Pool> = PerProcess::new();
     POOL.get_or_init(|| Pool::new("zcrop-read", MAX_SYNC_THREADS))
 }
 

@@ -20,7 +20,8 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void};
-use std::sync::Mutex;
+use zcrop::io::fork::PerProcess;
+use zcrop::io::sync::Mutex;
 
 use numpy::PyArray1;
 use numpy::ndarray::Array1;
@@ -109,15 +110,17 @@ const SPARE_MAX_BUFFERS: usize = 4;
 /// ...holding at most this many bytes together (the oldest go first).
 const SPARE_MAX_BYTES: usize = 1 << 30;
 
-/// Output buffers whose arrays are gone, newest last.
-static SPARES: Mutex<Vec<Vec<u64>>> = Mutex::new(Vec::new());
+/// Output buffers whose arrays are gone, newest last. A child of `fork` keeps its own: reusing
+/// a parent's would copy it (copy-on-write) and its lock may be held by a parent thread.
+fn spares() -> &'static Mutex<Vec<Vec<u64>>> {
+    static SPARES: PerProcess<Mutex<Vec<Vec<u64>>>> = PerProcess::new();
+    SPARES.get_or_init(|| Mutex::new(Vec::new()))
+}
 
 /// A spare output of exactly `words` words, zeroed, if one is kept.
 pub(crate) fn take_spare(words: usize) -> Option<Vec<u64>> {
     let mut spare = {
-        let mut spares = SPARES
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut spares = spares().lock();
         let i = spares.iter().rposition(|v| v.len() == words)?;
         spares.remove(i)
     };
@@ -128,9 +131,7 @@ pub(crate) fn take_spare(words: usize) -> Option<Vec<u64>> {
 /// `(buffers, bytes)` of the spare outputs kept now (for tests and diagnostics).
 #[pyfunction]
 pub(crate) fn spare_outputs() -> (usize, usize) {
-    let spares = SPARES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let spares = spares().lock();
     (spares.len(), spares.iter().map(|v| v.len() * 8).sum())
 }
 
@@ -142,9 +143,7 @@ fn keep_spare(words: Vec<u64>) {
     }
     let mut evicted = Vec::new();
     {
-        let mut spares = SPARES
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut spares = spares().lock();
         spares.push(words);
         while spares.len() > SPARE_MAX_BUFFERS
             || spares.iter().map(bytes).sum::<usize>() > SPARE_MAX_BYTES

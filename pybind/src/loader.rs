@@ -6,11 +6,13 @@
 //! caller was interrupted is kept and returned by the next call, so no step is lost.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use zcrop::io::fork::{PerProcess, ProcessBound};
 use zcrop::sampler::{
     Batch, CoordValue, Dim, FftNorm, Loader, LoaderConfig, Mode, PinOptions, PinState, SampleMeta,
     SampleSpec, Sampler, SamplerError, Shard, Source, Spectrum, Transform,
@@ -29,9 +31,17 @@ struct State {
 }
 
 /// A running loader (the Rust side of `zcrop.Loader`).
+///
+/// In a child of `fork`, a loader started by the parent (its threads gone there) starts anew
+/// on first use, at the step its consumer has reached: batches are pure functions of their
+/// step, so the child goes on with exactly the batches the parent would have delivered.
 #[pyclass(frozen, module = "zcrop._zcrop")]
 pub(crate) struct NativeLoader {
-    state: Arc<Mutex<State>>,
+    state: ProcessBound<Arc<Mutex<State>>>,
+    /// The loader that replaces `state` in a child of `fork`.
+    successor: PerProcess<Arc<Mutex<State>>>,
+    /// The step the consumer asks for next: after the last batch handed out, or a seek.
+    consumer_step: Arc<AtomicU64>,
     sampler: Sampler,
     config: LoaderConfig,
     pin_state: PinState,
@@ -40,6 +50,39 @@ pub(crate) struct NativeLoader {
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The step the consumer gets next: a batch kept for an interrupted caller, else the loader's.
+fn next_step(st: &State) -> u64 {
+    match &st.stash {
+        Some(Ok(b)) => b.step(),
+        _ => st.loader.next_step(),
+    }
+}
+
+impl NativeLoader {
+    /// The loader's state in this process: its own, or in a child of `fork` a loader started
+    /// there at the step the consumer has reached.
+    fn state(&self, py: Python<'_>) -> PyResult<Arc<Mutex<State>>> {
+        if self.state.is_current() {
+            return Ok(Arc::clone(&self.state));
+        }
+        let state = self.successor.get_or_try_init(|| {
+            let config = LoaderConfig {
+                start_step: self.consumer_step.load(Ordering::Acquire),
+                ..self.config.clone()
+            };
+            let sampler = self.sampler.clone();
+            let loader = blocking::run(py, 0, move |_| {
+                Ok::<_, Failure>(Loader::new(sampler, config)?)
+            })?;
+            Ok::<_, PyErr>(Arc::new(Mutex::new(State {
+                loader,
+                stash: None,
+            })))
+        })?;
+        Ok(Arc::clone(state))
+    }
 }
 
 fn item<'py, T>(spec: &Bound<'py, PyDict>, key: &str) -> PyResult<T>
@@ -248,10 +291,12 @@ impl NativeLoader {
         let buffer_bytes = loader.buffer_bytes();
         let config = loader.config().clone();
         Ok(NativeLoader {
-            state: Arc::new(Mutex::new(State {
+            state: ProcessBound::new(Arc::new(Mutex::new(State {
                 loader,
                 stash: None,
-            })),
+            }))),
+            successor: PerProcess::new(),
+            consumer_step: Arc::new(AtomicU64::new(config.start_step)),
             sampler,
             config,
             pin_state,
@@ -261,7 +306,8 @@ impl NativeLoader {
 
     /// The next batch in step order, or `None` after the last step.
     fn next(&self, py: Python<'_>) -> PyResult<Option<NativeBatch>> {
-        let state = Arc::clone(&self.state);
+        let state = self.state(py)?;
+        let consumer_step = Arc::clone(&self.consumer_step);
         let batch = blocking::run_handoff(py, move |_cancel, reply: Reply<Option<Batch>>| {
             let mut st = lock(&state);
             let got = st.stash.take().unwrap_or_else(|| st.loader.next_batch());
@@ -275,49 +321,33 @@ impl NativeLoader {
             if let Err(Ok(Ok(Some(batch)))) = reply.send(result) {
                 st.stash = Some(Ok(batch));
             }
+            consumer_step.store(next_step(&st), Ordering::Release);
         })?;
         Ok(batch.map(|batch| NativeBatch { batch }))
     }
 
     /// Restarts the stream at `step` (reads in flight are cancelled).
-    fn seek(&self, py: Python<'_>, step: u64) {
-        let state = &self.state;
+    fn seek(&self, py: Python<'_>, step: u64) -> PyResult<()> {
+        let state = self.state(py)?;
         py.detach(|| {
-            let mut st = lock(state);
+            let mut st = lock(&state);
             st.stash = None;
             st.loader.seek(step);
+            self.consumer_step.store(step, Ordering::Release);
         });
+        Ok(())
     }
 
     /// The step the next call to `next` returns.
     #[getter]
-    fn next_step(&self, py: Python<'_>) -> u64 {
-        let state = &self.state;
-        py.detach(|| {
-            let st = lock(state);
-            match &st.stash {
-                Some(Ok(b)) => b.step(),
-                _ => st.loader.next_step(),
-            }
-        })
+    fn next_step(&self) -> u64 {
+        self.consumer_step.load(Ordering::Acquire)
     }
 
     /// The sources: `name`, `array` (its directory), `crop`, `dtype`, `element_size`.
     #[getter]
     fn sources<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        self.sampler
-            .sources()
-            .iter()
-            .map(|s| {
-                let d = PyDict::new(py);
-                d.set_item("name", &*s.name)?;
-                d.set_item("array", &*s.array)?;
-                d.set_item("crop", s.crop.clone())?;
-                d.set_item("dtype", &s.dtype)?;
-                d.set_item("element_size", s.element_size)?;
-                Ok(d)
-            })
-            .collect()
+        source_dicts(py, &self.sampler)
     }
 
     /// Samples per batch (on this rank).
@@ -359,12 +389,39 @@ impl NativeLoader {
     /// The metadata of every sample of batch `step` of this rank (no IO: a pure function of
     /// the spec, the seed, the step and the rank).
     fn plan<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let plan = self
-            .sampler
-            .plan(step, self.config.shard)
-            .map_err(|e| blocking::sampler_err(py, &e))?;
-        plan.samples().iter().map(|m| meta_dict(py, m)).collect()
+        plan_dicts(py, &self.sampler, step, self.config.shard)
     }
+}
+
+/// The sources of `sampler` as dicts: `name`, `array` (its directory), `crop`, `dtype`,
+/// `element_size`.
+fn source_dicts<'py>(py: Python<'py>, sampler: &Sampler) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    sampler
+        .sources()
+        .iter()
+        .map(|s| {
+            let d = PyDict::new(py);
+            d.set_item("name", &*s.name)?;
+            d.set_item("array", &*s.array)?;
+            d.set_item("crop", s.crop.clone())?;
+            d.set_item("dtype", &s.dtype)?;
+            d.set_item("element_size", s.element_size)?;
+            Ok(d)
+        })
+        .collect()
+}
+
+/// The metadata of every sample of batch `step` of `shard`.
+fn plan_dicts<'py>(
+    py: Python<'py>,
+    sampler: &Sampler,
+    step: u64,
+    shard: Shard,
+) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    let plan = sampler
+        .plan(step, shard)
+        .map_err(|e| blocking::sampler_err(py, &e))?;
+    plan.samples().iter().map(|m| meta_dict(py, m)).collect()
 }
 
 #[pymethods]

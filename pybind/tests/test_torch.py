@@ -24,10 +24,8 @@ def dataset(**kw):
 
 
 def collect(ds, **dl_kwargs):
-    if dl_kwargs.get("num_workers", 0) > 0:
-        # zcrop's threads are running in this (pytest) process; forked workers would inherit
-        # none of them, so workers start from a fork server.
-        dl_kwargs.setdefault("multiprocessing_context", "forkserver")
+    # Workers start with the platform's default method (fork on Linux before Python 3.14),
+    # from this process, where zcrop's threads are running.
     out = []
     for batch in torch.utils.data.DataLoader(ds, batch_size=None, **dl_kwargs):
         assert isinstance(batch["img"], torch.Tensor)
@@ -118,11 +116,13 @@ def test_distributed_ranks_partition_the_samples():
 
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
-def test_forked_workers_after_using_zcrop_fail_clearly_instead_of_hanging():
-    dl = torch.utils.data.DataLoader(dataset(steps=2), batch_size=None, num_workers=1,
-                                     multiprocessing_context="fork", timeout=60)
-    with pytest.raises(RuntimeError, match="forkserver"):
-        list(dl)
+def test_forked_workers_after_using_zcrop_match_one_process():
+    ds = dataset(steps=4)
+    expected = collect(ds)  # zcrop's threads now run in this process
+    got = collect(ds, num_workers=2, multiprocessing_context="fork", timeout=60)
+    assert [b for b, _, _ in got] == [b for b, _, _ in expected]
+    for (_, x, _), (_, y, _) in zip(got, expected):
+        assert torch.equal(x, y)
 
 
 def test_device_must_be_cuda_and_available():
@@ -186,3 +186,4 @@ def test_device_needs_the_main_process():
                                      num_workers=1, multiprocessing_context="spawn")
     with pytest.raises(RuntimeError, match="num_workers=0"):
         list(dl)
+

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use zcrop_io::fork::ProcessBound;
+use zcrop_io::sync::{Condvar, Mutex};
 use zcrop_zarr::ReadStats;
 
 use crate::error::{Result, SamplerError, spec_err};
@@ -43,7 +44,7 @@ pub struct LoaderConfig {
     /// locating its chunks, submitting its reads: about 1.2 ms of an 18 ms blosc-lz4 batch of
     /// 32 crops on 2 cores) during which one batch alone leaves the decode threads idle.
     pub workers: usize,
-    /// Decode threads in a pool of the loader's own; `None` uses rayon's global pool.
+    /// Decode threads in a pool of the loader's own; `None` uses zcrop's decode pool.
     pub threads: Option<usize>,
     /// Page-locking and CUDA registration of the buffers.
     pub pin: PinOptions,
@@ -241,7 +242,9 @@ impl Shared {
 /// is dropped, so keep a batch alive until its data has been copied (for an asynchronous
 /// host-to-device copy: until the copy has completed), then drop it.
 pub struct Loader {
-    shared: Arc<Shared>,
+    /// Bound to the process that started the workers: in a child of `fork` a parent's loader
+    /// (its threads gone, its locks perhaps held for ever) is leaked, not dropped.
+    shared: ProcessBound<Arc<Shared>>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -323,7 +326,10 @@ impl Loader {
                     .map_err(|e| spec_err(format!("cannot start a loader thread: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Loader { shared, workers })
+        Ok(Loader {
+            shared: ProcessBound::new(shared),
+            workers,
+        })
     }
 
     /// The next batch, in step order; waits for it if needed. A failed batch is returned as
@@ -348,7 +354,7 @@ impl Loader {
                     buf: Some(p.buf),
                     stats: p.stats,
                     read_time: p.read_time,
-                    home: Arc::clone(shared),
+                    home: ProcessBound::new(Arc::clone(shared)),
                 });
             }
             if st.next_claim == step && st.in_flight == 0 && st.free.is_empty() {
@@ -430,6 +436,10 @@ impl Iterator for Loader {
 
 impl Drop for Loader {
     fn drop(&mut self) {
+        if !self.shared.is_current() {
+            std::mem::forget(std::mem::take(&mut self.workers));
+            return;
+        }
         {
             let mut st = self.shared.state.lock();
             st.stop = true;
@@ -453,7 +463,8 @@ pub struct Batch {
     buf: Option<PinnedBuffer>,
     stats: ReadStats,
     read_time: Duration,
-    home: Arc<Shared>,
+    /// Bound as the loader is (see [`Loader`]).
+    home: ProcessBound<Arc<Shared>>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -563,7 +574,12 @@ impl Batch {
 impl Drop for Batch {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
-            self.home.give_back(buf);
+            if self.home.is_current() {
+                self.home.give_back(buf);
+            } else {
+                // A parent's batch in a child of `fork`: its ring is the parent's.
+                drop(buf);
+            }
         }
     }
 }

@@ -14,8 +14,9 @@
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::ptr::NonNull;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use zcrop_io::fork::{self, PerProcess};
 
 /// What to ask of the OS and CUDA for batch buffers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +88,12 @@ impl PinState {
     }
 }
 
-/// Bytes locked by all live buffers of this process.
-static LOCKED_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Bytes locked by all live buffers of this process (a child of `fork` starts at 0: page locks
+/// are not inherited).
+fn locked_bytes() -> &'static AtomicUsize {
+    static LOCKED_BYTES: PerProcess<AtomicUsize> = PerProcess::new();
+    LOCKED_BYTES.get_or_init(|| AtomicUsize::new(0))
+}
 
 /// The OS page size.
 pub fn page_size() -> usize {
@@ -117,6 +122,8 @@ pub struct PinnedBuffer {
     locked: bool,
     cuda: Option<&'static CudaRuntime>,
     state: PinState,
+    /// The process generation that mapped, locked and registered the buffer.
+    generation: u64,
 }
 
 // SAFETY: the buffer exclusively owns its mapping (like a `Box<[u8]>`); shared references only
@@ -169,6 +176,7 @@ impl PinnedBuffer {
                 cuda_registered: false,
                 reason: None,
             },
+            generation: fork::generation(),
         };
         let mut reasons = Vec::new();
         if options.lock {
@@ -199,11 +207,11 @@ impl PinnedBuffer {
     }
 
     fn lock(&mut self, cap: Option<usize>) -> Result<(), String> {
-        let before = LOCKED_BYTES.fetch_add(self.map_len, Ordering::AcqRel);
+        let before = locked_bytes().fetch_add(self.map_len, Ordering::AcqRel);
         if let Some(cap) = cap
             && before + self.map_len > cap
         {
-            LOCKED_BYTES.fetch_sub(self.map_len, Ordering::AcqRel);
+            locked_bytes().fetch_sub(self.map_len, Ordering::AcqRel);
             return Err(format!(
                 "not page-locked: the configured cap of {cap} locked bytes would be exceeded"
             ));
@@ -212,7 +220,7 @@ impl PinnedBuffer {
         let rc = unsafe { libc::mlock(self.ptr.as_ptr().cast(), self.map_len) };
         if rc != 0 {
             let e = std::io::Error::last_os_error();
-            LOCKED_BYTES.fetch_sub(self.map_len, Ordering::AcqRel);
+            locked_bytes().fetch_sub(self.map_len, Ordering::AcqRel);
             let limit =
                 memlock_limit().map_or_else(|| "unlimited".into(), |l| format!("{l} bytes"));
             return Err(format!(
@@ -260,17 +268,27 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
+        if self.generation == fork::generation() {
+            self.release();
+        }
+        // SAFETY: unmapping exactly the mapping created in `new`; no reference to it outlives
+        // `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) };
+    }
+}
+
+impl PinnedBuffer {
+    /// Unregisters and unlocks the buffer. Not in a child of `fork`: its copy of the mapping
+    /// is neither locked nor registered (and CUDA must not be called there).
+    fn release(&mut self) {
         if let Some(rt) = self.cuda {
             rt.unregister(self.ptr.as_ptr().cast());
         }
         if self.locked {
             // SAFETY: the range is our live mapping, locked in `lock`.
             unsafe { libc::munlock(self.ptr.as_ptr().cast(), self.map_len) };
-            LOCKED_BYTES.fetch_sub(self.map_len, Ordering::AcqRel);
+            locked_bytes().fetch_sub(self.map_len, Ordering::AcqRel);
         }
-        // SAFETY: unmapping exactly the mapping created in `new`; no reference to it outlives
-        // `self`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) };
     }
 }
 
@@ -398,9 +416,11 @@ impl CudaRuntime {
     }
 
     /// The process's CUDA runtime: `ZCROP_CUDART` if set and not empty, else the first of
-    /// [`CUDART_NAMES`] that loads and sees a device; looked up once and cached.
+    /// [`CUDART_NAMES`] that loads and sees a device; looked up once per process and cached
+    /// (in a child of `fork` again: CUDA there fails if the parent initialised it, and the
+    /// buffers stay page-locked only, saying why).
     pub fn system() -> Result<&'static CudaRuntime, &'static String> {
-        static RT: OnceLock<Result<CudaRuntime, String>> = OnceLock::new();
+        static RT: PerProcess<Result<CudaRuntime, String>> = PerProcess::new();
         RT.get_or_init(|| {
             // Set but empty counts as not set, as for most variables of this kind.
             if let Ok(name) = std::env::var("ZCROP_CUDART")

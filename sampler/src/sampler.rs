@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use parking_lot::Mutex;
+use zcrop_io::fork::PerProcess;
+use zcrop_io::sync::Mutex;
 use zcrop_zarr::{Array, ReadOptions, ReadStats, StitchTransform};
 
 use crate::coords::{self, Coord, CoordLabel};
@@ -341,6 +342,9 @@ struct SourceRt {
     coords: Vec<Coord>,
 }
 
+/// An epoch and its permutation.
+type EpochPermutation = (u64, Arc<Permutation>);
+
 struct Inner {
     positions: Vec<String>,
     sources: Vec<SourceRt>,
@@ -348,8 +352,9 @@ struct Inner {
     mode: Mode,
     seed: u64,
     batch_size: usize,
-    /// The permutation of the most recent epoch (epoch mode).
-    perm: Mutex<Option<(u64, Arc<Permutation>)>>,
+    /// The permutation of the most recent epoch (epoch mode), per process (a child of `fork`
+    /// must not wait on a lock a parent thread held at the fork).
+    perm: PerProcess<Mutex<Option<EpochPermutation>>>,
 }
 
 /// A compiled [`SampleSpec`]: opened sources, the valid position region, the transforms.
@@ -510,7 +515,7 @@ impl Sampler {
                 mode: spec.mode,
                 seed: spec.seed,
                 batch_size: spec.batch_size,
-                perm: Mutex::new(None),
+                perm: PerProcess::new(),
             }),
         })
     }
@@ -565,7 +570,7 @@ impl Sampler {
     }
 
     fn permutation(&self, epoch: u64) -> Arc<Permutation> {
-        let mut cache = self.inner.perm.lock();
+        let mut cache = self.inner.perm.get_or_init(|| Mutex::new(None)).lock();
         if let Some((e, p)) = &*cache
             && *e == epoch
         {

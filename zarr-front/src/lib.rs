@@ -56,4 +56,5 @@ pub use array::{
 pub use error::{Location, Result, ZarrError};
 pub use hierarchy::{Group, Node, NodeKind, open, open_with};
 pub use plan::{DimSelection, Plan, PlanError};
+pub use throttle::decode_threads;
 pub use transform::StitchTransform;

@@ -10,8 +10,47 @@
 //!
 //! A thread of the rayon pool that has to wait (a read run inside `ThreadPool::install`) runs
 //! pool tasks meanwhile instead of blocking, so a pool of one thread still makes progress.
+//!
+//! Decode tasks run on the rayon pool of the thread that reads when it is a pool thread (a
+//! loader's own pool), else on zcrop's decode pool: never on rayon's global pool, which a
+//! child of `fork` inherits without its threads and cannot replace.
 
-use parking_lot::{Condvar, Mutex};
+use zcrop_io::EngineError;
+use zcrop_io::fork::PerProcess;
+use zcrop_io::sync::{Condvar, Mutex};
+
+/// The process's decode threads, one per core, started on first use (in each process).
+fn own_pool() -> Result<&'static rayon::ThreadPool, EngineError> {
+    static POOL: PerProcess<rayon::ThreadPool> = PerProcess::new();
+    POOL.get_or_try_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("zcrop-decode-{i}"))
+            .build()
+            .map_err(|e| EngineError::Spawn(std::io::Error::other(e)))
+    })
+}
+
+/// Threads that decode the chunks of reads made from this thread: those of the rayon pool it
+/// runs on, else those of zcrop's decode pool (one per core).
+pub fn decode_threads() -> usize {
+    if rayon::current_thread_index().is_some() {
+        rayon::current_num_threads()
+    } else {
+        own_pool().map_or(1, rayon::ThreadPool::current_num_threads)
+    }
+}
+
+/// `rayon::in_place_scope` on the pool decode tasks spawned from this thread run on (see the
+/// module): `op` runs on this thread, its spawns on that pool.
+pub(crate) fn decode_scope<'scope, R>(
+    op: impl FnOnce(&rayon::Scope<'scope>) -> R,
+) -> Result<R, EngineError> {
+    if rayon::current_thread_index().is_some() {
+        Ok(rayon::in_place_scope(op))
+    } else {
+        Ok(own_pool()?.in_place_scope(op))
+    }
+}
 
 /// Decode tasks allowed in flight per decode thread. A waiting reader refills when half of
 /// them have finished: enough that decoders do not run dry, few enough to bound the memory of
@@ -41,9 +80,9 @@ impl Throttle {
         }
     }
 
-    /// A throttle for the current rayon pool: [`TASKS_PER_THREAD`] per thread.
-    pub(crate) fn for_current_pool() -> Self {
-        Self::new(TASKS_PER_THREAD * rayon::current_num_threads())
+    /// A throttle for the pool of [`decode_scope`]: [`TASKS_PER_THREAD`] per thread.
+    pub(crate) fn for_decode_threads() -> Self {
+        Self::new(TASKS_PER_THREAD * decode_threads())
     }
 
     /// Takes a place, first waiting (see [`Throttle`]) if `limit` tasks are in flight.

@@ -5,7 +5,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use common::{engines, expected, open, region};
-use parking_lot::Mutex;
+use zcrop_io::sync::Mutex;
 use zcrop_zarr::{ReadOptions, StitchTransform, ZarrError};
 
 /// uint16 -> float32 with a per-channel (axis 1) affine map; records each finished block's sum.

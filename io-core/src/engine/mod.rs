@@ -6,8 +6,8 @@ pub(crate) mod plan;
 mod state;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
@@ -18,6 +18,7 @@ use crate::budget::Budget;
 use crate::config::{BackendChoice, BackendKind, FastPath, IoConfig, MapFiles};
 use crate::error::{EngineError, IoError};
 use crate::files::cache::FdCache;
+use crate::fork::{PerProcess, ProcessBound};
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::request::{ReadRange, ReadRequest};
 use crate::worker::op::{Ctx, RUN_LEN};
@@ -31,20 +32,88 @@ pub use self::batch::Batch;
 
 /// A batch-first reader of byte ranges. Cheap to clone; the workers stop when the last clone
 /// and the last [`Batch`] are dropped.
+///
+/// In a child of `fork` an engine started by the parent has no workers: it starts one of the
+/// same configuration there on first use (the child's [`IoEngine::shared`] for the parent's),
+/// and leaves the parent's as it is (see [`crate::fork`]).
 #[derive(Debug, Clone)]
 pub struct IoEngine {
-    inner: Arc<Inner>,
+    inner: ProcessBound<Arc<Inner>>,
 }
 
 impl IoEngine {
     /// Whether `self` and `other` are the same engine (clones of one another).
     pub fn same_engine(&self, other: &IoEngine) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
+        Arc::ptr_eq(self.live(), other.live())
+    }
+
+    /// The engine's state in this process: its own, or in a child of `fork` the engine that
+    /// replaces it there.
+    fn live(&self) -> &Arc<Inner> {
+        if self.inner.is_current() {
+            return &self.inner;
+        }
+        let next = self.inner.successor.get_or_init(|| {
+            let started = if self.inner.shared {
+                IoEngine::shared()
+            } else {
+                let mut config = self.inner.config.clone();
+                config.budget = config.budget.as_ref().map(Budget::live);
+                IoEngine::new(config)
+            };
+            // Threads that cannot be started in the child: every read fails, naming its range.
+            started.unwrap_or_else(|e| {
+                log::error!("zcrop-io: no engine in this forked process: {e}");
+                IoEngine::stopped(&self.inner.config)
+            })
+        });
+        &next.inner
     }
 
     /// Starts an engine.
-    #[allow(clippy::needless_pass_by_value)] // a config is consumed by starting an engine
     pub fn new(config: IoConfig) -> Result<Self, EngineError> {
+        Self::start(config, false)
+    }
+
+    /// An engine without workers: every read fails with [`IoError::Shutdown`].
+    fn stopped(config: &IoConfig) -> IoEngine {
+        let (_, rx) = crossbeam_channel::unbounded::<Work>();
+        IoEngine::from_inner(Inner {
+            queue: None,
+            helper: rx,
+            consumers_help: false,
+            ctx: Arc::new(Ctx {
+                fds: FdCache::new(1),
+                metrics: Metrics::default(),
+                budget: Arc::clone(Budget::global()),
+                direct: false,
+                recycle: false,
+                map_files: MapFiles::Never,
+                shutdown: AtomicBool::new(true),
+            }),
+            backend: BackendKind::Portable,
+            fallback_reason: None,
+            coalesce: config.coalesce,
+            queue_depth: config.queue_depth,
+            run_len: 1,
+            threads: Vec::new(),
+            #[cfg(target_os = "linux")]
+            wakers: Vec::new(),
+            config: config.clone(),
+            shared: false,
+            successor: PerProcess::new(),
+            generation: crate::fork::generation(),
+        })
+    }
+
+    fn from_inner(inner: Inner) -> IoEngine {
+        IoEngine {
+            inner: ProcessBound::new(Arc::new(inner)),
+        }
+    }
+
+    #[allow(clippy::needless_pass_by_value)] // a config is consumed by starting an engine
+    fn start(config: IoConfig, shared: bool) -> Result<Self, EngineError> {
         if config.queue_depth == 0 {
             return Err(EngineError::Config("queue_depth must be at least 1".into()));
         }
@@ -77,22 +146,24 @@ impl IoEngine {
                         threads.len(),
                         config.queue_depth
                     );
-                    return Ok(IoEngine {
-                        inner: Arc::new(Inner {
-                            queue: Some(tx),
-                            helper: rx,
-                            consumers_help,
-                            ctx,
-                            backend: BackendKind::Uring,
-                            fallback_reason: None,
-                            coalesce: config.coalesce,
-                            queue_depth: config.queue_depth,
-                            run_len: RUN_LEN,
-                            threads,
-                            #[cfg(target_os = "linux")]
-                            wakers,
-                        }),
-                    });
+                    return Ok(IoEngine::from_inner(Inner {
+                        queue: Some(tx),
+                        helper: rx,
+                        consumers_help,
+                        ctx,
+                        backend: BackendKind::Uring,
+                        fallback_reason: None,
+                        coalesce: config.coalesce,
+                        queue_depth: config.queue_depth,
+                        run_len: RUN_LEN,
+                        threads,
+                        #[cfg(target_os = "linux")]
+                        wakers,
+                        config,
+                        shared,
+                        successor: PerProcess::new(),
+                        generation: crate::fork::generation(),
+                    }));
                 }
                 Err(EngineError::UringUnavailable { reason })
                     if config.backend == BackendChoice::Auto =>
@@ -110,22 +181,24 @@ impl IoEngine {
         };
         let threads = portable::spawn(n, &rx, &ctx)?;
         log::info!("zcrop-io: portable backend, {n} pread thread(s)");
-        Ok(IoEngine {
-            inner: Arc::new(Inner {
-                queue: Some(tx),
-                helper: rx,
-                consumers_help,
-                ctx,
-                backend: BackendKind::Portable,
-                fallback_reason,
-                coalesce: config.coalesce,
-                queue_depth: config.queue_depth,
-                run_len: 1,
-                threads,
-                #[cfg(target_os = "linux")]
-                wakers: Vec::new(),
-            }),
-        })
+        Ok(IoEngine::from_inner(Inner {
+            queue: Some(tx),
+            helper: rx,
+            consumers_help,
+            ctx,
+            backend: BackendKind::Portable,
+            fallback_reason,
+            coalesce: config.coalesce,
+            queue_depth: config.queue_depth,
+            run_len: 1,
+            threads,
+            #[cfg(target_os = "linux")]
+            wakers: Vec::new(),
+            config,
+            shared,
+            successor: PerProcess::new(),
+            generation: crate::fork::generation(),
+        }))
     }
 
     #[cfg(target_os = "linux")]
@@ -183,51 +256,46 @@ impl IoEngine {
         })
     }
 
-    /// The process-wide engine, configured by [`IoConfig::from_env`] on first use. Every array
-    /// and loader that is not given an engine shares this one (and [`Budget::global`]).
+    /// The process-wide engine, configured by [`IoConfig::from_env`] on first use (in each
+    /// process: a child of `fork` starts its own). Every array and loader that is not given an
+    /// engine shares this one (and [`Budget::global`]).
     pub fn shared() -> Result<IoEngine, EngineError> {
-        static SHARED: Mutex<Option<IoEngine>> = Mutex::new(None);
-        let mut guard = SHARED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(e) = guard.as_ref() {
-            return Ok(e.clone());
-        }
-        let engine = IoEngine::new(IoConfig::from_env()?)?;
-        *guard = Some(engine.clone());
-        Ok(engine)
+        static SHARED: PerProcess<IoEngine> = PerProcess::new();
+        SHARED
+            .get_or_try_init(|| IoEngine::start(IoConfig::from_env()?, true))
+            .cloned()
     }
 
     /// The backend this engine runs.
     pub fn backend(&self) -> BackendKind {
-        self.inner.backend
+        self.live().backend
     }
 
     /// Why io_uring was not used, when [`BackendChoice::Auto`] fell back to the portable backend.
     pub fn fallback_reason(&self) -> Option<&str> {
-        self.inner.fallback_reason.as_deref()
+        self.live().fallback_reason.as_deref()
     }
 
     /// Reads in flight per engine at most.
     pub fn queue_depth(&self) -> usize {
-        self.inner.queue_depth
+        self.live().queue_depth
     }
 
     /// Worker threads the engine started: io_uring rings, or `pread` threads.
     pub fn worker_threads(&self) -> usize {
-        self.inner.threads.len()
+        self.live().threads.len()
     }
 
     /// How many files the engine keeps open at most between reads: the configured
     /// [`IoConfig::fd_cache_capacity`], or a quarter of the descriptors the process could
     /// still open when the engine started, if that is fewer.
     pub fn open_files_limit(&self) -> usize {
-        self.inner.ctx.fds.capacity()
+        self.live().ctx.fds.capacity()
     }
 
     /// The engine's counters now.
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.inner.ctx.metrics.snapshot()
+        self.live().ctx.metrics.snapshot()
     }
 
     /// Submits a batch of reads and returns at once. Iterate the returned [`Batch`] to receive
@@ -253,7 +321,7 @@ impl IoEngine {
     }
 
     fn submit_inner(&self, requests: impl IntoIterator<Item = ReadRequest>, map: bool) -> Batch {
-        Batch::new(Arc::clone(&self.inner), requests.into_iter().collect(), map)
+        Batch::new(Arc::clone(self.live()), requests.into_iter().collect(), map)
     }
 
     /// Reads a batch and returns every result in the order of `requests` (ids are ignored).

@@ -8,7 +8,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::coalesce::CoalesceLimits;
-use crate::config::BackendKind;
+use crate::config::{BackendKind, IoConfig};
+use crate::fork::{self, PerProcess};
 use crate::worker::Work;
 use crate::worker::local::Local;
 use crate::worker::op::Ctx;
@@ -32,6 +33,14 @@ pub(crate) struct Inner {
     pub(crate) threads: Vec<JoinHandle<()>>,
     #[cfg(target_os = "linux")]
     pub(crate) wakers: Vec<Arc<crate::sys::EventFd>>,
+    /// What the engine was started with, to start it again in a child of `fork`.
+    pub(crate) config: IoConfig,
+    /// Whether this is a process's [`IoEngine::shared`](super::IoEngine::shared) engine.
+    pub(crate) shared: bool,
+    /// The engine that replaces this one in a child of `fork`.
+    pub(crate) successor: PerProcess<super::IoEngine>,
+    /// The process generation that started the engine ([`fork::generation`]).
+    pub(crate) generation: u64,
 }
 
 impl Inner {
@@ -57,6 +66,12 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if self.generation != fork::generation() {
+            // A parent's engine in a child of `fork`: its threads do not exist here.
+            std::mem::forget(std::mem::take(&mut self.threads));
+            std::mem::forget(self.queue.take());
+            return;
+        }
         self.ctx.shutdown.store(true, Ordering::Release);
         // Closing the queue ends the portable workers' loops.
         self.queue.take();

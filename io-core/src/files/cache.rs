@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::config::{MAP_MIN_FILE_BYTES, MapFiles};

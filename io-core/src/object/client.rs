@@ -6,6 +6,8 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use crate::fork::PerProcess;
+
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::client::{
@@ -130,33 +132,27 @@ impl HttpService for CountingService {
     }
 }
 
-/// The process's runtime for object-store requests, started on first use. Its size comes from
-/// `ZCROP_OBJECT_THREADS`, else the number of cores (2 to 8).
+/// The process's runtime for object-store requests, started on first use (in each process: a
+/// child of `fork` starts its own). Its size comes from `ZCROP_OBJECT_THREADS`, else the
+/// number of cores (2 to 8).
 pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime, EngineError> {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    static START: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-    if let Some(rt) = RUNTIME.get() {
-        return Ok(rt);
-    }
-    let _starting = START.lock();
-    if let Some(rt) = RUNTIME.get() {
-        return Ok(rt);
-    }
-    let threads = match std::env::var("ZCROP_OBJECT_THREADS") {
-        Ok(v) if !v.is_empty() => v.parse::<usize>().map_err(|_| {
-            EngineError::Config(format!("ZCROP_OBJECT_THREADS={v:?} is not a number"))
-        })?,
-        _ => std::thread::available_parallelism()
-            .map_or(2, std::num::NonZero::get)
-            .clamp(2, 8),
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
-        .thread_name("zcrop-object")
-        .enable_all()
-        .build()
-        .map_err(EngineError::Spawn)?;
-    Ok(RUNTIME.get_or_init(|| rt))
+    static RUNTIME: PerProcess<tokio::runtime::Runtime> = PerProcess::new();
+    RUNTIME.get_or_try_init(|| {
+        let threads = match std::env::var("ZCROP_OBJECT_THREADS") {
+            Ok(v) if !v.is_empty() => v.parse::<usize>().map_err(|_| {
+                EngineError::Config(format!("ZCROP_OBJECT_THREADS={v:?} is not a number"))
+            })?,
+            _ => std::thread::available_parallelism()
+                .map_or(2, std::num::NonZero::get)
+                .clamp(2, 8),
+        };
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("zcrop-object")
+            .enable_all()
+            .build()
+            .map_err(EngineError::Spawn)
+    })
 }
 
 /// Makes sure rustls has a process-wide crypto provider before an HTTP client is built (the

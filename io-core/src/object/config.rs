@@ -144,6 +144,7 @@ fn truthy(v: &str) -> bool {
 }
 
 /// The options after zcrop's own and fsspec's names are translated to `object_store`'s keys.
+#[derive(Debug, Clone)]
 pub(crate) struct Options {
     /// `(key, value)` for the store's builder.
     pub(crate) store: Vec<(String, String)>,

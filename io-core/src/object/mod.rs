@@ -35,8 +35,8 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use futures_util::TryStreamExt;
@@ -47,11 +47,12 @@ use tokio::sync::Semaphore;
 use crate::budget::Budget;
 use crate::coalesce::CoalesceLimits;
 use crate::error::{EngineError, IoError};
+use crate::fork::{PerProcess, ProcessBound};
 use crate::request::ReadRequest;
 
 use self::batch::drive;
 use self::client::{Counters, build_store, runtime};
-use self::config::translate_options;
+use self::config::{Options, translate_options};
 
 pub use self::batch::ObjectBatch;
 pub use self::client::ObjectMetrics;
@@ -73,6 +74,13 @@ struct Shared {
     whole_object_charge: u64,
     counters: Arc<Counters>,
     runtime: &'static tokio::runtime::Runtime,
+    /// What the engine was built from, to build it again in a child of `fork` (its
+    /// connections are its parent's there): the configuration, and the store's options
+    /// (`None` for a store given as it is).
+    config: ObjectConfig,
+    options: Option<Options>,
+    /// The engine that replaces this one in a child of `fork`.
+    successor: PerProcess<ObjectEngine>,
 }
 
 impl Shared {
@@ -98,17 +106,21 @@ impl Shared {
 
 /// Reads byte ranges of objects in a cloud object store or over HTTP(S), batch by batch. Cheap
 /// to clone; clones share the connection pool, the concurrency limit and the counters.
+///
+/// In a child of `fork`, an engine built by the parent builds a new client of the same store
+/// and configuration on first use (the parent's connections and runtime are not the child's;
+/// see [`crate::fork`]).
 #[derive(Clone)]
 pub struct ObjectEngine {
-    shared: Arc<Shared>,
+    shared: ProcessBound<Arc<Shared>>,
 }
 
 impl fmt::Debug for ObjectEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ObjectEngine")
-            .field("url", &self.shared.url)
-            .field("coalesce", &self.shared.coalesce)
-            .field("max_concurrency", &self.shared.max_concurrency)
+            .field("url", &self.live().url)
+            .field("coalesce", &self.live().coalesce)
+            .field("max_concurrency", &self.live().max_concurrency)
             .finish_non_exhaustive()
     }
 }
@@ -133,9 +145,62 @@ impl ObjectEngine {
         let mut config = config;
         let url = url.trim_end_matches('/');
         let options = translate_options(options, &mut config, url)?;
-        let counters = Arc::new(Counters::default());
+        Self::build(url, options, &config, Arc::new(Counters::default()))
+    }
+
+    /// Builds the store for `url` and an engine over it.
+    fn build(
+        url: &str,
+        options: Options,
+        config: &ObjectConfig,
+        counters: Arc<Counters>,
+    ) -> Result<ObjectEngine, EngineError> {
         let (store, root) = build_store(url, &options, config.retry.to_object_store(), &counters)?;
-        Self::with_store(store, root, url.to_string(), &config, counters)
+        Self::with_store(
+            store,
+            root,
+            url.to_string(),
+            config,
+            counters,
+            Some(options),
+        )
+    }
+
+    /// The engine's state in this process: its own, or in a child of `fork` the engine that
+    /// replaces it there.
+    fn live(&self) -> &Arc<Shared> {
+        if self.shared.is_current() {
+            return &self.shared;
+        }
+        let old = &self.shared;
+        let next = old.successor.get_or_try_init(|| {
+            let mut config = old.config.clone();
+            config.budget = config.budget.as_ref().map(Budget::live);
+            let counters = Arc::clone(&old.counters);
+            match &old.options {
+                Some(options) => Self::build(&old.url, options.clone(), &config, counters),
+                None => Self::with_store(
+                    Arc::clone(&old.store),
+                    old.root.clone(),
+                    old.url.clone(),
+                    &config,
+                    counters,
+                    None,
+                ),
+            }
+        });
+        match next {
+            Ok(engine) => &engine.shared,
+            Err(e) => {
+                // Building the same store again can fail only for want of threads or memory;
+                // the parent's engine then fails each request rather than hang.
+                log::error!(
+                    "zcrop-io: no object engine for {} in this forked process: {e}",
+                    old.url
+                );
+                old
+            }
+        }
     }
 
     /// [`ObjectEngine::open`] on the container that holds `url` (the bucket, the Azure
@@ -163,11 +228,25 @@ impl ObjectEngine {
         };
         match container {
             Some(c) => Ok((
-                Self::with_store(store, ObjectPath::ROOT, c.to_string(), &config, counters)?,
+                Self::with_store(
+                    store,
+                    ObjectPath::ROOT,
+                    c.to_string(),
+                    &config,
+                    counters,
+                    Some(options.clone()),
+                )?,
                 key,
             )),
             None => Ok((
-                Self::with_store(store, root, url.to_string(), &config, counters)?,
+                Self::with_store(
+                    store,
+                    root,
+                    url.to_string(),
+                    &config,
+                    counters,
+                    Some(options),
+                )?,
                 String::new(),
             )),
         }
@@ -182,8 +261,8 @@ impl ObjectEngine {
         options: &[(String, String)],
         config: ObjectConfig,
     ) -> Result<(ObjectEngine, String), EngineError> {
-        type Engines = parking_lot::Mutex<HashMap<String, std::sync::Weak<Shared>>>;
-        static ENGINES: OnceLock<Engines> = OnceLock::new();
+        type Engines = crate::sync::Mutex<HashMap<String, std::sync::Weak<Shared>>>;
+        static ENGINES: PerProcess<Engines> = PerProcess::new();
         let url = url.trim_end_matches('/');
         let parsed = url::Url::parse(url).map_err(|e| EngineError::Store {
             url: url.to_string(),
@@ -201,21 +280,26 @@ impl ObjectEngine {
                 url: url.to_string(),
                 reason: e.to_string(),
             })?;
-            return Ok((ObjectEngine { shared }, root.as_ref().to_string()));
+            return Ok((
+                ObjectEngine {
+                    shared: ProcessBound::new(shared),
+                },
+                root.as_ref().to_string(),
+            ));
         }
         let (engine, key) = Self::open_container(url, options, config)?;
         // Only engines rooted at the container serve other URLs in it.
         if engine.url() == container {
             let mut map = engines.lock();
             map.retain(|_, weak| weak.strong_count() > 0);
-            map.insert(id, Arc::downgrade(&engine.shared));
+            map.insert(id, Arc::downgrade(&*engine.shared));
         }
         Ok((engine, key))
     }
 
     /// Whether `self` and `other` are the same engine (clones of one another).
     pub fn same_engine(&self, other: &ObjectEngine) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared)
+        Arc::ptr_eq(self.live(), other.live())
     }
 
     /// An engine over an existing store (tests use an in-memory one).
@@ -225,6 +309,7 @@ impl ObjectEngine {
         url: String,
         config: &ObjectConfig,
         counters: Arc<Counters>,
+        options: Option<Options>,
     ) -> Result<ObjectEngine, EngineError> {
         if config.max_concurrency == 0 {
             return Err(EngineError::Config(
@@ -233,7 +318,7 @@ impl ObjectEngine {
         }
         let runtime = runtime()?;
         Ok(ObjectEngine {
-            shared: Arc::new(Shared {
+            shared: ProcessBound::new(Arc::new(Shared {
                 store,
                 root,
                 url,
@@ -247,40 +332,43 @@ impl ObjectEngine {
                 whole_object_charge: config.whole_object_charge,
                 counters,
                 runtime,
-            }),
+                config: config.clone(),
+                options,
+                successor: PerProcess::new(),
+            })),
         })
     }
 
     /// The root URL (without a trailing `/`).
     pub fn url(&self) -> &str {
-        &self.shared.url
+        &self.live().url
     }
 
     /// The full URL of `key` (relative to the root).
     pub fn url_of(&self, key: &Path) -> String {
-        self.shared.url_of(key).to_string_lossy().into_owned()
+        self.live().url_of(key).to_string_lossy().into_owned()
     }
 
     /// The coalescing limits.
     pub fn coalesce_limits(&self) -> CoalesceLimits {
-        self.shared.coalesce
+        self.live().coalesce
     }
 
     /// GETs in flight at most.
     pub fn max_concurrency(&self) -> usize {
-        self.shared.max_concurrency
+        self.live().max_concurrency
     }
 
     /// The engine's counters now.
     pub fn metrics(&self) -> ObjectMetrics {
-        self.shared.counters.snapshot()
+        self.live().counters.snapshot()
     }
 
     /// Runs `fut` on the engine's runtime and waits for its output, from any thread (also one
     /// inside another tokio runtime). `None` if the runtime dropped it.
     fn wait<T: Send + 'static>(&self, fut: impl Future<Output = T> + Send + 'static) -> Option<T> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.shared.runtime.spawn(async move {
+        self.live().runtime.spawn(async move {
             let _ = tx.send(fut.await);
         });
         rx.recv().ok()
@@ -289,7 +377,7 @@ impl ObjectEngine {
     /// Every object under `prefix` (a key relative to the root; `""` for all): its key relative
     /// to the root and its size. One paginated LIST.
     pub fn list(&self, prefix: &Path) -> std::io::Result<Vec<(String, u64)>> {
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(self.live());
         let what = self.url_of(prefix);
         let location = self.location_or_err(prefix)?;
         let listed = self
@@ -318,7 +406,7 @@ impl ObjectEngine {
     /// The names of the "directories" directly under `prefix`: the common prefixes of its
     /// objects at the next `/`.
     pub fn list_dirs(&self, prefix: &Path) -> std::io::Result<Vec<String>> {
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(self.live());
         let what = self.url_of(prefix);
         let location = self.location_or_err(prefix)?;
         let listed = self
@@ -336,7 +424,7 @@ impl ObjectEngine {
     }
 
     fn location_or_err(&self, key: &Path) -> std::io::Result<ObjectPath> {
-        self.shared.location(key).ok_or_else(|| {
+        self.live().location(key).ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!("{}: the key is not valid UTF-8", key.display()),
@@ -349,7 +437,7 @@ impl ObjectEngine {
     /// `path` is an object key relative to the engine's root.
     pub fn submit(&self, requests: impl IntoIterator<Item = ReadRequest>) -> ObjectBatch {
         let requests: Vec<ReadRequest> = requests.into_iter().collect();
-        let shared = &self.shared;
+        let shared = self.live();
         Counters::add(&shared.counters.requests, requests.len() as u64);
         let (tx, rx) = crossbeam_channel::unbounded();
         let cancel = Arc::new(AtomicBool::new(false));
@@ -388,7 +476,7 @@ impl ObjectEngine {
                 r.unwrap_or_else(|| {
                     let req = &batch.requests[i];
                     Err(IoError::Shutdown {
-                        path: self.shared.url_of(&req.path),
+                        path: self.live().url_of(&req.path),
                         range: req.range,
                     })
                 })
@@ -440,6 +528,7 @@ mod tests {
             "memory:///root/data.zarr".into(),
             config,
             Arc::new(Counters::default()),
+            None,
         )
         .unwrap();
         for (key, len) in objects {

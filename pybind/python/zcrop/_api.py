@@ -25,7 +25,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from zcrop import _fork, _zcrop
+from zcrop import _zcrop
 from zcrop._zcrop import NativeArray, NativeGroup
 from zcrop._array import Array, AsyncArray, await_native
 from zcrop._group import AsyncGroup, Group, wrap, wrap_async
@@ -113,7 +113,6 @@ def _join(root: str, sub: str) -> str:
 def _open_native(root: str, path: str | None, options: OpenArgs) -> NativeArray | NativeGroup:
     """Opens ``path`` inside the store at ``root``: through the root group when there is one
     (so names are store paths, ``/group/array``), else the sub-directory itself."""
-    _fork.started()
     sub = (path or "").strip("/")
     if not sub:
         return _zcrop.open_node(root, **options)
@@ -130,7 +129,6 @@ async def _open_native_async(
     root: str, path: str | None, options: OpenArgs
 ) -> NativeArray | NativeGroup:
     """:func:`_open_native` on zcrop's threads."""
-    _fork.started()
     submit_open = functools.partial(_zcrop.submit_open, **options)
     sub = (path or "").strip("/")
     if not sub:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import numpy.typing as npt
 
-from zcrop import _fork, _indexing, _zcrop
+from zcrop import _indexing, _zcrop
 from zcrop._zcrop import NativeArray, NativeGroup, Pending
 from zcrop.errors import BoundsError
 
@@ -436,7 +436,6 @@ class Array(_ArrayBase):
         return a if dtype is None else np.asarray(a.astype(dtype, copy=False))
 
     def _read(self, sel: Orthogonal, out: Any) -> Any:
-        _fork.check()
         if self._native.variable_kind:
             result = _variable_orthogonal(self._native, self._dtype, sel)
             return result if out is None else _into(out, result)
@@ -448,7 +447,6 @@ class Array(_ArrayBase):
         return arr
 
     def _read_points(self, sel: Coordinates, out: Any) -> Any:
-        _fork.check()
         if self._native.variable_kind:
             result = _variable_points(self._native, self._dtype, sel)
             return result if out is None else _into(out, result)
@@ -524,7 +522,6 @@ class Array(_ArrayBase):
         needs is read and decoded once, however many crops share it.
 
         ``out``: a C-contiguous ``(N, *shape)`` array of the array's dtype to read into."""
-        _fork.check()
         o, s = _crop_args(origins, shape, self.ndim)
         full = (o.shape[0], *s)
         if out is None:
@@ -540,7 +537,6 @@ def read_crops_many(reads: Sequence[tuple[Array, Any, Any]]) -> list[npt.NDArray
     per array, as :meth:`Array.read_crops` takes them. The chunk reads of arrays in one store
     go out in one submission (from an object store, one set of round trips for all); each
     chunk is read and decoded once. Returns one ``(N, *shape)`` array per read."""
-    _fork.check()
     args = [_crop_args(o, s, a.ndim) for a, o, s in reads]
     results = _zcrop.read_crops_many(
         [a.native for a, _, _ in reads], [o for o, _ in args], [s for _, s in args]
@@ -587,7 +583,6 @@ async def await_native(submit: Callable[..., Pending], *args: Any) -> Any:
     The native side calls ``notify`` from its own thread when done; ``notify`` hands the result
     to this loop with ``call_soon_threadsafe``. Cancelling the awaiting task cancels the read.
     """
-    _fork.check()
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 

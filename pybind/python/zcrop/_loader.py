@@ -22,7 +22,6 @@ from typing import Any, Union, cast
 
 import numpy as np
 
-from zcrop import _fork
 from zcrop._api import is_url, storage_option_pairs
 from zcrop._array import Array
 from zcrop._zcrop import NativeArray, NativeBatch, NativeLoader
@@ -351,6 +350,56 @@ def _open_native(path: str, options: list[tuple[str, str]] | None = None) -> Nat
     return node
 
 
+def _space_spec(
+    srcs: list[Source],
+    positions: Sequence[str] | None,
+    seed: int,
+    mode: str,
+    stride: Sequence[int] | None,
+    region: tuple[Sequence[int], Sequence[int]] | None,
+) -> dict[str, Any]:
+    """The sample space of a loader spec: the sources, the position dimensions and how
+    positions are drawn."""
+    if mode not in ("uniform", "epoch"):
+        raise ValueError(f"mode must be 'uniform' or 'epoch', got {mode!r}")
+    if mode == "epoch" and stride is None:
+        raise ValueError("epoch mode needs a stride per position dimension")
+    return {
+        "positions": list(positions) if positions is not None else _positions(srcs[0]),
+        "sources": [s._spec for s in srcs],
+        "mode": mode,
+        "stride": None if stride is None else [int(x) for x in stride],
+        "region": None
+        if region is None
+        else ([int(x) for x in region[0]], [int(x) for x in region[1]]),
+        "seed": int(seed),
+    }
+
+
+def _source_labels(srcs: list[Source]) -> dict[str, tuple[list[str], dict[str, Any]]]:
+    """The decoded coordinate labels of each xarray source, by source name."""
+    return {
+        src.name: (src._dim_names, src._labels)
+        for src in srcs
+        if src._labels and src._dim_names is not None
+    }
+
+
+def _labelled(
+    samples: list[dict[str, Any]], labels: dict[str, tuple[list[str], dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Adds each xarray source's coordinate labels to the samples' metadata."""
+    for sample in samples if labels else ():
+        for name, (dims, coords) in labels.items():
+            entry = sample["sources"][name]
+            entry["labels"] = {
+                d: coords[d][o : o + n]
+                for d, o, n in zip(dims, entry["origin"], entry["shape"])
+                if d in coords
+            }
+    return samples
+
+
 class Loader:
     """Batches of random crops over one or more sources, read ahead in the background.
 
@@ -425,12 +474,8 @@ class Loader:
         buffers: int = 0,
         copy: bool = False,
     ) -> None:
-        _fork.started()
         srcs = _sources(sources)
-        if mode not in ("uniform", "epoch"):
-            raise ValueError(f"mode must be 'uniform' or 'epoch', got {mode!r}")
-        if mode == "epoch" and stride is None:
-            raise ValueError("epoch mode needs a stride per position dimension")
+        space = _space_spec(srcs, positions, seed, mode, stride, region)
         for what, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
             if int(value) < 1:
                 raise ValueError(f"{what} must be at least 1, got {value}")
@@ -440,21 +485,13 @@ class Loader:
             raise ValueError("steps and start_step must not be negative")
         self._copy = bool(copy)
         self._names = [s.name for s in srcs]
-        self._labels: dict[str, tuple[list[str], dict[str, Any]]] = {}
-        for src in srcs:
-            if src._labels and src._dim_names is not None:
-                self._labels[src.name] = (src._dim_names, src._labels)
+        self._labels = _source_labels(srcs)
         self._seed, self._rank, self._world = int(seed), int(rank), int(world_size)
         self._batch_size = int(batch_size)
         self._start = int(start_step)
         self._steps = None if steps is None else int(steps)
         spec = {
-            "positions": list(positions) if positions is not None else _positions(srcs[0]),
-            "sources": [s._spec for s in srcs],
-            "mode": mode,
-            "stride": None if stride is None else [int(x) for x in stride],
-            "region": None if region is None else ([int(x) for x in region[0]], [int(x) for x in region[1]]),
-            "seed": self._seed,
+            **space,
             "batch_size": self._batch_size,
             "start_step": self._start,
             "end_step": None if self._steps is None else self._start + self._steps,
@@ -475,7 +512,6 @@ class Loader:
         return self
 
     def __next__(self) -> Batch:
-        _fork.check()
         native = self._loader()
         batch = native.next()
         if batch is None:
@@ -493,18 +529,7 @@ class Loader:
         return out
 
     def _labelled(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Adds each xarray source's decoded coordinate labels to the samples' metadata."""
-        if not self._labels:
-            return samples
-        for sample in samples:
-            for name, (dims, labels) in self._labels.items():
-                entry = sample["sources"][name]
-                entry["labels"] = {
-                    d: labels[d][o : o + n]
-                    for d, o, n in zip(dims, entry["origin"], entry["shape"])
-                    if d in labels
-                }
-        return samples
+        return _labelled(samples, self._labels)
 
     def __len__(self) -> int:
         """The number of steps of this loader (``steps``); a ``TypeError`` when endless."""

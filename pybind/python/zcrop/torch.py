@@ -12,8 +12,14 @@ or lost, and results do not depend on the number of workers.
 
 Buffers: in the main process (``num_workers=0``) tensors share memory with zcrop's read-only
 ring buffers (no copy); do not modify them in place (``copy=True`` gives writable copies).
-With workers, torch moves tensors to shared memory to send them to the main process.
-``pin_memory=True`` works as usual (torch copies into its own pinned memory).
+With workers, each worker copies its batches into shared memory once (the copy torch would
+make to send them to the main process), so its ring buffers are free again at once, however
+far ahead ``prefetch_factor`` lets it read. ``pin_memory=True`` works as usual (torch copies
+into its own pinned memory).
+
+Start methods: workers may start by ``fork`` (Linux's default before Python 3.14), ``spawn``
+or ``forkserver``, whether or not this process used zcrop first; a forked worker starts its
+own IO and decode threads on first use.
 
 To the GPU: the ring buffers are page-locked and registered with CUDA, so a copy from them
 with ``non_blocking=True`` is queued on a CUDA stream and runs later, while zcrop reuses a ring
@@ -52,6 +58,17 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
         # The batch's ring buffer is read-only for zcrop's sake: the tensor is a view of it.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(arr)
+
+
+def _shared_tensor(arr: np.ndarray) -> torch.Tensor:
+    """A copy of ``arr`` in shared memory, for a DataLoader worker: the worker's queue pickles
+    batches later, on its own thread (a view of a ring buffer would hold the buffer until then,
+    ``prefetch_factor`` batches ahead), and a tensor already in shared memory pickles without
+    the copy that torch would otherwise make then."""
+    t = torch.from_numpy(np.empty(0, dtype=arr.dtype)).new_empty(arr.shape)
+    t.share_memory_()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+    t.numpy()[...] = arr
+    return t
 
 
 def _wait_all(held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]]) -> None:
@@ -232,7 +249,7 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             world_size=self.world_size * workers,
             start_step=first // workers,
             steps=count,
-            copy=self.copy,
+            copy=self.copy and info is None,
             **self.loader_kwargs,
         )
         guard = None
@@ -249,8 +266,9 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     if batch is None:
                         break
                     k += 1
+                    convert = _tensor if info is None else _shared_tensor
                     out: dict[str, Any] = {
-                        name: _tensor(value) for name, value in batch.items() if name != "meta"
+                        name: convert(value) for name, value in batch.items() if name != "meta"
                     }
                     if copier is not None:
                         # The last batch's ring buffer is freed here at the earliest, once its

@@ -118,7 +118,7 @@ pub fn fft_along_axis(
             "the array {shape:?} is empty"
         )));
     }
-    let threads = rayon::current_num_threads();
+    let threads = zcrop_zarr::decode_threads();
     let chunk_in = array.chunk_shape().iter().product::<u64>() as usize * array.element_size();
     let decode = (threads + 1) * 2 * chunk_in;
     let budgets = Budgets {

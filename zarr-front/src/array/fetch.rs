@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
+use zcrop_io::sync::Mutex;
 use zcrop_io::{IoError, ReadRange, ReadRequest};
 
 use crate::decode::DecodeError;
@@ -20,7 +20,7 @@ use crate::error::{Location, Result, ZarrError};
 use crate::plan::Plan;
 use crate::stitch::{DisjointOut, contiguous_target};
 use crate::store::Reader;
-use crate::throttle::Throttle;
+use crate::throttle::{Throttle, decode_scope, decode_threads};
 use crate::transform::StitchTransform;
 
 use super::Array;
@@ -260,7 +260,7 @@ impl Array {
         let plan = ctx.plan;
         let n = plan.num_leaves();
         let mut known: Vec<Option<Source>> = vec![None; n];
-        if let Some(cache) = &core.chunk_cache {
+        if let Some(cache) = &core.caches().chunk {
             // A cached chunk counts while its file is the one it was decoded from.
             let mut stamps: FxHashMap<Vec<u64>, Option<FileStamp>> = FxHashMap::default();
             let (mut storage, mut inner) = (Vec::new(), vec![0; core.layout.levels.len()]);
@@ -303,7 +303,7 @@ impl Array {
         // Small chunks go to tasks in groups too, decoded one after the other, each with
         // the next one's bytes asked for meanwhile (see `decode_and_stitch_each`).
         let small = core.decoder.chunk_bytes <= PREFETCHED_CHUNK_BYTES;
-        if core.chunk_cache.is_some() {
+        if core.caches().chunk.is_some() {
             1
         } else if core.decoder.decodes_in_groups() {
             let group = if small {
@@ -311,11 +311,11 @@ impl Array {
             } else {
                 DECODE_GROUP
             };
-            balanced_group(n, group, rayon::current_num_threads())
+            balanced_group(n, group, decode_threads())
         } else if small {
             // Up to SMALL_DECODE_GROUP while every thread still gets 8 groups; never
             // fewer than DECODE_GROUP chunks a group.
-            (n / (8 * rayon::current_num_threads())).clamp(DECODE_GROUP, SMALL_DECODE_GROUP)
+            (n / (8 * decode_threads())).clamp(DECODE_GROUP, SMALL_DECODE_GROUP)
         } else {
             1
         }
@@ -488,7 +488,7 @@ impl Array {
             chunk_bytes_read: bytes.len() as u64,
             ..ReadStats::default()
         };
-        if let Some(cache) = &core.chunk_cache {
+        if let Some(cache) = &core.caches().chunk {
             let mut chunk = Vec::new();
             crate::decode::zeroed(&mut chunk, core.decoder.chunk_bytes)?;
             let cost = core.decoder.decode_full_into(bytes, &mut chunk)?;
@@ -622,9 +622,9 @@ pub(crate) fn fetch_and_stitch_parts(
         .collect();
     let any_failed = || parts.iter().any(|p| p.ctx.failed.load(Ordering::Acquire));
 
-    let throttle = Throttle::for_current_pool();
+    let throttle = Throttle::for_decode_threads();
     let throttle = &throttle;
-    rayon::in_place_scope(|scope| {
+    decode_scope(|scope| {
         let spawn_group = |k: usize, group: Vec<Fetched>| {
             let Part { array, ctx } = parts[k];
             let slot = throttle.acquire();
@@ -751,7 +751,7 @@ pub(crate) fn fetch_and_stitch_parts(
                 spawn_group(k, group);
             }
         }
-    });
+    })?;
     for (k, p) in parts.iter().enumerate() {
         if let Some(failure) = p.ctx.error.lock().take() {
             return Err(p.array.failure_error(failure, &storages[k]));

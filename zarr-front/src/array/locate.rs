@@ -74,7 +74,7 @@ impl Array {
     /// caches last as long as the array: open it again to see a rewritten store).
     pub(crate) fn stamp(&self, path: &Path) -> Option<FileStamp> {
         let core = &*self.core;
-        let cached = !core.layout.levels.is_empty() || core.chunk_cache.is_some();
+        let cached = !core.layout.levels.is_empty() || core.caches().chunk.is_some();
         if cached && matches!(core.reader, Reader::Local(_)) {
             FileStamp::of(path)
         } else {
@@ -157,7 +157,7 @@ impl Array {
             for (&(storage, base), slot) in &mut wanted {
                 let key = (Arc::clone(&storages.list[storage].path), level_no, base);
                 let stamp = storages.list[storage].stamp;
-                if let Some((_, idx)) = core.index_cache.get(&key).filter(|(s, _)| *s == stamp) {
+                if let Some((_, idx)) = core.caches().index.get(&key).filter(|(s, _)| *s == stamp) {
                     *slot = Some(idx);
                     stats.index_cache_hits += 1;
                 } else {
@@ -201,7 +201,7 @@ impl Array {
                                     reason,
                                 },
                             )?;
-                            core.index_cache.insert(
+                            core.caches().index.insert(
                                 (Arc::clone(&storages.list[storage].path), level_no, base),
                                 (storages.list[storage].stamp, Arc::clone(&idx)),
                                 idx.len() * 8 + 64,

@@ -20,6 +20,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+use zcrop_io::fork::PerProcess;
 use zcrop_io::{IoEngine, ObjectEngine, ReadRange, ReadRequest};
 
 use crate::cache::LruCache;
@@ -83,8 +84,26 @@ pub(crate) struct Core {
     /// How it was opened (its parent group opens the same way).
     pub(crate) options: OpenOptions,
     verify_checksums: bool,
-    index_cache: IndexCache,
-    chunk_cache: Option<ChunkCache>,
+    /// Built on first use in each process: a child of `fork` must not wait on a cache lock
+    /// that a parent thread held at the fork.
+    caches: PerProcess<Caches>,
+}
+
+/// An array's caches.
+struct Caches {
+    index: IndexCache,
+    chunk: Option<ChunkCache>,
+}
+
+impl Core {
+    /// The array's caches in this process.
+    fn caches(&self) -> &Caches {
+        self.caches.get_or_init(|| Caches {
+            index: LruCache::new(self.options.index_cache_bytes),
+            chunk: (self.options.chunk_cache_bytes > 0)
+                .then(|| LruCache::new(self.options.chunk_cache_bytes)),
+        })
+    }
 }
 
 /// Decoded shard indexes by (file, level, shard start), with the version of their file.
@@ -115,9 +134,7 @@ impl Array {
                 reader,
                 options: options.clone(),
                 verify_checksums: options.verify_checksums,
-                index_cache: LruCache::new(options.index_cache_bytes),
-                chunk_cache: (options.chunk_cache_bytes > 0)
-                    .then(|| LruCache::new(options.chunk_cache_bytes)),
+                caches: PerProcess::new(),
             }),
         })
     }
@@ -444,8 +461,8 @@ impl Array {
 
     /// Drops cached shard indexes and decoded chunks.
     pub fn clear_caches(&self) {
-        self.core.index_cache.clear();
-        if let Some(c) = &self.core.chunk_cache {
+        self.core.caches().index.clear();
+        if let Some(c) = &self.core.caches().chunk {
             c.clear();
         }
     }
