@@ -51,6 +51,7 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<group::NativeGroup>()?;
     m.add_class::<background::Pending>()?;
     m.add_class::<loader::NativeLoader>()?;
+    m.add_class::<loader::NativeSampler>()?;
     m.add_class::<batch::NativeBatch>()?;
     m.add_class::<buffer::SourceView>()?;
     m.add("INLINE_WORK_BYTES", blocking::INLINE_WORK_BYTES)?;

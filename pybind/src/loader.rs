@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use numpy::PyArray1;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -422,6 +423,85 @@ fn plan_dicts<'py>(
         .plan(step, shard)
         .map_err(|e| blocking::sampler_err(py, &e))?;
     plan.samples().iter().map(|m| meta_dict(py, m)).collect()
+}
+
+/// A sampler without a loader's threads or ring (the Rust side of `zcrop.Samples`): reads the
+/// batch of any step on demand, from any thread, into new arrays.
+#[pyclass(frozen, module = "zcrop._zcrop")]
+pub(crate) struct NativeSampler {
+    sampler: Sampler,
+    shard: Shard,
+}
+
+// pyo3 extracts arguments by value.
+#[allow(clippy::needless_pass_by_value)]
+#[pymethods]
+impl NativeSampler {
+    /// Builds the sampler from a loader spec dict (its loader fields are ignored but `rank`
+    /// and `world_size`).
+    #[new]
+    fn new(py: Python<'_>, spec: Bound<'_, PyDict>) -> PyResult<Self> {
+        let (sample, config) = parse_spec(&spec)?;
+        let sampler = blocking::run(py, 0, move |_| Ok::<_, Failure>(Sampler::new(sample)?))?;
+        Ok(NativeSampler {
+            sampler,
+            shard: config.shard,
+        })
+    }
+
+    /// Reads batch `step`: one array of 64-bit words per source, holding the source's bytes
+    /// (`batch_size x crop` elements) at its start.
+    fn read<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Vec<Bound<'py, PyArray1<u64>>>> {
+        let sampler = self.sampler.clone();
+        let shard = self.shard;
+        let sizes: Vec<usize> = self
+            .sampler
+            .sources()
+            .iter()
+            .map(|s| s.batch_bytes)
+            .collect();
+        let total: usize = sizes.iter().sum();
+        let outputs = blocking::run(py, total as u64, move |cancel| {
+            let plan = sampler.plan(step, shard)?;
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(s, &bytes)| {
+                    let mut words = vec![0u64; bytes.div_ceil(8)];
+                    let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes];
+                    sampler.read_into(&plan, s, out, Some(cancel))?;
+                    Ok::<_, Failure>(words)
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        Ok(outputs
+            .into_iter()
+            .map(|words| PyArray1::from_vec(py, words))
+            .collect())
+    }
+
+    /// The metadata of every sample of batch `step` (no IO).
+    fn plan<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        plan_dicts(py, &self.sampler, step, self.shard)
+    }
+
+    /// The sources (as `NativeLoader.sources`).
+    #[getter]
+    fn sources<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        source_dicts(py, &self.sampler)
+    }
+
+    /// Samples per batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.sampler.batch_size()
+    }
+
+    /// Allowed sample positions: the epoch length in epoch mode.
+    #[getter]
+    fn epoch_len(&self) -> u64 {
+        self.sampler.epoch_len()
+    }
 }
 
 #[pymethods]

@@ -187,3 +187,36 @@ def test_device_needs_the_main_process():
     with pytest.raises(RuntimeError, match="num_workers=0"):
         list(dl)
 
+
+def test_state_dict_follows_the_consumer_in_this_process():
+    ds = dataset(steps=6)
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=None))
+    for _ in range(3):
+        next(it)
+    assert ds.state_dict() == {"start": 3}
+    resumed = dataset(steps=6)
+    resumed.load_state_dict(ds.state_dict())
+    assert [b for b, _, _ in collect(resumed)] == [3, 4, 5]
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_stateful_dataloader_resumes_the_stream_exactly(workers):
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader():
+        return sdl.StatefulDataLoader(dataset(steps=9), batch_size=None, num_workers=workers,
+                                      timeout=60 if workers else 0)
+
+    full = [(b["batch"], b["img"].clone()) for b in loader()]
+    assert [i for i, _ in full] == list(range(9))
+    first = loader()
+    it = iter(first)
+    head = [(b["batch"], b["img"].clone()) for b in (next(it) for _ in range(4))]
+    state = first.state_dict()
+    del it
+    again = loader()
+    again.load_state_dict(state)
+    tail = [(b["batch"], b["img"].clone()) for b in again]
+    assert [i for i, _ in head + tail] == list(range(9))
+    for (_, x), (_, y) in zip(head + tail, full):
+        assert torch.equal(x, y)

@@ -24,7 +24,7 @@ from typing import Any
 from zcrop._api import open, open_array, open_async, open_group
 from zcrop._array import Array, ArrayMetadata, AsyncArray, Attributes
 from zcrop._group import AsyncGroup, Group
-from zcrop._loader import Dim, Loader, Source
+from zcrop._loader import Dim, Loader, Samples, Source
 from zcrop._zcrop import __version__
 from zcrop.errors import (
     BoundsError,
@@ -63,6 +63,7 @@ __all__ = [
     "NodeNotFoundError",
     "NodeTypeError",
     "OutOfMemoryError",
+    "Samples",
     "ShardIndexError",
     "Source",
     "StoreError",

@@ -24,7 +24,7 @@ import numpy as np
 
 from zcrop._api import is_url, storage_option_pairs
 from zcrop._array import Array
-from zcrop._zcrop import NativeArray, NativeBatch, NativeLoader
+from zcrop._zcrop import NativeArray, NativeBatch, NativeLoader, NativeSampler
 
 __all__ = ["Batch", "Dim", "Loader", "Source"]
 
@@ -618,6 +618,142 @@ class Loader:
 
     def __repr__(self) -> str:
         return f"<Loader sources={self._names} batch_size={self._batch_size} seed={self._seed}>"
+
+
+class Samples:
+    """The loader's sample stream with random access: ``samples[i]`` is global sample ``i``, a
+    pure function of the seed and ``i`` (the same sample as in a :class:`Loader` of the same
+    sources and seed, whatever its batch size: batch ``k`` of a loader holds samples
+    ``k * batch_size ...``). For frameworks that bring their own sampler and batching: a
+    map-style dataset for ``torch.utils.data.DataLoader`` (numpy arrays, which its default
+    collate stacks), and a data source for Grain (``grain.MapDataset.source(samples)`` or
+    ``grain.DataLoader(data_source=samples, ...)``).
+
+    ``samples[i]`` is a dict with one ``crop``-shaped array per source and ``"meta"``:
+    ``index`` (``i``), ``position`` and, per source, ``origin`` (integer arrays), and
+    ``epoch`` in epoch mode; :meth:`labels` gives an xarray source's coordinate labels.
+
+    ``len(samples)`` is ``length``: required for uniform sampling (an endless stream), one
+    epoch (every allowed lattice point once) by default in epoch mode. Reads release the GIL
+    and may run from many threads at once. Pickles by its arguments (sources by path or URL),
+    so it travels to spawned workers; works in forked ones too.
+    """
+
+    def __init__(
+        self,
+        sources: Any,
+        *,
+        positions: Sequence[str] | None = None,
+        seed: int = 0,
+        mode: str = "uniform",
+        stride: Sequence[int] | None = None,
+        region: tuple[Sequence[int], Sequence[int]] | None = None,
+        length: int | None = None,
+    ) -> None:
+        self._args: dict[str, Any] = {
+            "sources": sources,
+            "positions": positions,
+            "seed": seed,
+            "mode": mode,
+            "stride": stride,
+            "region": region,
+            "length": length,
+        }
+        srcs = _sources(sources)
+        spec = {
+            **_space_spec(srcs, positions, seed, mode, stride, region),
+            "batch_size": 1,
+            "start_step": 0,
+            "end_step": None,
+            "rank": 0,
+            "world_size": 1,
+            "prefetch": 1,
+            "buffers": 0,
+            "workers": 1,
+            "threads": None,
+            "pin": False,
+        }
+        self._native = NativeSampler(spec)
+        self._names = [s.name for s in srcs]
+        self._labels = _source_labels(srcs)
+        self._epoch = mode == "epoch"
+        sources_info = list(self._native.sources)
+        self._dtypes = [np.dtype(i["dtype"]) for i in sources_info]
+        self._crops = [tuple(int(n) for n in i["crop"]) for i in sources_info]
+        if length is None:
+            if not self._epoch:
+                raise ValueError(
+                    "uniform sampling is an endless stream: give length= (the number of "
+                    "samples len() reports)"
+                )
+            length = int(self._native.epoch_len)
+        if int(length) < 0:
+            raise ValueError(f"length must not be negative, got {length}")
+        self._len = int(length)
+        self._repr = (
+            f"zcrop.Samples(sources=[{', '.join(_describe(s) for s in srcs)}], "
+            f"positions={spec['positions']}, seed={int(seed)}, mode={mode!r}, "
+            f"stride={spec['stride']}, region={spec['region']}, length={self._len})"
+        )
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _index(self, i: Any) -> int:
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"sample indices are integers, got {type(i).__name__}")
+        k = int(i) + self._len if int(i) < 0 else int(i)
+        if not 0 <= k < self._len:
+            raise IndexError(f"sample {int(i)} out of range for {self._len} samples")
+        return k
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        k = self._index(i)
+        words = self._native.read(k)
+        out: dict[str, Any] = {}
+        for name, w, dtype, crop in zip(self._names, words, self._dtypes, self._crops):
+            nbytes = int(np.prod(crop)) * dtype.itemsize
+            out[name] = w.view(np.uint8)[:nbytes].view(dtype).reshape(crop)
+        (plan,) = self._native.plan(k)
+        meta: dict[str, Any] = {
+            "index": k,
+            "position": np.asarray(plan["position"], dtype=np.int64),
+            "origin": {
+                name: np.asarray(plan["sources"][name]["origin"], dtype=np.int64)
+                for name in self._names
+            },
+        }
+        if self._epoch:
+            meta["epoch"] = int(plan["epoch"])
+        out["meta"] = meta
+        return out
+
+    def labels(self, i: int) -> dict[str, dict[str, Any]]:
+        """The coordinate labels of sample ``i``'s window, per xarray source and dimension
+        (numpy datetime64 for times); no IO."""
+        (plan,) = _labelled(list(self._native.plan(self._index(i))), self._labels)
+        return {
+            name: entry["labels"]
+            for name, entry in plan["sources"].items()
+            if "labels" in entry
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self._args)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        args = dict(state)
+        Samples.__init__(self, args.pop("sources"), **args)
+
+    def __repr__(self) -> str:
+        return self._repr
+
+
+def _describe(src: Source) -> str:
+    """A source as its array and crop (for reprs that identify a data source)."""
+    arr = src._spec["array"]
+    where = arr if isinstance(arr, str) else getattr(arr, "path", repr(arr))
+    return f"{src.name}={where!r}{tuple(src._spec['crop'])}"
 
 
 SourcesArg = Union[Source, Sequence[Source], Mapping[str, Source]]

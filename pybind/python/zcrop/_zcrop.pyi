@@ -18,6 +18,7 @@ __all__ = [
     "NativeBatch",
     "NativeGroup",
     "NativeLoader",
+    "NativeSampler",
     "Pending",
     "SourceView",
     "__version__",
@@ -210,6 +211,26 @@ class NativeGroup:
         """:meth:`get` in the background."""
     def submit_members(self, notify: _Notify) -> Pending:
         """:meth:`members` in the background."""
+
+@final
+class NativeSampler:
+    """A sampler without threads (the Rust side of ``zcrop.Samples``)."""
+
+    def __new__(cls, spec: dict[str, Any]) -> NativeSampler:
+        """Builds the sampler from a loader spec dict."""
+    def read(self, step: int) -> list[npt.NDArray[np.uint64]]:
+        """Reads batch ``step``: per source, 64-bit words holding its bytes at their start."""
+    def plan(self, step: int) -> list[dict[str, Any]]:
+        """The metadata of batch ``step``'s samples (no IO)."""
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        """Per source: ``name``, ``array``, ``crop``, ``dtype``, ``element_size``."""
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch."""
+    @property
+    def epoch_len(self) -> int:
+        """Allowed sample positions."""
 
 @final
 class NativeLoader:

@@ -202,6 +202,10 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.start = int(start)
         #: The next batch the consumer has not received yet, when iterated in this process.
         self._next = self.start
+        #: In a DataLoader worker: (worker id, workers).
+        self._worker: tuple[int, int] | None = None
+        #: A worker's state to resume from: (its next batch, workers).
+        self._resume: tuple[int, int] | None = None
         self.rank = 0 if rank is None else int(rank)
         self.world_size = 1 if world_size is None else int(world_size)
         self.copy = bool(copy)
@@ -216,15 +220,24 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         return max(0, self.steps - self.start)
 
     def state_dict(self) -> dict[str, int]:
-        """The index of the first batch not yet handed to the consumer, as iterated in this
-        process (``DataLoader(num_workers=0)`` or plain iteration): saved after batch ``k``,
-        it resumes at ``k + 1``. With ``num_workers > 0`` the workers iterate copies of the
-        dataset and this one does not move: save ``{"start": batch["batch"] + 1}`` instead."""
-        return {"start": self._next}
+        """Where this copy of the dataset is: ``{"start": k}``, the first batch not yet handed
+        over (saved after batch ``k - 1``, it resumes at ``k``) when iterated in this process
+        (``num_workers=0``). In a DataLoader worker the state is that worker's
+        (``"next"``: the next batch it yields, of ``"workers"``), which torchdata's
+        ``StatefulDataLoader`` collects from each worker and gives back to it: its
+        ``state_dict()`` / ``load_state_dict()`` resume the whole stream exactly. A plain
+        ``DataLoader`` with workers iterates copies, and this object does not move: save
+        ``{"start": batch["batch"] + 1}`` instead."""
+        state = {"start": self._next}
+        if self._worker is not None:
+            state["next"], state["workers"] = self._next, self._worker[1]
+        return state
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Resumes at batch ``state["start"]`` (takes effect for the next iterator)."""
+        """Resumes at batch ``state["start"]`` (takes effect for the next iterator); a
+        worker's state (see :meth:`state_dict`) resumes that worker."""
         self.start = self._next = int(state["start"])
+        self._resume = (int(state["next"]), int(state["workers"])) if "next" in state else None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
@@ -238,6 +251,10 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         # This worker yields this rank's batches start + worker, start + worker + W, ...: batch
         # i is step i // W of shard rank * W + i % W, so the worker's steps are consecutive.
         first = self.start + worker
+        if self._resume is not None and self._resume[1] == workers:
+            first = self._resume[0]  # this worker's next batch, as its saved state says
+        self._worker = None if info is None else (worker, workers)
+        self._next = first
         if self.steps is not None and first >= self.steps:
             return
         count = None if self.steps is None else -(-(self.steps - first) // workers)
@@ -284,7 +301,7 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     out["batch"] = index
                     # Set before handing over: a checkpoint taken while the consumer holds
                     # this batch resumes after it.
-                    self._next = index + 1
+                    self._next = index + workers
                     yield out
         finally:
             # Queued copies must not outlive the memory they read.
