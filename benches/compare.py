@@ -51,7 +51,9 @@ import sys
 import tempfile
 import time
 
+from machine import cpu_model
 from pagecache import ROOT, drop_caches, prewarm, zcrop_binary
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 READERS = ["zcrop", "zcrop-mmap", "zcrop-cache", "tensorstore", "zarrs", "zarr", "zarr-obstore", "zarr-fsspec"]
 LOCAL_READERS = ["zcrop", "zcrop-mmap", "tensorstore", "zarrs", "zarr"]
@@ -452,14 +454,7 @@ for d, _, files in os.walk(root):
 
 def write_report(results, args, can_drop) -> None:
     os.makedirs(args.out, exist_ok=True)
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     when = datetime.date.today().isoformat()
     machine = f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}"
     cmd = "python3 benches/compare.py " + " ".join(a for a in sys.argv[1:])
