@@ -220,3 +220,41 @@ def test_stateful_dataloader_resumes_the_stream_exactly(workers):
     assert [i for i, _ in head + tail] == list(range(9))
     for (_, x), (_, y) in zip(head + tail, full):
         assert torch.equal(x, y)
+
+
+def _rank_stream(rank, world, init, out):
+    """One rank of a gloo process group: the global sample indices its dataset yields, taking
+    rank and world size from torch.distributed."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        ds = dataset(steps=3)
+        assert (ds.rank, ds.world_size) == (rank, world)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, timeout=60)
+        seen = [m["global_index"] for b in dl for m in b["meta"]]
+        torch.save(seen, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_come_from_torch_distributed_when_initialised(tmp_path):
+    init = f"file://{tmp_path / 'rendezvous'}"
+    out = str(tmp_path / "seen")
+    torch.multiprocessing.spawn(_rank_stream, args=(2, init, out), nprocs=2, join=True)
+    r0, r1 = (torch.load(f"{out}.{r}") for r in (0, 1))
+    assert not set(r0) & set(r1)
+    assert sorted(r0 + r1) == list(range(3 * 4 * 2))
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_each_ranks_stream_does_not_depend_on_the_number_of_workers(workers):
+    for rank in (0, 1):
+        alone = collect(dataset(rank=rank, world_size=2))
+        split = collect(dataset(rank=rank, world_size=2), num_workers=workers, timeout=60)
+        assert [b for b, _, _ in split] == [b for b, _, _ in alone]
+        assert [[m["global_index"] for m in meta] for _, _, meta in split] == [
+            [m["global_index"] for m in meta] for _, _, meta in alone
+        ]
+        for (_, x, _), (_, y, _) in zip(split, alone):
+            assert torch.equal(x, y)

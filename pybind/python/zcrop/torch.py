@@ -4,11 +4,12 @@ Use it with ``DataLoader(dataset, batch_size=None)``: the dataset yields whole b
 of tensors, one per source, plus ``"meta"``, the per-sample metadata), already batched and
 read ahead in the background by zcrop.
 
-Workers: with ``num_workers=W > 0`` each DataLoader worker runs its own zcrop loader on its own
-share of every batch (shard ``rank * W + w`` of ``world_size * W``), and the DataLoader's
-round-robin delivers them in order. On a single rank the stream of samples is the same for
-every ``W`` (batch ``i`` holds global samples ``i * batch_size ...``): no sample is duplicated
-or lost, and results do not depend on the number of workers.
+Workers: with ``num_workers=W > 0``, worker ``w`` yields this rank's batches ``w``,
+``w + W``, ``w + 2W``, ... (its own zcrop loader reads them as consecutive steps of shard
+``w * world_size + rank`` of ``world_size * W``), and the DataLoader's round robin delivers
+them in order. The stream is the same for every ``W`` on every rank (batch ``i`` of rank ``r``
+holds global samples ``(i * world_size + r) * batch_size ...``): no sample is duplicated or
+lost, and results do not depend on the number of workers.
 
 Buffers: in the main process (``num_workers=0``) tensors share memory with zcrop's read-only
 ring buffers (no copy); do not modify them in place (``copy=True`` gives writable copies).
@@ -249,7 +250,8 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 "device=None with pin_memory=True"
             )
         # This worker yields this rank's batches start + worker, start + worker + W, ...: batch
-        # i is step i // W of shard rank * W + i % W, so the worker's steps are consecutive.
+        # i is step i // W of shard (i % W) * world + rank of world * W: the same samples as
+        # step i of shard rank of world (whatever W), and the worker's steps are consecutive.
         first = self.start + worker
         if self._resume is not None and self._resume[1] == workers:
             first = self._resume[0]  # this worker's next batch, as its saved state says
@@ -262,7 +264,7 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         loader = Loader(
             self.sources,
             batch_size=self.batch_size,
-            rank=self.rank * workers + first % workers,
+            rank=(first % workers) * self.world_size + self.rank,
             world_size=self.world_size * workers,
             start_step=first // workers,
             steps=count,
