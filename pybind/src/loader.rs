@@ -312,6 +312,13 @@ impl NativeLoader {
         let batch = blocking::run_handoff(py, move |_cancel, reply: Reply<Option<Batch>>| {
             let mut st = lock(&state);
             let got = st.stash.take().unwrap_or_else(|| st.loader.next_batch());
+            // The consumer's next step once it has this result: recorded before the reply,
+            // which the caller may act on at once.
+            let after = match &got {
+                Ok(batch) => batch.step() + 1,
+                Err(_) => st.loader.next_step(),
+            };
+            consumer_step.store(after, Ordering::Release);
             let result = match got {
                 Ok(batch) => Ok(Ok(Some(batch))),
                 Err(SamplerError::Exhausted { .. }) => Ok(Ok(None)),
@@ -321,8 +328,8 @@ impl NativeLoader {
             // lock, so no later call can overtake it). Errors are re-created as they were.
             if let Err(Ok(Ok(Some(batch)))) = reply.send(result) {
                 st.stash = Some(Ok(batch));
+                consumer_step.store(next_step(&st), Ordering::Release);
             }
-            consumer_step.store(next_step(&st), Ordering::Release);
         })?;
         Ok(batch.map(|batch| NativeBatch { batch }))
     }

@@ -218,3 +218,13 @@ def test_a_corrupt_chunk_fails_its_batch_only(tmp_path):
         assert "step" in str(e.value)
     with pytest.raises(StopIteration):
         next(ld)
+
+
+def test_step_follows_each_batch_at_once():
+    # The step is recorded before a batch is handed over, not after (a read right after
+    # `next` saw the old step now and then).
+    ld = loader(steps=60, batch_size=1)
+    for k in range(60):
+        batch = next(ld)
+        assert batch["meta"][0]["step"] == k
+        assert ld.step == k + 1
