@@ -203,6 +203,10 @@ def test_loader_errors(tmp_path):
         zcrop.Source(123, CROP)
     with pytest.raises(ValueError):
         zcrop.Loader(zcrop.Source(WORKLOAD, CROP), mode="epoch")
+    # A misspelt position names the ones there are.
+    with pytest.raises(ValueError, match=r'unknown position "tim" \(the positions: time, y, x\)'):
+        zcrop.Loader(zcrop.Source(WORKLOAD, CROP, dims=["tim", 0, "y", "x"]),
+                     positions=["time", "y", "x"])
 
 
 def test_a_corrupt_chunk_fails_its_batch_only(tmp_path):
@@ -228,3 +232,19 @@ def test_step_follows_each_batch_at_once():
         batch = next(ld)
         assert batch["meta"][0]["step"] == k
         assert ld.step == k + 1
+
+
+def test_region_bounds_where_windows_start():
+    # (6, 3, 70, 90) positions time, channel, y, x; crops (2, 3, 16, 16).
+    start, end = [0, 0, 10, 20], [5, 1, 30, 40]
+    ld = loader(region=(start, end), steps=20, batch_size=8)
+    origins = [m["sources"]["img"]["origin"] for b in ld for m in b["meta"]]
+    assert all(s <= o < e for origin in origins for o, s, e in zip(origin, start, end))
+    assert any(o[2] + CROP[2] > end[2] for o in origins), "windows reach past end"
+    bounds = [6, 3, 40, 60]  # whole windows inside [start, bounds)
+    whole = loader(region=(start, [b - c + 1 for b, c in zip(bounds, CROP)]), steps=20,
+                   batch_size=8)
+    for b in whole:
+        for m in b["meta"]:
+            o = m["sources"]["img"]["origin"]
+            assert all(s <= x and x + c <= e for x, c, s, e in zip(o, CROP, start, bounds))

@@ -761,10 +761,12 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
                 rt.push(DimRt::Fixed(o));
             }
             Some(p) => {
-                let pos = positions
-                    .iter()
-                    .position(|q| q == p)
-                    .ok_or_else(|| err(format!("dimension {d} follows unknown position {p:?}")))?;
+                let pos = positions.iter().position(|q| q == p).ok_or_else(|| {
+                    err(format!(
+                        "dimension {d} follows unknown position {p:?} (the positions: {})",
+                        positions.join(", ")
+                    ))
+                })?;
                 if dim.num == 0 || dim.den == 0 {
                     return Err(err(format!(
                         "dimension {d} has a zero scale {}/{}",

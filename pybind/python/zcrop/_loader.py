@@ -430,7 +430,10 @@ class Loader:
     stride:
         The lattice spacing per position dimension in epoch mode.
     region:
-        ``(start, end)`` per position dimension: sample positions only there.
+        ``(start, end)`` per position dimension: sample positions only in ``[start, end)``.
+        A position is where a window *starts* (the crop origin of a source that follows it
+        one to one): the window that starts at ``end - 1`` ends at index ``end + crop - 2``. To
+        keep whole windows inside ``[a, b)``, pass ``end = b - crop + 1``.
     steps:
         Stop after this many steps (``len(loader)``); ``None`` iterates forever.
     start_step:
