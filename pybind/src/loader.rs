@@ -15,8 +15,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use zcrop::io::fork::{PerProcess, ProcessBound};
 use zcrop::sampler::{
-    Batch, CoordValue, Dim, FftNorm, Loader, LoaderConfig, Mode, PinOptions, PinState, SampleMeta,
-    SampleSpec, Sampler, SamplerError, Shard, Source, Spectrum, Transform,
+    Batch, CoordValue, Dim, FftNorm, Loader, LoaderConfig, Mode, OutputType, PinOptions, PinState,
+    SampleMeta, SampleSpec, Sampler, SamplerError, Shard, Source, Spectrum, Transform,
 };
 
 use crate::array::NativeArray;
@@ -126,9 +126,11 @@ fn parse_transform(s: &Bound<'_, PyDict>) -> PyResult<Transform> {
         "native" => Transform::none(),
         "float32" => Transform::to_f32(),
         "float64" => Transform::to_f64(),
+        "float16" => Transform::to(OutputType::Float16),
+        "bfloat16" => Transform::to(OutputType::BFloat16),
         other => {
             return Err(PyValueError::new_err(format!(
-                "dtype must be None, 'float32' or 'float64', got {other:?}"
+                "dtype must be None, 'float32', 'float64', 'float16' or 'bfloat16', got {other:?}"
             )));
         }
     };

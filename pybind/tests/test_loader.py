@@ -248,3 +248,25 @@ def test_region_bounds_where_windows_start():
         for m in b["meta"]:
             o = m["sources"]["img"]["origin"]
             assert all(s <= x and x + c <= e for x, c, s, e in zip(o, CROP, start, bounds))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sixteen_bit_float_outputs_round_the_float64_values_to_nearest(dtype):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    norm = (1, [100.0, 200.0, 300.0], [30.0, 70.0, 110.0])
+    kw = {"batch_size": 4, "seed": 3, "steps": 3, "copy": True}
+    wide = zcrop.Loader(zcrop.Source(WORKLOAD, CROP, name="img", dtype="float64",
+                                     normalize=norm), **kw)
+    narrow = zcrop.Loader(zcrop.Source(WORKLOAD, CROP, name="img", dtype=dtype,
+                                       normalize=norm), **kw)
+    target = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    for a, b in zip(wide, narrow):
+        assert b["img"].dtype == np.dtype(target)
+        np.testing.assert_array_equal(b["img"].view(np.uint16),
+                                      a["img"].astype(target).view(np.uint16))
+
+
+def test_sixteen_bit_floats_take_no_fft():
+    with pytest.raises(ValueError, match="16-bit"):
+        zcrop.Loader(zcrop.Source(WORKLOAD, CROP, name="img", dtype="float16",
+                                  fft={"axes": [2, 3]}))

@@ -258,3 +258,22 @@ def test_each_ranks_stream_does_not_depend_on_the_number_of_workers(workers):
         ]
         for (_, x, _), (_, y, _) in zip(split, alone):
             assert torch.equal(x, y)
+
+
+def test_bfloat16_batches_are_torch_bfloat16_with_and_without_workers():
+    pytest.importorskip("ml_dtypes")
+
+    def ds():
+        return zt.ZcropDataset(zcrop.Source(WORKLOAD, CROP, name="img", dtype="bfloat16"),
+                               batch_size=4, seed=5, steps=3)
+
+    wide = zt.ZcropDataset(zcrop.Source(WORKLOAD, CROP, name="img", dtype="float32"),
+                           batch_size=4, seed=5, steps=3)
+    expected = [b["img"].to(torch.bfloat16) for b in torch.utils.data.DataLoader(
+        wide, batch_size=None)]
+    for kw in ({}, {"num_workers": 2, "timeout": 60}):
+        got = [b["img"] for b in torch.utils.data.DataLoader(ds(), batch_size=None, **kw)]
+        assert all(x.dtype == torch.bfloat16 for x in got)
+        assert torch.isfinite(got[0].float().mean())  # ordinary torch ops work
+        for x, y in zip(got, expected):
+            assert torch.equal(x, y)

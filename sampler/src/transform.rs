@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | none ([`OutputType::Native`]) | the array's own type | its size |
 //! | [`OutputType::Float32`] / [`OutputType::Float64`] | `f32` / `f64` | 4 / 8 |
+//! | [`OutputType::Float16`] / [`OutputType::BFloat16`] | IEEE half / bfloat16 (no FFT) | 2 |
 //! | + FFT, [`Spectrum::Complex`] | complex64 / complex128: interleaved `(re, im)` f32 / f64 pairs | 8 / 16 |
 //! | + FFT, [`Spectrum::Power`] | `re^2 + im^2` as f32 / f64 | 4 / 8 |
 //!
@@ -34,6 +35,10 @@ pub enum OutputType {
     Float32,
     /// `f64`.
     Float64,
+    /// IEEE 754 half precision (`numpy.float16`, `torch.float16`), rounded to nearest.
+    Float16,
+    /// bfloat16 (`torch.bfloat16`, `ml_dtypes.bfloat16`), rounded to nearest.
+    BFloat16,
 }
 
 /// What the spectral stage delivers.
@@ -124,6 +129,14 @@ impl Transform {
     pub fn to_f64() -> Self {
         Transform {
             dtype: OutputType::Float64,
+            ..Transform::default()
+        }
+    }
+
+    /// Convert to `dtype`.
+    pub fn to(dtype: OutputType) -> Self {
+        Transform {
+            dtype,
             ..Transform::default()
         }
     }
@@ -269,14 +282,42 @@ pub(crate) fn for_each_value(ty: InType, src: &[u8], mut f: impl FnMut(f64, f64)
 }
 
 /// A float type the transforms write.
-pub(crate) trait OutFloat: FftNum {
+pub(crate) trait OutScalar: Copy {
     const SIZE: usize;
     fn of(v: f64) -> Self;
     fn write(self, dst: &mut [u8]);
+}
+
+/// An output float type the FFT stage also works in.
+pub(crate) trait OutFloat: OutScalar + FftNum {
     fn read(src: &[u8]) -> Self;
 }
 
-impl OutFloat for f32 {
+impl OutScalar for half::f16 {
+    const SIZE: usize = 2;
+    #[inline]
+    fn of(v: f64) -> Self {
+        half::f16::from_f64(v)
+    }
+    #[inline]
+    fn write(self, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.to_ne_bytes());
+    }
+}
+
+impl OutScalar for half::bf16 {
+    const SIZE: usize = 2;
+    #[inline]
+    fn of(v: f64) -> Self {
+        half::bf16::from_f64(v)
+    }
+    #[inline]
+    fn write(self, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.to_ne_bytes());
+    }
+}
+
+impl OutScalar for f32 {
     const SIZE: usize = 4;
     #[inline]
     fn of(v: f64) -> Self {
@@ -286,13 +327,16 @@ impl OutFloat for f32 {
     fn write(self, dst: &mut [u8]) {
         dst.copy_from_slice(&self.to_ne_bytes());
     }
+}
+
+impl OutFloat for f32 {
     #[inline]
     fn read(src: &[u8]) -> Self {
         f32::from_ne_bytes(src.try_into().expect("4 bytes"))
     }
 }
 
-impl OutFloat for f64 {
+impl OutScalar for f64 {
     const SIZE: usize = 8;
     #[inline]
     fn of(v: f64) -> Self {
@@ -302,6 +346,9 @@ impl OutFloat for f64 {
     fn write(self, dst: &mut [u8]) {
         dst.copy_from_slice(&self.to_ne_bytes());
     }
+}
+
+impl OutFloat for f64 {
     #[inline]
     fn read(src: &[u8]) -> Self {
         f64::from_ne_bytes(src.try_into().expect("8 bytes"))
@@ -348,6 +395,14 @@ impl Fused {
             }
             OutputType::Float32 => 4,
             OutputType::Float64 => 8,
+            OutputType::Float16 | OutputType::BFloat16 => {
+                if t.fft.is_some() {
+                    return Err(spec_err(
+                        "an FFT needs a float32 or float64 output type, not a 16-bit one",
+                    ));
+                }
+                2
+            }
         };
         let input = InType::from_name(data_type)
             .ok_or_else(|| spec_err(format!("cannot convert data type {data_type}")))?;
@@ -444,12 +499,14 @@ impl Fused {
         match (self.dtype, self.complex_stage) {
             (OutputType::Float64, true) => "complex128",
             (OutputType::Float64, false) => "float64",
+            (OutputType::Float16, _) => "float16",
+            (OutputType::BFloat16, _) => "bfloat16",
             (_, true) => "complex64",
             (_, false) => "float32",
         }
     }
 
-    fn convert_as<O: OutFloat>(&self, src: &[u8], dst: &mut [u8], c: usize) {
+    fn convert_as<O: OutScalar>(&self, src: &[u8], dst: &mut [u8], c: usize) {
         let (a, b) = (self.scale[c], self.shift[c]);
         let step = if self.complex_stage {
             2 * O::SIZE
@@ -518,6 +575,8 @@ impl StitchTransform for Fused {
         };
         match self.dtype {
             OutputType::Float64 => self.convert_as::<f64>(src, dst, c),
+            OutputType::Float16 => self.convert_as::<half::f16>(src, dst, c),
+            OutputType::BFloat16 => self.convert_as::<half::bf16>(src, dst, c),
             _ => self.convert_as::<f32>(src, dst, c),
         }
     }
@@ -541,6 +600,39 @@ mod tests {
         let mut dst = vec![0u8; n * f.output_element_size()];
         f.convert(src, &mut dst, c);
         dst
+    }
+
+    #[test]
+    fn sixteen_bit_floats_round_to_nearest_and_refuse_an_fft() {
+        let src: Vec<u8> = [0u16, 1, 1000, 40_000]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect();
+        let expect = |v: f64| (v - 3.0) / 7.0;
+        for (dtype, name) in [
+            (OutputType::Float16, "float16"),
+            (OutputType::BFloat16, "bfloat16"),
+        ] {
+            let t = Transform::to(dtype).normalize(0, vec![3.0], vec![7.0]);
+            let f = Fused::new(&t, "uint16", &[1, 4]).unwrap().unwrap();
+            assert_eq!((f.output_dtype(), f.output_element_size()), (name, 2));
+            let out = run(&f, &src, 0);
+            let got: Vec<u16> = out
+                .chunks_exact(2)
+                .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+                .collect();
+            let want: Vec<u16> = [0.0, 1.0, 1000.0, 40_000.0]
+                .iter()
+                .map(|&v| match dtype {
+                    OutputType::Float16 => half::f16::from_f64(expect(v)).to_bits(),
+                    _ => half::bf16::from_f64(expect(v)).to_bits(),
+                })
+                .collect();
+            assert_eq!(got, want, "{name}");
+            let fft = Transform::to(dtype).fft(vec![1], Spectrum::Power);
+            let err = Fused::new(&fft, "uint16", &[1, 4]).err().unwrap();
+            assert!(err.to_string().contains("16-bit"), "{err}");
+        }
     }
 
     #[test]

@@ -94,7 +94,29 @@ def _dim(d: Any) -> tuple[Any, ...]:
     raise TypeError(f"a dim is a Dim, a position name or a fixed origin, got {d!r}")
 
 
-_DTYPES = {None: "native", "float32": "float32", "float64": "float64"}
+_DTYPES = {
+    None: "native",
+    "float32": "float32",
+    "float64": "float64",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+}
+
+
+def _np_dtype(name: str) -> np.dtype[Any]:
+    """The numpy dtype of a delivered element type: numpy's own, or ml_dtypes' bfloat16
+    (numpy has none; jax depends on ml_dtypes, and torch views it as ``torch.bfloat16``)."""
+    if name != "bfloat16":
+        return np.dtype(name)
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError(
+            "dtype='bfloat16' delivers numpy arrays of ml_dtypes.bfloat16: "
+            "pip install ml-dtypes"
+        ) from None
+    bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    return bf16
 
 
 class Source:
@@ -118,7 +140,9 @@ class Source:
         origin). By default dimensions named like positions follow them and the others start
         at 0; an array without dimension names follows the positions in order.
     dtype:
-        ``None`` (the array's own dtype), ``"float32"`` or ``"float64"``.
+        ``None`` (the array's own dtype), ``"float32"``, ``"float64"``, ``"float16"`` or
+        ``"bfloat16"`` (rounded to nearest; numpy arrays of ``ml_dtypes.bfloat16``, torch
+        tensors of ``torch.bfloat16``; no ``fft`` with either 16-bit type).
     decode:
         For an xarray variable: CF-decode the values as xarray does (``_FillValue`` and
         ``missing_value`` become NaN, then ``x * scale_factor + add_offset``), fused into the
@@ -192,9 +216,18 @@ class Source:
             default_name = os.path.basename(os.path.normpath(native.rstrip("/"))) or "data"
         else:
             raise TypeError(f"a source's array is a path or a zcrop.Array, got {type(array)!r}")
-        key = None if dtype is None else np.dtype(dtype).name
+        key = None if dtype is None else str(getattr(dtype, "name", dtype))
+        if key not in _DTYPES and dtype is not None:
+            try:
+                key = np.dtype(dtype).name
+            except TypeError:
+                pass
         if key not in _DTYPES:
-            raise ValueError(f"dtype must be None, float32 or float64, got {dtype!r}")
+            raise ValueError(
+                f"dtype must be None, float32, float64, float16 or bfloat16, got {dtype!r}"
+            )
+        if key == "bfloat16":
+            _np_dtype(key)  # ml_dtypes is needed to deliver it: say so now
         self.name: str = str(name) if name is not None else default_name
         norm_spec = None
         if normalize is not None:
@@ -507,7 +540,7 @@ class Loader:
             "pin": bool(pin),
         }
         self._native: NativeLoader | None = NativeLoader(spec)
-        self._dtypes = [np.dtype(s["dtype"]) for s in self._native.sources]
+        self._dtypes = [_np_dtype(s["dtype"]) for s in self._native.sources]
 
     # --- iteration ------------------------------------------------------------------------
 
@@ -681,7 +714,7 @@ class Samples:
         self._labels = _source_labels(srcs)
         self._epoch = mode == "epoch"
         sources_info = list(self._native.sources)
-        self._dtypes = [np.dtype(i["dtype"]) for i in sources_info]
+        self._dtypes = [_np_dtype(i["dtype"]) for i in sources_info]
         self._crops = [tuple(int(n) for n in i["crop"]) for i in sources_info]
         if length is None:
             if not self._epoch:

@@ -52,13 +52,20 @@ from zcrop._loader import Loader, _sources
 __all__ = ["ZcropDataset"]
 
 
+def _from_numpy(arr: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy``, also for ml_dtypes' bfloat16 (viewed as ``torch.bfloat16``)."""
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
 def _tensor(arr: np.ndarray) -> torch.Tensor:
     if arr.flags.writeable:
-        return torch.from_numpy(arr)
+        return _from_numpy(arr)
     with warnings.catch_warnings():
         # The batch's ring buffer is read-only for zcrop's sake: the tensor is a view of it.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(arr)
+        return _from_numpy(arr)
 
 
 def _shared_tensor(arr: np.ndarray) -> torch.Tensor:
@@ -66,9 +73,9 @@ def _shared_tensor(arr: np.ndarray) -> torch.Tensor:
     batches later, on its own thread (a view of a ring buffer would hold the buffer until then,
     ``prefetch_factor`` batches ahead), and a tensor already in shared memory pickles without
     the copy that torch would otherwise make then."""
-    t = torch.from_numpy(np.empty(0, dtype=arr.dtype)).new_empty(arr.shape)
+    t = _from_numpy(np.empty(0, dtype=arr.dtype)).new_empty(arr.shape)
     t.share_memory_()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
-    t.numpy()[...] = arr
+    t.copy_(_tensor(arr))
     return t
 
 
