@@ -2,7 +2,7 @@
 """zcrop's loader in torch DataLoader workers: throughput per start method, and what a forked
 worker costs in memory.
 
-    python3 benches/loader_fork.py                        # defaults: about 2 minutes on 2 cores
+    python3 benches/loader_fork.py                        # the defaults
     python3 benches/loader_fork.py --workers 0,2,4,8 --methods fork --timed 200 --repeats 5
     python3 benches/loader_fork.py --skip-throughput --parent-gb 8
 

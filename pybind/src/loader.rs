@@ -500,12 +500,6 @@ impl NativeSampler {
         source_dicts(py, &self.sampler)
     }
 
-    /// Samples per batch.
-    #[getter]
-    fn batch_size(&self) -> usize {
-        self.sampler.batch_size()
-    }
-
     /// Allowed sample positions: the epoch length in epoch mode.
     #[getter]
     fn epoch_len(&self) -> u64 {

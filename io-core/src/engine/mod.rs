@@ -18,7 +18,7 @@ use crate::budget::Budget;
 use crate::config::{BackendChoice, BackendKind, FastPath, IoConfig, MapFiles};
 use crate::error::{EngineError, IoError};
 use crate::files::cache::FdCache;
-use crate::fork::{PerProcess, ProcessBound};
+use crate::fork::{self, PerProcess};
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::request::{ReadRange, ReadRequest};
 use crate::worker::op::{Ctx, RUN_LEN};
@@ -38,7 +38,7 @@ pub use self::batch::Batch;
 /// and leaves the parent's as it is (see [`crate::fork`]).
 #[derive(Debug, Clone)]
 pub struct IoEngine {
-    inner: ProcessBound<Arc<Inner>>,
+    inner: Arc<Inner>,
 }
 
 impl IoEngine {
@@ -50,7 +50,7 @@ impl IoEngine {
     /// The engine's state in this process: its own, or in a child of `fork` the engine that
     /// replaces it there.
     fn live(&self) -> &Arc<Inner> {
-        if self.inner.is_current() {
+        if self.inner.generation == fork::generation() {
             return &self.inner;
         }
         let next = self.inner.successor.get_or_init(|| {
@@ -102,13 +102,13 @@ impl IoEngine {
             config: config.clone(),
             shared: false,
             successor: PerProcess::new(),
-            generation: crate::fork::generation(),
+            generation: fork::generation(),
         })
     }
 
     fn from_inner(inner: Inner) -> IoEngine {
         IoEngine {
-            inner: ProcessBound::new(Arc::new(inner)),
+            inner: Arc::new(inner),
         }
     }
 
@@ -162,7 +162,7 @@ impl IoEngine {
                         config,
                         shared,
                         successor: PerProcess::new(),
-                        generation: crate::fork::generation(),
+                        generation: fork::generation(),
                     }));
                 }
                 Err(EngineError::UringUnavailable { reason })
@@ -197,7 +197,7 @@ impl IoEngine {
             config,
             shared,
             successor: PerProcess::new(),
-            generation: crate::fork::generation(),
+            generation: fork::generation(),
         }))
     }
 

@@ -226,9 +226,6 @@ class NativeSampler:
     def sources(self) -> list[dict[str, Any]]:
         """Per source: ``name``, ``array``, ``crop``, ``dtype``, ``element_size``."""
     @property
-    def batch_size(self) -> int:
-        """Samples per batch."""
-    @property
     def epoch_len(self) -> int:
         """Allowed sample positions."""
 
