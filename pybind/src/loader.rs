@@ -9,14 +9,15 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use numpy::PyArray1;
+use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArrayDyn};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use zcrop::io::fork::{PerProcess, ProcessBound};
 use zcrop::sampler::{
-    Batch, CoordValue, Dim, FftNorm, Loader, LoaderConfig, Mode, OutputType, PinOptions, PinState,
-    SampleMeta, SampleSpec, Sampler, SamplerError, Shard, Source, Spectrum, Transform,
+    Batch, Cells, CoordValue, Dim, FftNorm, Loader, LoaderConfig, Mask, Mode, OriginRule,
+    OutputType, PinOptions, PinState, SampleMeta, SampleSpec, Sampler, SamplerError, Shard, Source,
+    Spectrum, Transform, Weights,
 };
 
 use crate::array::NativeArray;
@@ -188,6 +189,45 @@ fn parse_source(s: &Bound<'_, PyDict>) -> PyResult<Source> {
     Ok(source)
 }
 
+/// A field's cells: `("fit",)`, `("size", [..])` or `("edges", [[..], ..])`.
+fn parse_cells(c: &Bound<'_, PyAny>) -> PyResult<Cells> {
+    let kind: String = c.get_item(0)?.extract()?;
+    match kind.as_str() {
+        "fit" => Ok(Cells::Fit),
+        "size" => Ok(Cells::Size(c.get_item(1)?.extract()?)),
+        "edges" => Ok(Cells::Edges(c.get_item(1)?.extract()?)),
+        other => Err(PyValueError::new_err(format!(
+            "unknown cells kind {other:?}"
+        ))),
+    }
+}
+
+/// A mask `{"shape", "cells", "values"}` (bool per cell, C order) or `{"shape", "cells",
+/// "runs"}` (`(n, 2)` uint64 `[start, end)` linear cell ranges), built without the GIL.
+fn parse_mask(py: Python<'_>, m: &Bound<'_, PyDict>) -> PyResult<Mask> {
+    let shape: Vec<u64> = item(m, "shape")?;
+    let cells = parse_cells(&item::<Bound<'_, PyAny>>(m, "cells")?)?;
+    let built = if let Some(runs) = m.get_item("runs")? {
+        let runs: PyReadonlyArrayDyn<'_, u64> = runs.extract()?;
+        let flat = runs.as_slice()?;
+        let runs: Vec<(u64, u64)> = flat.chunks_exact(2).map(|r| (r[0], r[1])).collect();
+        Mask::from_runs(shape, cells, runs)
+    } else {
+        let values: PyReadonlyArrayDyn<'_, bool> = item(m, "values")?;
+        let flat = values.as_slice()?;
+        py.detach(|| Mask::from_bools(shape, cells, flat))
+    };
+    built.map_err(|e| blocking::sampler_err(py, &e))
+}
+
+fn parse_weights(py: Python<'_>, w: &Bound<'_, PyDict>) -> PyResult<Weights> {
+    let shape: Vec<u64> = item(w, "shape")?;
+    let cells = parse_cells(&item::<Bound<'_, PyAny>>(w, "cells")?)?;
+    let values: PyReadonlyArray1<'_, f64> = item(w, "values")?;
+    let values = values.as_slice()?.to_vec();
+    Weights::new(shape, cells, values).map_err(|e| blocking::sampler_err(py, &e))
+}
+
 fn parse_spec(spec: &Bound<'_, PyDict>) -> PyResult<(SampleSpec, LoaderConfig)> {
     let positions: Vec<String> = item(spec, "positions")?;
     let mut sample = SampleSpec::new(positions);
@@ -206,6 +246,17 @@ fn parse_spec(spec: &Bound<'_, PyDict>) -> PyResult<(SampleSpec, LoaderConfig)> 
     let region: Option<(Vec<u64>, Vec<u64>)> = item(spec, "region")?;
     if let Some((start, end)) = region {
         sample = sample.region(start, end);
+    }
+    let py = spec.py();
+    if let Some(masks) = spec.get_item("masks")? {
+        for m in masks.try_iter()? {
+            sample = sample.mask(parse_mask(py, m?.cast()?)?);
+        }
+    }
+    if let Some(w) = spec.get_item("weights")?
+        && !w.is_none()
+    {
+        sample = sample.weights(parse_weights(py, w.cast()?)?);
     }
     sample = sample
         .seed(item(spec, "seed")?)
@@ -372,6 +423,12 @@ impl NativeLoader {
         self.sampler.epoch_len()
     }
 
+    /// The position grid fitted masks and weights refer to (positions per dimension).
+    #[getter]
+    fn position_grid(&self) -> Vec<u64> {
+        self.sampler.position_grid().to_vec()
+    }
+
     /// The valid position box: `(start, end)`.
     #[getter]
     fn position_box(&self) -> (Vec<u64>, Vec<u64>) {
@@ -416,6 +473,20 @@ fn source_dicts<'py>(py: Python<'py>, sampler: &Sampler) -> PyResult<Vec<Bound<'
             d.set_item("crop", s.crop.clone())?;
             d.set_item("dtype", &s.dtype)?;
             d.set_item("element_size", s.element_size)?;
+            let origins = PyList::empty(py);
+            for rule in &s.origins {
+                match *rule {
+                    OriginRule::Aligned {
+                        position,
+                        offset,
+                        num,
+                        den,
+                        jitter,
+                    } => origins.append(("along", position, num, den, offset, jitter))?,
+                    OriginRule::Fixed(o) => origins.append(("fixed", o))?,
+                }
+            }
+            d.set_item("origins", origins)?;
             Ok(d)
         })
         .collect()
@@ -504,6 +575,44 @@ impl NativeSampler {
     #[getter]
     fn epoch_len(&self) -> u64 {
         self.sampler.epoch_len()
+    }
+
+    /// The position grid fitted masks and weights refer to (positions per dimension).
+    #[getter]
+    fn position_grid(&self) -> Vec<u64> {
+        self.sampler.position_grid().to_vec()
+    }
+
+    /// The valid position box: `(start, end)` per position dimension.
+    #[getter]
+    fn position_box(&self) -> (Vec<u64>, Vec<u64>) {
+        self.sampler.position_box()
+    }
+
+    /// Number of disjoint boxes holding the allowed positions.
+    #[getter]
+    fn position_blocks(&self) -> usize {
+        self.sampler.position_blocks()
+    }
+
+    /// Whether the sampler may draw position `pos`.
+    fn allows(&self, pos: Vec<u64>) -> bool {
+        self.sampler.allows(&pos)
+    }
+
+    /// The positions of global samples `first .. first + n` (an `(n, ndim)` uint64 array): the
+    /// sampler alone, no reads.
+    fn positions<'py>(
+        &self,
+        py: Python<'py>,
+        first: u64,
+        n: u64,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let sampler = self.sampler.clone();
+        let out = blocking::run(py, 0, move |_| {
+            Ok::<_, Failure>(sampler.sample_positions(first, n)?)
+        })?;
+        Ok(PyArray1::from_vec(py, out))
     }
 }
 

@@ -74,8 +74,9 @@ pub use loader::{Batch, Loader, LoaderConfig, LoaderStatus};
 pub use permutation::Permutation;
 pub use pinned::{PinOptions, PinState, PinnedBuffer};
 pub use sampler::{
-    BatchPlan, Dim, Mode, SampleMeta, SampleSpec, Sampler, Shard, Source, SourceInfo, SourceSample,
+    BatchPlan, Dim, Mode, OriginRule, SampleMeta, SampleSpec, Sampler, Shard, Source, SourceInfo,
+    SourceSample,
 };
-pub use space::Mask;
+pub use space::{Cells, Mask, Weights};
 pub use spectral::FftNorm;
 pub use transform::{Decode, Fft, Normalize, OutputType, Spectrum, Transform};

@@ -50,6 +50,15 @@ impl SampleRng {
         )
     }
 
+    /// A uniform float in `[0, 1)` with 53 random bits.
+    pub(crate) fn unit(&mut self) -> f64 {
+        let (seed, index) = (self.seed, self.index);
+        let r = self
+            .rng
+            .get_or_insert_with(|| keyed(seed, TAG_SAMPLE, index));
+        (r.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
     /// A uniform integer in `[-j, j]`.
     pub(crate) fn jitter(&mut self, j: u64) -> i64 {
         if j == 0 {

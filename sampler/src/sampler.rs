@@ -14,7 +14,7 @@ use crate::coords::{self, Coord, CoordLabel};
 use crate::error::{Result, SamplerError, spec_err};
 use crate::permutation::Permutation;
 use crate::rng::SampleRng;
-use crate::space::{Mask, PositionSpace};
+use crate::space::{Fields, Mask, PositionSpace, Weights};
 use crate::transform::{Fused, Transform};
 
 /// How one dimension of a source's crop origin follows from the shared sample position.
@@ -239,7 +239,8 @@ pub struct SampleSpec {
     positions: Vec<String>,
     sources: Vec<Source>,
     region: Option<(Vec<u64>, Vec<u64>)>,
-    mask: Option<Mask>,
+    masks: Vec<Mask>,
+    weights: Option<Weights>,
     mode: Mode,
     seed: u64,
     batch_size: usize,
@@ -253,7 +254,8 @@ impl SampleSpec {
             positions: positions.into_iter().map(Into::into).collect(),
             sources: Vec::new(),
             region: None,
-            mask: None,
+            masks: Vec::new(),
+            weights: None,
             mode: Mode::Uniform,
             seed: 0,
             batch_size: 1,
@@ -274,10 +276,19 @@ impl SampleSpec {
         self
     }
 
-    /// Restricts positions to the cells `mask` allows.
+    /// Restricts positions to the cells `mask` allows (with several masks, to the cells all
+    /// of them allow).
     #[must_use]
     pub fn mask(mut self, mask: Mask) -> SampleSpec {
-        self.mask = Some(mask);
+        self.masks.push(mask);
+        self
+    }
+
+    /// Draws positions with probability proportional to `weights` (uniform mode only; a zero
+    /// weight excludes a position).
+    #[must_use]
+    pub fn weights(mut self, weights: Weights) -> SampleSpec {
+        self.weights = Some(weights);
         self
     }
 
@@ -332,6 +343,28 @@ pub struct SourceInfo {
     pub crop_bytes: usize,
     /// Bytes of one batch of this source (`batch_size` crops).
     pub batch_bytes: usize,
+    /// How each dimension's crop origin is placed, as resolved from the spec.
+    pub origins: Vec<OriginRule>,
+}
+
+/// How one dimension of a source's crop origin is placed, as the sampler resolved it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OriginRule {
+    /// `offset + floor(position[position] * num / den) + jitter`, jitter in `[-jitter, jitter]`.
+    Aligned {
+        /// The position dimension's index.
+        position: usize,
+        /// Added to the scaled position.
+        offset: i64,
+        /// Scale numerator.
+        num: u64,
+        /// Scale denominator.
+        den: u64,
+        /// Largest jitter either way.
+        jitter: u64,
+    },
+    /// Always this index.
+    Fixed(u64),
 }
 
 struct SourceRt {
@@ -348,6 +381,8 @@ type EpochPermutation = (u64, Arc<Permutation>);
 struct Inner {
     positions: Vec<String>,
     sources: Vec<SourceRt>,
+    /// Positions per dimension of the grid masks and weights are fitted to.
+    grid: Vec<u64>,
     space: PositionSpace,
     mode: Mode,
     seed: u64,
@@ -410,6 +445,17 @@ fn aligned_interval(
     ))
 }
 
+/// Positions `p >= 0` at which an aligned dimension starts inside an array of `size`:
+/// `floor(p * num / den) + offset < size`.
+fn grid_extent(size: u64, offset: i64, num: u64, den: u64) -> u64 {
+    let room = i128::from(size) - i128::from(offset);
+    if room <= 0 || num == 0 {
+        return 0;
+    }
+    let g = (room * i128::from(den) + i128::from(num) - 1) / i128::from(num);
+    u64::try_from(g).unwrap_or(u64::MAX)
+}
+
 impl Sampler {
     /// Validates `spec`, opens coordinate arrays, computes the valid position region and
     /// compiles the transforms.
@@ -434,6 +480,7 @@ impl Sampler {
         let mut lo = vec![0u64; npos];
         let mut end = vec![u64::MAX; npos];
         let mut constrained = vec![false; npos];
+        let mut grid: Vec<Option<u64>> = vec![None; npos];
         let mut sources = Vec::with_capacity(spec.sources.len());
         for src in &spec.sources {
             if !names.insert(src.name.clone()) {
@@ -470,6 +517,7 @@ impl Sampler {
                     lo[pos] = lo[pos].max(l);
                     end[pos] = end[pos].min(h + 1);
                     constrained[pos] = true;
+                    grid[pos].get_or_insert(grid_extent(shape[d], offset, num, den));
                 }
             }
             sources.push(rt);
@@ -486,6 +534,7 @@ impl Sampler {
                 lo[d] = lo[d].max(start[d]);
                 end[d] = end[d].min(region_end[d]);
                 constrained[d] = true;
+                grid[d].get_or_insert(region_end[d]);
             }
         }
         if let Some(d) = constrained.iter().position(|c| !c) {
@@ -506,11 +555,20 @@ impl Sampler {
                 stride.clone()
             }
         };
-        let space = PositionSpace::new(lo, end, stride, spec.mask.clone())?;
+        if spec.weights.is_some() && matches!(spec.mode, Mode::Epoch { .. }) {
+            return Err(spec_err(
+                "weights apply to uniform sampling; epoch mode visits every allowed position \
+                 once (use a mask to exclude positions)",
+            ));
+        }
+        let grid: Vec<u64> = grid.into_iter().map(|g| g.unwrap_or(0)).collect();
+        let fields = Fields::resolve(&spec.masks, spec.weights.as_ref(), &grid)?;
+        let space = PositionSpace::new(lo, end, stride, fields)?;
         Ok(Sampler {
             inner: Arc::new(Inner {
                 positions: spec.positions,
                 sources,
+                grid,
                 space,
                 mode: spec.mode,
                 seed: spec.seed,
@@ -549,9 +607,35 @@ impl Sampler {
         (s.to_vec(), e.to_vec())
     }
 
-    /// Number of allowed positions: the epoch length in epoch mode.
+    /// The position grid that masks and weights with [`Cells::Fit`](crate::Cells::Fit) cells
+    /// are fitted to: per position dimension, the positions at which the first source that
+    /// follows it starts inside its array (`ceil((size - offset) * den / num)`: the array's
+    /// size for one that follows one to one), or the region's end where no source follows it.
+    pub fn position_grid(&self) -> &[u64] {
+        &self.inner.grid
+    }
+
+    /// Whether `pos` is a position this sampler may draw: inside the valid box, on the
+    /// lattice, allowed by every mask and of positive weight.
+    pub fn allows(&self, pos: &[u64]) -> bool {
+        self.inner.space.allows(pos)
+    }
+
+    /// Whether positions are drawn by weight.
+    pub fn weighted(&self) -> bool {
+        self.inner.space.weighted()
+    }
+
+    /// Number of disjoint boxes the allowed positions are stored as (memory and lookup cost
+    /// grow with it, not with the number of positions).
+    pub fn position_blocks(&self) -> usize {
+        self.inner.space.blocks()
+    }
+
+    /// Number of allowed positions (of positive weight, with weights): the epoch length in
+    /// epoch mode.
     pub fn epoch_len(&self) -> u64 {
-        self.inner.space.len()
+        self.inner.space.drawable()
     }
 
     /// Samples per batch on each rank.
@@ -604,7 +688,6 @@ impl Sampler {
             .ok_or_else(overflow)?
             - per_rank;
         let npos = inner.positions.len();
-        let len = inner.space.len();
         let mut positions = vec![0u64; inner.batch_size * npos];
         let mut origins: Vec<Vec<u64>> = inner
             .sources
@@ -619,23 +702,10 @@ impl Sampler {
         for (i, pos) in positions.chunks_exact_mut(npos).enumerate() {
             let global = first + i as u64;
             let mut rng = SampleRng::new(inner.seed, global);
-            let index = match &mut epochs {
-                None => rng.below(len),
-                Some(epochs) => {
-                    let epoch = global / len;
-                    let p = match &perm {
-                        Some((e, p)) if *e == epoch => Arc::clone(p),
-                        _ => {
-                            let p = self.permutation(epoch);
-                            perm = Some((epoch, Arc::clone(&p)));
-                            p
-                        }
-                    };
-                    epochs.push(epoch);
-                    p.apply(global % len)
-                }
-            };
-            inner.space.nth(index, pos);
+            let epoch = self.draw_position(global, &mut rng, &mut perm, pos);
+            if let (Some(epochs), Some(e)) = (&mut epochs, epoch) {
+                epochs.push(e);
+            }
             for (s, out) in inner.sources.iter().zip(&mut origins) {
                 for dim in &s.dims {
                     out.push(match *dim {
@@ -666,6 +736,57 @@ impl Sampler {
             origins,
             epochs,
         })
+    }
+
+    /// Writes the position of global sample `global` to `pos` (drawing from `rng`, the
+    /// sample's stream); returns its epoch in epoch mode. `perm` caches the last permutation.
+    fn draw_position(
+        &self,
+        global: u64,
+        rng: &mut SampleRng,
+        perm: &mut Option<EpochPermutation>,
+        pos: &mut [u64],
+    ) -> Option<u64> {
+        let space = &self.inner.space;
+        match self.inner.mode {
+            Mode::Uniform => {
+                space.draw(rng, pos);
+                None
+            }
+            Mode::Epoch { .. } => {
+                let len = space.len();
+                let epoch = global / len;
+                let p = match perm {
+                    Some((e, p)) if *e == epoch => Arc::clone(p),
+                    _ => {
+                        let p = self.permutation(epoch);
+                        *perm = Some((epoch, Arc::clone(&p)));
+                        p
+                    }
+                };
+                space.nth(p.apply(global % len), pos);
+                Some(epoch)
+            }
+        }
+    }
+
+    /// The positions of global samples `first .. first + n`, `n * ndim` numbers in sample
+    /// order: the sampler alone, without origins or reads (as [`Sampler::plan`] draws them).
+    pub fn sample_positions(&self, first: u64, n: u64) -> Result<Vec<u64>> {
+        let npos = self.inner.positions.len();
+        let total = usize::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_mul(npos))
+            .filter(|_| first.checked_add(n).is_some())
+            .ok_or_else(|| spec_err(format!("{n} samples from {first} is too many")))?;
+        let mut out = vec![0u64; total];
+        let mut perm = None;
+        for (i, pos) in out.chunks_exact_mut(npos).enumerate() {
+            let global = first + i as u64;
+            let mut rng = SampleRng::new(self.inner.seed, global);
+            self.draw_position(global, &mut rng, &mut perm, pos);
+        }
+        Ok(out)
     }
 
     /// Reads source `source` of `plan` into `out` (exactly [`SourceInfo::batch_bytes`]),
@@ -821,6 +942,25 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
             element_size,
             crop_bytes,
             batch_bytes: 0,
+            origins: rt
+                .iter()
+                .map(|d| match *d {
+                    DimRt::Aligned {
+                        pos,
+                        offset,
+                        num,
+                        den,
+                        jitter,
+                    } => OriginRule::Aligned {
+                        position: pos,
+                        offset,
+                        num,
+                        den,
+                        jitter,
+                    },
+                    DimRt::Fixed(o) => OriginRule::Fixed(o),
+                })
+                .collect(),
         },
         array: a.clone(),
         dims: rt,

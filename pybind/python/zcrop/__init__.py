@@ -24,7 +24,9 @@ from typing import Any
 from zcrop._api import open, open_array, open_async, open_group
 from zcrop._array import Array, ArrayMetadata, AsyncArray, Attributes
 from zcrop._group import AsyncGroup, Group
+from zcrop._fields import ValidMask
 from zcrop._loader import Dim, Loader, Samples, Source
+from zcrop._valid import valid_windows
 from zcrop._zcrop import __version__
 from zcrop.errors import (
     BoundsError,
@@ -69,6 +71,7 @@ __all__ = [
     "StoreError",
     "TransformError",
     "UnsupportedError",
+    "ValidMask",
     "ZcropError",
     "__version__",
     "open",
@@ -78,6 +81,7 @@ __all__ = [
     "open_datatree",
     "open_group",
     "read_windows",
+    "valid_windows",
 ]
 
 #: Names served by modules that need optional packages (xarray), imported on first use.

@@ -24,6 +24,7 @@ import numpy as np
 
 from zcrop._api import is_url, storage_option_pairs
 from zcrop._array import Array
+from zcrop._fields import ValidMask, _fields, check_grid
 from zcrop._zcrop import NativeArray, NativeBatch, NativeLoader, NativeSampler
 
 __all__ = ["Batch", "Dim", "Loader", "Source"]
@@ -323,7 +324,9 @@ def _crop_by_name(crop: Mapping[str, int], array: Any, names: list[str] | None) 
 
         arr = open_array(os.fspath(array))
     if names is None:
-        names = [str(n) if n else f"dim_{i}" for i, n in enumerate(arr.dimension_names or [])]
+        # v3 dimension names, else xarray's v2 attribute (as the sampler reads them).
+        given = arr.dimension_names or arr.attrs.get("_ARRAY_DIMENSIONS") or []
+        names = [str(n) if n else f"dim_{i}" for i, n in enumerate(given)]
     if len(names) != arr.ndim:
         raise ValueError(
             f"crop by dimension name needs the array's dimension names; {arr.name} has none"
@@ -390,15 +393,25 @@ def _space_spec(
     mode: str,
     stride: Sequence[int] | None,
     region: tuple[Sequence[int], Sequence[int]] | None,
+    valid: Any = None,
+    valid_times: Any = None,
+    weights: Any = None,
 ) -> dict[str, Any]:
-    """The sample space of a loader spec: the sources, the position dimensions and how
-    positions are drawn."""
+    """The sample space of a loader spec: the sources, the position dimensions, the masks and
+    weights over them, and how positions are drawn."""
     if mode not in ("uniform", "epoch"):
         raise ValueError(f"mode must be 'uniform' or 'epoch', got {mode!r}")
     if mode == "epoch" and stride is None:
         raise ValueError("epoch mode needs a stride per position dimension")
+    if mode == "epoch" and weights is not None:
+        raise ValueError(
+            "weights apply to mode='uniform'; epoch mode visits every allowed position once "
+            "(use valid= to exclude positions)"
+        )
+    names = list(positions) if positions is not None else _positions(srcs[0])
+    masks, weight_field, labelled = _fields(srcs, names, valid, valid_times, weights)
     return {
-        "positions": list(positions) if positions is not None else _positions(srcs[0]),
+        "positions": names,
         "sources": [s._spec for s in srcs],
         "mode": mode,
         "stride": None if stride is None else [int(x) for x in stride],
@@ -406,6 +419,26 @@ def _space_spec(
         if region is None
         else ([int(x) for x in region[0]], [int(x) for x in region[1]]),
         "seed": int(seed),
+        "masks": masks,
+        "weights": weight_field,
+        "labelled": labelled,
+    }
+
+
+def sampler_spec(space: dict[str, Any]) -> dict[str, Any]:
+    """A spec for ``NativeSampler`` (one sample per step, no loader threads) over ``space``."""
+    return {
+        **space,
+        "batch_size": 1,
+        "start_step": 0,
+        "end_step": None,
+        "rank": 0,
+        "world_size": 1,
+        "prefetch": 1,
+        "buffers": 0,
+        "workers": 1,
+        "threads": None,
+        "pin": False,
     }
 
 
@@ -467,6 +500,25 @@ class Loader:
         A position is where a window *starts* (the crop origin of a source that follows it
         one to one): the window that starts at ``end - 1`` ends at index ``end + crop - 2``. To
         keep whole windows inside ``[a, b)``, pass ``end = b - crop + 1``.
+    valid:
+        Sample only positions where this mask is true (a position is where windows start, as
+        for ``region``). A boolean numpy array over the position dimensions, either one
+        value per position of the position grid or one per block of ``c`` positions
+        (``ceil(n / c)`` values for ``n`` grid positions); the grid has, per dimension, the
+        size of the first source's array along it (see docs/python.md). Or an xarray
+        DataArray over some of the position dimensions, matched to the positions' coordinate
+        labels (each position takes the nearest label; dimensions it lacks are not
+        restricted), at any resolution. Or a :class:`zcrop.ValidMask` from
+        :func:`zcrop.valid_windows` (windows free of NaN and fill values), or a list of masks
+        (all must allow a position). Stored as cells and runs: never one entry per position
+        unless given so.
+    valid_times:
+        Allowed labels of the position dimension labelled by datetimes (e.g. the t0 times of
+        a training split); every label must be one of the positions'.
+    weights:
+        Draw positions with probability proportional to these non-negative weights (uniform
+        mode only), in the same forms as ``valid``; zero excludes a position. Draws stay a
+        pure function of the seed and the global sample index.
     steps:
         Stop after this many steps (``len(loader)``); ``None`` iterates forever.
     start_step:
@@ -502,6 +554,9 @@ class Loader:
         mode: str = "uniform",
         stride: Sequence[int] | None = None,
         region: tuple[Sequence[int], Sequence[int]] | None = None,
+        valid: Any = None,
+        valid_times: Any = None,
+        weights: Any = None,
         steps: int | None = None,
         start_step: int = 0,
         workers: int = 2,
@@ -511,7 +566,10 @@ class Loader:
         copy: bool = False,
     ) -> None:
         srcs = _sources(sources)
-        space = _space_spec(srcs, positions, seed, mode, stride, region)
+        space = _space_spec(
+            srcs, positions, seed, mode, stride, region, valid, valid_times, weights
+        )
+        labelled = space.pop("labelled")
         for what, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
             if int(value) < 1:
                 raise ValueError(f"{what} must be at least 1, got {value}")
@@ -540,6 +598,7 @@ class Loader:
             "pin": bool(pin),
         }
         self._native: NativeLoader | None = NativeLoader(spec)
+        check_grid(self._native.position_grid, space["positions"], srcs, labelled)
         self._dtypes = [_np_dtype(s["dtype"]) for s in self._native.sources]
 
     # --- iteration ------------------------------------------------------------------------
@@ -684,6 +743,9 @@ class Samples:
         mode: str = "uniform",
         stride: Sequence[int] | None = None,
         region: tuple[Sequence[int], Sequence[int]] | None = None,
+        valid: Any = None,
+        valid_times: Any = None,
+        weights: Any = None,
         length: int | None = None,
     ) -> None:
         self._args: dict[str, Any] = {
@@ -693,23 +755,19 @@ class Samples:
             "mode": mode,
             "stride": stride,
             "region": region,
+            "valid": valid,
+            "valid_times": valid_times,
+            "weights": weights,
             "length": length,
         }
         srcs = _sources(sources)
-        spec = {
-            **_space_spec(srcs, positions, seed, mode, stride, region),
-            "batch_size": 1,
-            "start_step": 0,
-            "end_step": None,
-            "rank": 0,
-            "world_size": 1,
-            "prefetch": 1,
-            "buffers": 0,
-            "workers": 1,
-            "threads": None,
-            "pin": False,
-        }
+        space = _space_spec(
+            srcs, positions, seed, mode, stride, region, valid, valid_times, weights
+        )
+        labelled = space.pop("labelled")
+        spec = sampler_spec(space)
         self._native = NativeSampler(spec)
+        check_grid(self._native.position_grid, spec["positions"], srcs, labelled)
         self._names = [s.name for s in srcs]
         self._labels = _source_labels(srcs)
         self._epoch = mode == "epoch"

@@ -224,10 +224,24 @@ class NativeSampler:
         """The metadata of batch ``step``'s samples (no IO)."""
     @property
     def sources(self) -> list[dict[str, Any]]:
-        """Per source: ``name``, ``array``, ``crop``, ``dtype``, ``element_size``."""
+        """Per source: ``name``, ``array``, ``crop``, ``dtype``, ``element_size``,
+        ``origins``."""
     @property
     def epoch_len(self) -> int:
         """Allowed sample positions."""
+    @property
+    def position_grid(self) -> list[int]:
+        """The position grid fitted masks and weights refer to."""
+    @property
+    def position_box(self) -> tuple[list[int], list[int]]:
+        """The valid position box: ``(start, end)``."""
+    @property
+    def position_blocks(self) -> int:
+        """Number of disjoint boxes holding the allowed positions."""
+    def allows(self, pos: list[int]) -> bool:
+        """Whether the sampler may draw position ``pos``."""
+    def positions(self, first: int, n: int) -> npt.NDArray[np.uint64]:
+        """The positions of global samples ``first .. first + n``, flattened."""
 
 @final
 class NativeLoader:
@@ -242,6 +256,9 @@ class NativeLoader:
     @property
     def next_step(self) -> int:
         """The step the next batch will be."""
+    @property
+    def position_grid(self) -> list[int]:
+        """The position grid fitted masks and weights refer to."""
     @property
     def sources(self) -> list[dict[str, Any]]:
         """Per source: ``name``, ``array``, ``crop``, ``dtype``, ``element_size``."""

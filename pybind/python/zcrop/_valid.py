@@ -1,0 +1,440 @@
+"""``zcrop.valid_windows``: where every source's window is free of NaN and fill values.
+
+One streaming pass over the data. Positions are processed in slabs along the first position
+dimension, sized to a memory budget; each source reads only the rows (along the array axis that
+follows that dimension) it has not read yet, in whole chunks, so every chunk is read once. The
+next slab's reads run in a background thread (zcrop releases the GIL while it reads and
+decodes) while numpy reduces the current one. A slab's invalid elements become "window has an
+invalid element" by running sums along each window axis; the result over positions is kept as
+runs of valid positions, never one byte per position for the whole grid.
+
+The result is cached in a small file keyed by the data's identity (each array's metadata and,
+for local stores, the sizes and modification times of its files), the sources' crops and
+placement, and the values counted as invalid, so the second call returns at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zcrop._api import is_url
+from zcrop._array import Array
+from zcrop._fields import ValidMask, _runs
+from zcrop._loader import _open_native, _sources, _space_spec, sampler_spec
+from zcrop._zcrop import NativeSampler
+
+__all__ = ["valid_windows"]
+
+#: Bytes of a slab's reads and intermediate maps, all sources together, by default.
+DEFAULT_BUDGET = 512 << 20
+
+
+def _size(v: int | str) -> int:
+    """A byte count: an int, or a string such as ``"512M"``, ``"2GiB"``."""
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(v).lower())
+    if not m:
+        raise ValueError(f"budget must be a byte count or a size such as '512M', got {v!r}")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+@dataclass
+class _Axis:
+    """A source axis whose origin follows a position dimension."""
+
+    axis: int
+    position: int
+    num: int
+    den: int
+    offset: int
+    jitter: int
+    crop: int
+    size: int
+
+    def origins(self, positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return positions * self.num // self.den + self.offset
+
+    @property
+    def window(self) -> int:
+        """Elements a window spans along the axis, jitter included."""
+        return self.crop + 2 * self.jitter
+
+
+@dataclass
+class _Plan:
+    """One source: its array, how its axes follow positions, and the values that are invalid."""
+
+    name: str
+    array: Array
+    aligned: list[_Axis]
+    fixed: dict[int, tuple[int, int]]
+    fills: list[float]
+    lead: _Axis | None
+
+
+def _plans(sampler: NativeSampler, srcs: list[Any], invalid: Any) -> list[_Plan]:
+    plans = []
+    for src, info in zip(srcs, sampler.sources):
+        spec = src._spec
+        arr = spec["array"]
+        array = Array(arr if not isinstance(arr, str) else _open_native(arr, spec["storage_options"]))
+        if array.dtype.kind not in "biuf":
+            raise TypeError(
+                f"source {src.name!r}: valid_windows checks numeric arrays, {array.name} is "
+                f"{array.dtype}"
+            )
+        aligned, fixed = [], {}
+        for axis, rule in enumerate(info["origins"]):
+            crop = int(info["crop"][axis])
+            if rule[0] == "fixed":
+                fixed[axis] = (int(rule[1]), int(rule[1]) + crop)
+            else:
+                _, pos, num, den, offset, jitter = rule
+                aligned.append(
+                    _Axis(axis, int(pos), int(num), int(den), int(offset), int(jitter), crop,
+                          int(array.shape[axis]))
+                )
+        fills = [] if spec["decode"] is None else [float(f) for f in spec["decode"][2]]
+        extra = invalid.get(src.name, []) if isinstance(invalid, dict) else (invalid or [])
+        fills += [float(v) for v in np.atleast_1d(extra)]
+        lead = next((a for a in aligned if a.position == 0), None)
+        plans.append(_Plan(src.name, array, aligned, fixed, sorted(set(fills)), lead))
+    return plans
+
+
+def _identity(array: Array) -> dict[str, Any]:
+    """What identifies an array's data: its metadata and, for a local store, the count, sizes
+    and modification times of its files."""
+    ident: dict[str, Any] = {"uri": array.native.uri, "metadata": array.native.metadata_json}
+    if not is_url(array.native.uri):
+        h = hashlib.sha256()
+        count = 0
+        for root, _, files in sorted(os.walk(array.native.uri)):
+            for f in sorted(files):
+                st = os.stat(os.path.join(root, f))
+                h.update(f"{root}/{f}:{st.st_size}:{st.st_mtime_ns};".encode())
+                count += 1
+        ident["files"] = [count, h.hexdigest()]
+    return ident
+
+
+def _cache_dir(cache: bool | str | os.PathLike[str]) -> str | None:
+    if cache is False:
+        return None
+    if cache is True:
+        base = os.environ.get("ZCROP_CACHE") or os.path.join(
+            os.path.expanduser("~"), ".cache", "zcrop"
+        )
+        return os.path.join(base, "masks")
+    return os.fspath(cache)
+
+
+def _window_bad(inv: np.ndarray[Any, Any], axis: int, window: int) -> np.ndarray[Any, Any]:
+    """``out[k]``: whether ``inv[k : k + window]`` (along ``axis``) holds a True."""
+    n = inv.shape[axis]
+    if n < window:
+        shape = list(inv.shape)
+        shape[axis] = 0
+        return np.zeros(shape, dtype=bool)
+    if window == 1:
+        return inv
+    shape = list(inv.shape)
+    shape[axis] = n + 1
+    cs = np.zeros(shape, dtype=np.int32)
+    body = [slice(None)] * inv.ndim
+    body[axis] = slice(1, None)
+    np.cumsum(inv, axis=axis, dtype=np.int32, out=cs[tuple(body)])
+    hi, lo = list(body), list(body)
+    hi[axis], lo[axis] = slice(window, None), slice(0, n - window + 1)
+    return np.greater(cs[tuple(hi)], cs[tuple(lo)])
+
+
+def _invalid(block: np.ndarray[Any, Any], fills: list[float]) -> np.ndarray[Any, Any]:
+    inv: np.ndarray[Any, Any] | None = np.isnan(block) if block.dtype.kind == "f" else None
+    for f in fills:
+        if block.dtype.kind != "f" and not float(f).is_integer():
+            continue
+        hit = block == np.asarray(f).astype(block.dtype)
+        inv = hit if inv is None else np.logical_or(inv, hit, out=inv)
+    return np.zeros(block.shape, dtype=bool) if inv is None else inv
+
+
+class _Reader:
+    """One source's invalid-element map over its aligned axes, extended row by row along the
+    axis that follows position dimension 0 (the whole array when none does)."""
+
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+        self.lo = 0  # first row held along the lead axis
+        self.rows: np.ndarray[Any, Any] | None = None
+        # Inner chunks: a slab may end inside a shard, whose other chunks the next slab reads.
+        self.step = int(plan.array.chunks[plan.lead.axis]) if plan.lead else 0
+
+    def read(self, a: int, b: int) -> np.ndarray[Any, Any]:
+        """The reduced invalid map of rows ``[a, b)`` along the lead axis (all rows when the
+        source has no lead axis): bool over the aligned axes, in array order."""
+        p = self.plan
+        sel = []
+        for axis, size in enumerate(p.array.shape):
+            if axis in p.fixed:
+                sel.append(slice(*p.fixed[axis]))
+            elif p.lead is not None and axis == p.lead.axis:
+                sel.append(slice(a, b))
+            else:
+                sel.append(slice(0, size))
+        block = p.array[tuple(sel)]
+        inv = _invalid(block, p.fills)
+        if p.fixed:
+            inv = np.asarray(inv.any(axis=tuple(sorted(p.fixed))))
+        return inv
+
+    def extend(self, a: int, b: int, rows: np.ndarray[Any, Any]) -> None:
+        """Holds rows ``[a_keep, b)``: the new ``rows`` (``[a, b)``) after what is kept."""
+        lead = self._lead_index()
+        if self.rows is None or self.rows.shape[lead] == 0:
+            self.rows, self.lo = rows, a
+        else:
+            self.rows = np.concatenate([self.rows, rows], axis=lead)
+
+    def drop_before(self, row: int) -> None:
+        lead = self._lead_index()
+        if self.rows is not None and row > self.lo:
+            cut = min(row - self.lo, self.rows.shape[lead])
+            self.rows = np.take(self.rows, np.arange(cut, self.rows.shape[lead]), axis=lead)
+            self.lo += cut
+
+    def _lead_index(self) -> int:
+        p = self.plan
+        return [a.axis for a in p.aligned].index(p.lead.axis) if p.lead else 0
+
+
+def _slabs(plans: list[_Plan], grid: list[int], budget: int) -> Iterator[tuple[int, int]]:
+    """Position slabs ``[p0, p1)`` along position dimension 0 whose reads fit ``budget``."""
+    n0 = grid[0]
+    rest = math.prod(grid[1:])
+    per_position = rest * 2  # the slab's validity and one source map
+    for p in plans:
+        if p.lead is None:
+            continue
+        row = math.prod(
+            n if ax != p.lead.axis else 1
+            for ax, n in enumerate(
+                [p.fixed[a][1] - p.fixed[a][0] if a in p.fixed else s for a, s in enumerate(p.array.shape)]
+            )
+        )
+        # Raw values, boolean maps and running sums per row, scaled to positions.
+        per_row = row * (p.array.itemsize + 6)
+        per_position += per_row * max(1, p.lead.num // max(1, p.lead.den))
+    # At least a few slabs, so that reading one overlaps checking the one before.
+    step = max(1, min(budget // max(1, per_position), -(-n0 // 8)))
+    p0 = 0
+    while p0 < n0:
+        yield p0, min(n0, p0 + step)
+        p0 += step
+
+
+def _rows_for(p: _Plan, p0: int, p1: int) -> tuple[int, int]:
+    """Rows along the lead axis the windows of positions ``[p0, p1)`` span."""
+    lead = p.lead
+    assert lead is not None
+    o = lead.origins(np.array([p0, p1 - 1]))
+    return max(0, int(o[0]) - lead.jitter), min(lead.size, int(o[1]) + lead.crop + lead.jitter)
+
+
+def _source_valid(
+    p: _Plan, reader: _Reader, grid: list[int], p0: int, p1: int
+) -> np.ndarray[Any, Any]:
+    """Whether each position of the slab has a clean window of source ``p``: bool over
+    ``(p1 - p0, *grid[1:])``, broadcast over position dimensions the source does not follow."""
+    inv = reader.rows
+    assert inv is not None
+    out_shape = [p1 - p0, *grid[1:]]
+    take = []
+    bad = inv
+    for k, ax in enumerate(p.aligned):
+        if p.lead is not None and ax is p.lead:
+            base = reader.lo
+        else:
+            base = 0
+        bad = _window_bad(bad, k, ax.window)
+        span = grid[ax.position] if ax.position else p1 - p0
+        first = p0 if ax.position == 0 else 0
+        starts = ax.origins(np.arange(first, first + span, dtype=np.int64)) - ax.jitter - base
+        take.append(starts)
+    ok = ~bad
+    # Positions whose window falls outside the held rows or the array are not valid. Where
+    # positions map one to one onto consecutive windows, a slice (a view) does the gather.
+    index: list[Any] = []
+    inside = []
+    for k, starts in enumerate(take):
+        n = ok.shape[k]
+        inside.append((starts >= 0) & (starts < n))
+        if len(starts) and inside[-1].all() and (np.diff(starts) == 1).all():
+            index.append(slice(int(starts[0]), int(starts[0]) + len(starts)))
+        else:
+            index.append(np.clip(starts, 0, max(n - 1, 0)))
+    if any(s == 0 for s in ok.shape):
+        valid = np.zeros([len(t) for t in take], dtype=bool)
+    elif all(isinstance(i, slice) for i in index):
+        valid = ok[tuple(index)]
+    else:
+        as_arrays = [
+            np.arange(i.start, i.stop) if isinstance(i, slice) else i for i in index
+        ]
+        valid = ok[np.ix_(*as_arrays)] & _outer_and(inside)
+    # Arrange the source's aligned axes in position order, broadcast the others.
+    order = sorted(range(len(p.aligned)), key=lambda k: p.aligned[k].position)
+    valid = valid.transpose(order)
+    shape = [1] * len(grid)
+    for k in order:
+        shape[p.aligned[k].position] = valid.shape[order.index(k)]
+    return np.broadcast_to(valid.reshape(shape), out_shape)
+
+
+def _outer_and(masks: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    out = masks[0]
+    for m in masks[1:]:
+        out = out[..., None] & m
+    return out
+
+
+def valid_windows(
+    sources: Any,
+    positions: Sequence[str] | None = None,
+    *,
+    invalid: Any = None,
+    budget: int | str = DEFAULT_BUDGET,
+    cache: bool | str | os.PathLike[str] = True,
+    progress: bool | None = None,
+) -> ValidMask:
+    """The sample positions where every source's window is free of NaN and fill values: a
+    :class:`zcrop.ValidMask` to pass as ``valid=`` to :class:`zcrop.Loader` or
+    :class:`zcrop.Samples` with the same sources and positions.
+
+    Parameters
+    ----------
+    sources:
+        The loader's sources (a :class:`zcrop.Source`, a list or a dict of them): their crops,
+        dimensions and jitter define each window (a jittered window counts every origin the
+        jitter can reach).
+    positions:
+        The position dimensions, as given to the loader.
+    invalid:
+        Values that count as missing besides NaN and an xarray source's ``_FillValue`` /
+        ``missing_value`` (e.g. ``[0]`` for nodata zeros): a list for every source, or a
+        dict ``{source name: [values]}``.
+    budget:
+        Bytes that one slab of reads and maps may take (an int or a size such as ``"2G"``).
+    cache:
+        ``True`` keeps the result in ``$ZCROP_CACHE/masks`` (default ``~/.cache/zcrop/masks``)
+        keyed by the data's identity, a directory path keeps it there, ``False`` not at all.
+    progress:
+        Print progress to stderr (default: when stderr is a terminal).
+    """
+    srcs = _sources(sources)
+    space = _space_spec(srcs, positions, 0, "uniform", None, None)
+    names = space["positions"]
+    space.pop("labelled")
+    sampler = NativeSampler(sampler_spec(space))
+    grid = [int(g) for g in sampler.position_grid]
+    plans = _plans(sampler, srcs, invalid)
+    budget = _size(budget)
+
+    key = hashlib.sha256(
+        json.dumps(
+            {
+                "version": 1,
+                "positions": names,
+                "grid": grid,
+                "sources": [
+                    {
+                        "array": _identity(p.array),
+                        "origins": sampler.sources[i]["origins"],
+                        "crop": sampler.sources[i]["crop"],
+                        "fills": p.fills,
+                    }
+                    for i, p in enumerate(plans)
+                ],
+            },
+            sort_keys=True,
+            default=str,
+        ).encode()
+    ).hexdigest()[:32]
+    where = _cache_dir(cache)
+    path = None if where is None else os.path.join(where, f"valid-{key}.npz")
+    if path is not None and os.path.exists(path):
+        with np.load(path) as f:
+            return ValidMask(names, grid, [1] * len(grid), f["runs"])
+
+    show = sys.stderr.isatty() if progress is None else bool(progress)
+    rest = math.prod(grid[1:])
+    readers = [_Reader(p) for p in plans]
+    for r in readers:
+        if r.plan.lead is None:
+            r.extend(0, 0, r.read(0, 0))
+    slabs = list(_slabs(plans, grid, budget))
+
+    def reads_for(i: int) -> list[tuple[int, int, np.ndarray[Any, Any] | None]]:
+        """New rows each source needs for slab ``i`` (whole chunks, from where it stopped)."""
+        p0, p1 = slabs[i]
+        out: list[tuple[int, int, np.ndarray[Any, Any] | None]] = []
+        for r, done in zip(readers, held):
+            if r.plan.lead is None:
+                out.append((0, 0, None))
+                continue
+            a, b = _rows_for(r.plan, p0, p1)
+            start = max(a, done[0])
+            end = b if b <= done[0] else min(r.plan.lead.size, -(-b // r.step) * r.step)
+            if end <= start:
+                out.append((start, start, None))
+                continue
+            done[0] = end
+            out.append((start, end, r.read(start, end)))
+        return out
+
+    held = [[0] for _ in readers]
+    runs: list[np.ndarray[Any, Any]] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(reads_for, 0) if slabs else None
+        for i, (p0, p1) in enumerate(slabs):
+            assert pending is not None
+            got = pending.result()
+            pending = pool.submit(reads_for, i + 1) if i + 1 < len(slabs) else None
+            ok = np.ones([p1 - p0, *grid[1:]], dtype=bool)
+            for r, (a, b, rows) in zip(readers, got):
+                if r.plan.lead is not None:
+                    if rows is not None:
+                        r.extend(a, b, rows)
+                    r.drop_before(_rows_for(r.plan, p0, p1)[0])
+                ok &= _source_valid(r.plan, r, grid, p0, p1)
+            slab_runs = _runs(ok.ravel()) + np.uint64(p0 * rest)
+            if runs and len(slab_runs) and runs[-1][-1, 1] == slab_runs[0, 0]:
+                runs[-1][-1, 1] = slab_runs[0, 1]
+                slab_runs = slab_runs[1:]
+            if len(slab_runs):
+                runs.append(slab_runs)
+            if show:
+                print(
+                    f"\rzcrop.valid_windows: {p1}/{grid[0]} {names[0]}", end="", file=sys.stderr
+                )
+    if show:
+        print(file=sys.stderr)
+    all_runs = np.concatenate(runs) if runs else np.zeros((0, 2), dtype=np.uint64)
+    if path is not None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp.npz"
+        np.savez_compressed(tmp, runs=all_runs)
+        os.replace(tmp, path)
+    return ValidMask(names, grid, [1] * len(grid), all_runs)
