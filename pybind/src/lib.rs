@@ -21,6 +21,7 @@ mod group;
 mod loader;
 mod pool;
 mod read;
+mod valid;
 
 use pyo3::prelude::*;
 
@@ -47,6 +48,8 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(group::submit_open, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::spare_outputs, m)?)?;
     m.add_function(wrap_pyfunction!(array::read_crops_many, m)?)?;
+    m.add_function(wrap_pyfunction!(valid::missing_map, m)?)?;
+    m.add_function(wrap_pyfunction!(valid::window_any, m)?)?;
     m.add_class::<array::NativeArray>()?;
     m.add_class::<group::NativeGroup>()?;
     m.add_class::<background::Pending>()?;

@@ -66,6 +66,7 @@ mod sampler;
 mod space;
 pub mod spectral;
 pub mod transform;
+pub mod valid;
 
 pub use coords::{CoordLabel, CoordValue};
 pub use error::{Result, SamplerError};

@@ -32,6 +32,7 @@ from zcrop._api import is_url
 from zcrop._array import Array
 from zcrop._fields import ValidMask, _runs
 from zcrop._loader import _open_native, _sources, _space_spec, sampler_spec
+from zcrop import _zcrop
 from zcrop._zcrop import NativeSampler
 
 __all__ = ["valid_windows"]
@@ -141,34 +142,24 @@ def _cache_dir(cache: bool | str | os.PathLike[str]) -> str | None:
     return os.fspath(cache)
 
 
-def _window_bad(inv: np.ndarray[Any, Any], axis: int, window: int) -> np.ndarray[Any, Any]:
-    """``out[k]``: whether ``inv[k : k + window]`` (along ``axis``) holds a True."""
-    n = inv.shape[axis]
-    if n < window:
-        shape = list(inv.shape)
-        shape[axis] = 0
-        return np.zeros(shape, dtype=bool)
-    if window == 1:
-        return inv
-    shape = list(inv.shape)
-    shape[axis] = n + 1
-    cs = np.zeros(shape, dtype=np.int32)
-    body = [slice(None)] * inv.ndim
-    body[axis] = slice(1, None)
-    np.cumsum(inv, axis=axis, dtype=np.int32, out=cs[tuple(body)])
-    hi, lo = list(body), list(body)
-    hi[axis], lo[axis] = slice(window, None), slice(0, n - window + 1)
-    return np.greater(cs[tuple(hi)], cs[tuple(lo)])
+def _window_any(inv: np.ndarray[Any, Any], windows: list[int]) -> np.ndarray[Any, Any]:
+    """``out[k]``: whether the window of ``windows[d]`` elements along each axis ``d`` starting
+    at ``k`` holds a True (the Rust kernel, without the GIL)."""
+    flat = np.ascontiguousarray(inv, dtype=bool).reshape(-1)
+    out, shape = _zcrop.window_any(flat, list(inv.shape), windows)
+    return out.reshape(shape)
 
 
-def _invalid(block: np.ndarray[Any, Any], fills: list[float]) -> np.ndarray[Any, Any]:
-    inv: np.ndarray[Any, Any] | None = np.isnan(block) if block.dtype.kind == "f" else None
-    for f in fills:
-        if block.dtype.kind != "f" and not float(f).is_integer():
-            continue
-        hit = block == np.asarray(f).astype(block.dtype)
-        inv = hit if inv is None else np.logical_or(inv, hit, out=inv)
-    return np.zeros(block.shape, dtype=bool) if inv is None else inv
+def _missing(block: np.ndarray[Any, Any], fills: list[float], keep: list[bool]) -> np.ndarray[Any, Any]:
+    """Which elements are NaN or a fill value, reduced (any) over the axes not kept (the Rust
+    kernel, without the GIL)."""
+    if block.dtype.byteorder == ">":
+        block = block.astype(block.dtype.newbyteorder("="))
+    block = np.ascontiguousarray(block)
+    out, shape = _zcrop.missing_map(
+        block.reshape(-1).view(np.uint8), block.dtype.name, list(block.shape), fills, keep
+    )
+    return out.reshape(shape)
 
 
 class _Reader:
@@ -195,10 +186,7 @@ class _Reader:
             else:
                 sel.append(slice(0, size))
         block = p.array[tuple(sel)]
-        inv = _invalid(block, p.fills)
-        if p.fixed:
-            inv = np.asarray(inv.any(axis=tuple(sorted(p.fixed))))
-        return inv
+        return _missing(block, p.fills, [axis not in p.fixed for axis in range(block.ndim)])
 
     def extend(self, a: int, b: int, rows: np.ndarray[Any, Any]) -> None:
         """Holds rows ``[a_keep, b)``: the new ``rows`` (``[a, b)``) after what is kept."""
@@ -262,13 +250,9 @@ def _source_valid(
     assert inv is not None
     out_shape = [p1 - p0, *grid[1:]]
     take = []
-    bad = inv
-    for k, ax in enumerate(p.aligned):
-        if p.lead is not None and ax is p.lead:
-            base = reader.lo
-        else:
-            base = 0
-        bad = _window_bad(bad, k, ax.window)
+    bad = _window_any(inv, [ax.window for ax in p.aligned])
+    for ax in p.aligned:
+        base = reader.lo if p.lead is not None and ax is p.lead else 0
         span = grid[ax.position] if ax.position else p1 - p0
         first = p0 if ax.position == 0 else 0
         starts = ax.origins(np.arange(first, first + span, dtype=np.int64)) - ax.jitter - base

@@ -23,10 +23,12 @@ __all__ = [
     "SourceView",
     "__version__",
     "cli_main",
+    "missing_map",
     "open_node",
     "read_crops_many",
     "spare_outputs",
     "submit_open",
+    "window_any",
 ]
 
 __version__: Final[str]
@@ -319,3 +321,13 @@ class SourceView:
 
     def __len__(self) -> int:
         """Number of bytes."""
+
+def missing_map(
+    data: npt.NDArray[np.uint8], dtype: str, shape: list[int], fills: list[float], keep: list[bool]
+) -> tuple[npt.NDArray[np.bool_], list[int]]:
+    """Which elements of a block are NaN or a fill value, reduced over the axes not kept."""
+
+def window_any(
+    map: npt.NDArray[np.bool_], shape: list[int], windows: list[int]
+) -> tuple[npt.NDArray[np.bool_], list[int]]:
+    """Whether each window of a boolean map holds a True."""
