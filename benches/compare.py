@@ -27,6 +27,20 @@ the page cache before each reader (needs root; said otherwise). Readers run with
 OPENBLAS_NUM_THREADS=1: numpy's BLAS threads are not used by any reader and would otherwise spin
 on the cores the readers decode on.
 
+With `--corpus DIR` the datasets are those of a corpus written by benches/corpus.py (satellite
+imagery, ERA5-like and CF-packed weather fields, sparse precipitation; zstd levels, blosc
+variants, v2 zstd / blosc / gzip), each read with its own crop shape (from DIR/corpus.json, or
+--shape); --datasets then picks names or shell patterns, e.g. `satellite-zstd3,era5-*`. The
+report goes to compare-corpus.md / .json / .png in --out.
+
+    python3 benches/corpus.py --size 128M --out /tmp/corpus
+    python3 benches/compare.py --corpus /tmp/corpus --datasets 'satellite-zstd3,*-v2-gzip' --modes warm
+
+For each local dataset `zcrop bench --json` also reads batches of the same crop shape and
+batch size (crops of its own seeded draw) and the report gives what zcrop's decoding did:
+bytes decoded per output byte, the share of the decoded chunks' bytes that were decoded, the
+share of chunks decoded whole, and why they were (`whole_chunk_reasons`).
+
 With `--store s3` the same datasets are uploaded to an S3-compatible server started on loopback
 (moto's) and read from there: zcrop (`s3://` URL with storage_options), zarr-python over obstore
 and over fsspec (s3fs), and TensorStore's s3 kvstore driver. A counting proxy between the
@@ -41,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import hashlib
 import json
 import os
@@ -217,10 +232,11 @@ def worker(args) -> None:
 
 
 # --------------------------------------------------------------------------- driver
-def venv_python() -> str:
-    cache = os.environ.get("ZCROP_CACHE", os.path.expanduser("~/.cache/zcrop"))
-    venv = os.path.join(cache, "venv-bench")
-    py = os.path.join(venv, "bin", "python")
+def peer_python() -> str:
+    """The benchmark virtualenv's Python, with the peers pinned in requirements-compare.txt
+    (the virtualenv is made, or remade when the pins changed)."""
+    venv = os.path.dirname(os.path.dirname(venv_python_path()))
+    py = venv_python_path()
     req = os.path.join(HERE, "requirements-compare.txt")
     stamp = os.path.join(venv, ".requirements")
     want = open(req).read()
@@ -229,6 +245,13 @@ def venv_python() -> str:
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
         subprocess.run([py, "-m", "pip", "install", "-q", "-r", req], check=True)
         open(stamp, "w").write(want)
+    return py
+
+
+def venv_python() -> str:
+    """:func:`peer_python`, with zcrop built from this checkout (release) installed into it."""
+    py = peer_python()
+    venv = os.path.dirname(os.path.dirname(py))
     # zcrop itself, release build, from this checkout.
     env = dict(os.environ, VIRTUAL_ENV=venv, PATH=os.path.join(venv, "bin") + os.pathsep + os.environ["PATH"])
     subprocess.run([os.path.join(venv, "bin", "maturin"), "develop", "--release", "--quiet",
@@ -237,15 +260,48 @@ def venv_python() -> str:
 
 
 def chunks_needed(origins, shape, chunk) -> int:
-    """Distinct (1, 1, cy, cx)-chunks the crops of one batch touch (any reader must decode them)."""
+    """Distinct chunks (of shape ``chunk``) the crops of one batch touch (any reader must decode
+    them)."""
+    import itertools
+
     s = set()
     for o in origins:
-        for t in range(o[0], o[0] + shape[0]):
-            for c in range(o[1], o[1] + shape[1]):
-                for y in range(o[2] // chunk[2], (o[2] + shape[2] - 1) // chunk[2] + 1):
-                    for x in range(o[3] // chunk[3], (o[3] + shape[3] - 1) // chunk[3] + 1):
-                        s.add((t, c, y, x))
+        ranges = [range(a // c, (a + n - 1) // c + 1) for a, n, c in zip(o, shape, chunk)]
+        s.update(itertools.product(*ranges))
     return len(s)
+
+
+def load_corpus(directory: str, names: str | None) -> list[dict]:
+    """The datasets of the corpus in ``directory`` (its corpus.json) whose names match one of
+    the comma-separated ``names`` (shell patterns; all when None), with absolute paths."""
+    with open(os.path.join(directory, "corpus.json")) as f:
+        datasets = json.load(f)["datasets"]
+    if names is not None:
+        patterns = names.split(",")
+        for p in patterns:
+            if not any(fnmatch.fnmatchcase(d["name"], p) for d in datasets):
+                raise SystemExit(f"no dataset of {directory} matches {p!r} (have {', '.join(d['name'] for d in datasets)})")
+        datasets = [d for d in datasets if any(fnmatch.fnmatchcase(d["name"], p) for p in patterns)]
+    return [dict(d, path=os.path.join(os.path.abspath(directory), d["path"])) for d in datasets]
+
+
+#: The fields of `zcrop bench --json` the report keeps.
+DECODE_FIELDS = ("crops_per_s", "decoded_bytes_per_output_byte", "decoded_share_of_chunks",
+                 "decoded_whole_share_of_chunks", "whole_chunk_reasons")
+
+
+def decode_stats(zcrop: str, path: str, shape: list[int], args) -> dict:
+    """What zcrop's decoding does on ``path``: `zcrop bench --json` over batches of ``shape``."""
+    out = subprocess.run([zcrop, "bench", path, "--json", "--no-progress", "--crop", ",".join(map(str, shape)),
+                          "--batch-size", str(args.batch_size), "--batches", str(args.batches),
+                          "--seed", str(args.seed)], text=True, capture_output=True,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    report = json.loads(out.stdout)
+    stats = {k: report[k] for k in DECODE_FIELDS}
+    stats["whole_chunk_reasons"] = {k: n for k, n in stats["whole_chunk_reasons"].items() if n}
+    return stats
 
 
 def main() -> None:
@@ -257,10 +313,11 @@ def main() -> None:
     ap.add_argument("--zarr-format", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--store", choices=["local", "s3"], default="local",
                     help="read the datasets from local files, or from a loopback S3 server (moto)")
-    ap.add_argument("--shape", default="4,12,128,128", help="crop shape")
+    ap.add_argument("--shape", help="crop shape (default 4,12,128,128, or each corpus dataset's own)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--batches", type=int, default=8)
-    ap.add_argument("--datasets", default="zstd,blosc,v2")
+    ap.add_argument("--datasets", help="zstd,blosc,v2 (the default); with --corpus, names or patterns (default all)")
+    ap.add_argument("--corpus", help="read the datasets of this corpus (benches/corpus.py) instead")
     ap.add_argument("--modes", default="warm,cold")
     ap.add_argument("--readers", default=",".join(READERS))
     ap.add_argument("--dataset-size", default="2G")
@@ -271,19 +328,32 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
+    if args.corpus:
+        corpus = load_corpus(args.corpus, args.datasets)
+        datasets = [(d["name"], d["path"], d["crop"]) for d in corpus]
+    else:
+        datasets = [(ds, None, None) for ds in (args.datasets or "zstd,blosc,v2").split(",")]
     py = venv_python()
     zcrop = zcrop_binary()
-    shape = [int(s) for s in args.shape.split(",")]
     s3 = args.store == "s3"
     readers = args.readers.split(",") if args.readers != ",".join(READERS) else (S3_READERS if s3 else LOCAL_READERS)
-    can_drop = drop_caches()
+    # Only try (and so drop the cache) when cold runs are asked for.
+    can_drop = "cold" in args.modes.split(",") and not s3 and drop_caches()
     server = S3Server(py) if s3 else None
     results = []
     tmp = tempfile.mkdtemp(prefix="zcrop-compare-")
-    for ds in args.datasets.split(","):
-        path = subprocess.run([zcrop, "bench", "--prepare-only", "--no-progress", "--dataset-size", args.dataset_size, *DATASETS[ds]],
-                              check=True, text=True, capture_output=True).stdout.strip()
+    for ds, path, crop in datasets:
+        if path is None:
+            path = subprocess.run([zcrop, "bench", "--prepare-only", "--no-progress", "--dataset-size", args.dataset_size, *DATASETS[ds]],
+                                  check=True, text=True, capture_output=True).stdout.strip()
+        shape = [int(s) for s in args.shape.split(",")] if args.shape else (crop or [4, 12, 128, 128])
+        shape_arg = ",".join(map(str, shape))
         info = json.loads(subprocess.run([zcrop, "info", "--json", path], check=True, text=True, capture_output=True).stdout)
+        decode = None if s3 else decode_stats(zcrop, path, shape, args)
+        if decode is not None:
+            print(f"{ds}: zcrop decoded {decode.get('decoded_bytes_per_output_byte', float('nan')):.2f} bytes per output byte, "
+                  f"{decode.get('decoded_whole_share_of_chunks', float('nan')):.3f} of chunks whole "
+                  f"{decode.get('whole_chunk_reasons', decode.get('error'))}", file=sys.stderr)
         origins_file = os.path.join(tmp, f"{ds}.npy")
         chunk = info["chunks"]
         code = (
@@ -303,7 +373,8 @@ def main() -> None:
             if mode == "cold" and not can_drop:
                 print(f"skipping cold runs: cannot drop the page cache (not root)", file=sys.stderr)
                 continue
-            row = {"dataset": ds, "path": where, "mode": mode, "chunks_needed": needed, "readers": {}}
+            row = {"dataset": ds, "path": where, "mode": mode, "shape": shape, "chunks_needed": needed,
+                   "chunks": chunk, "dtype": info.get("dtype"), "zcrop_decode": decode, "readers": {}}
             runs = {r: [] for r in readers}
             for rep in range(max(1, args.repeats)):
                 # Rotate the order so no reader always runs first (or right after another).
@@ -315,7 +386,7 @@ def main() -> None:
                     elif mode == "warm":
                         prewarm(where)
                     cmd = [py, os.path.abspath(__file__), "--worker", r, "--path", where, "--origins", origins_file,
-                           "--shape", args.shape, "--zarr-format", str(info.get("zarr_format", 3))]
+                           "--shape", shape_arg, "--zarr-format", str(info.get("zarr_format", 3))]
                     if mode in ("warm", "s3"):
                         cmd.append("--warmup")
                     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
@@ -458,10 +529,13 @@ def write_report(results, args, can_drop) -> None:
     when = datetime.date.today().isoformat()
     machine = f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}"
     cmd = "python3 benches/compare.py " + " ".join(a for a in sys.argv[1:])
+    shapes = sorted({tuple(row["shape"]) for row in results})
+    shape_text = ", ".join(f"({', '.join(map(str, sh))})" for sh in shapes) if len(shapes) == 1 else "of each dataset's shape (below)"
+    stem = os.path.join(args.out, "compare-s3" if args.store == "s3" else ("compare-corpus" if args.corpus else "compare"))
     lines = [
-        f"Random crops of shape ({args.shape}), batches of {args.batch_size}, {args.batches} timed batches per reader run; "
-        f"median of {max(1, args.repeats)} runs per reader (order rotated between runs; the range is in compare.json); "
-        f"{when}; {machine}; `{cmd.strip()}`.",
+        f"Random crops {shape_text}, batches of {args.batch_size}, {args.batches} timed batches per reader run; "
+        f"median of {max(1, args.repeats)} runs per reader (order rotated between runs; the range is in "
+        f"{os.path.basename(stem)}.json); {when}; {machine}; `{cmd.strip()}`.",
         "",
         "| dataset | cache | reader | crops/s | output GB/s | chunks/s | vs best peer | same bytes | GETs |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -483,18 +557,59 @@ def write_report(results, args, can_drop) -> None:
                 f"{v['output_bytes'] / v['seconds'] / 1e9:.3f} | {v['chunks_per_s']:.0f} | {ratio} | {same} | "
                 f"{v.get('gets', '-')} |"
             )
-    if not can_drop and args.store == "local":
+    if not can_drop and args.store == "local" and "cold" in args.modes.split(","):
         lines.append("\nCold runs were skipped: the page cache could not be dropped (not root).")
     if args.store == "s3":
         lines.append("\nRead from moto's S3 server on loopback (cache column: s3). GETs: GET requests "
                      "each reader sent (opening and the untimed batch included), counted by a proxy.")
+    lines += decode_table(results)
     md = "\n".join(lines) + "\n"
-    # Local and S3 results live side by side.
-    stem = os.path.join(args.out, "compare-s3" if args.store == "s3" else "compare")
+    # Local, S3 and corpus results live side by side.
     open(stem + ".md", "w").write(md)
     json.dump(results, open(stem + ".json", "w"), indent=1)
     print(md)
     chart(results, stem + ".png")
+
+
+def decode_table(results) -> list[str]:
+    """Per dataset: zcrop against the best peer in each mode, and what zcrop's decoding did
+    (from `zcrop bench --json`, see :func:`decode_stats`)."""
+    by_ds: dict[str, list] = {}
+    for row in results:
+        by_ds.setdefault(row["dataset"], []).append(row)
+    if not any(rows[0].get("zcrop_decode") for rows in by_ds.values()):
+        return []
+    lines = [
+        "",
+        "zcrop's decoding (`zcrop bench --json`, same crop shape and batch size): decoded bytes per output byte, "
+        "the decoded chunks' bytes that were decoded, the chunks decoded whole, and why (`needed_whole`: the crops "
+        "needed every byte; the other reasons: a codec or a threshold made zcrop decode more than they needed).",
+        "",
+        "| dataset | dtype | crop | chunk | zcrop / best peer | decoded / output bytes | share of chunk bytes decoded "
+        "| chunks decoded whole | why whole |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for ds, rows in by_ds.items():
+        ratios = []
+        for row in rows:
+            z = row["readers"].get("zcrop", {}).get("crops_per_s")
+            peers = [v["crops_per_s"] for k, v in row["readers"].items() if not k.startswith("zcrop") and "crops_per_s" in v]
+            if z and peers:
+                ratios.append(f"{row['mode']} {z / max(peers):.2f}x")
+        d = rows[0].get("zcrop_decode") or {}
+        shape = "x".join(map(str, rows[0]["shape"]))
+        chunk = "x".join(map(str, rows[0].get("chunks") or []))
+        if "error" in d or not d:
+            lines.append(f"| {ds} | {rows[0].get('dtype')} | {shape} | {chunk} | {', '.join(ratios) or '-'} | "
+                         f"failed: {d.get('error', '-')} | | | |")
+            continue
+        why = ", ".join(f"{k} {n}" for k, n in sorted(d["whole_chunk_reasons"].items(), key=lambda kv: -kv[1])) or "-"
+        lines.append(
+            f"| {ds} | {rows[0].get('dtype')} | {shape} | {chunk} | {', '.join(ratios) or '-'} | "
+            f"{d['decoded_bytes_per_output_byte']:.2f} | {d['decoded_share_of_chunks']:.3f} | "
+            f"{d['decoded_whole_share_of_chunks']:.3f} | {why} |"
+        )
+    return lines
 
 
 def chart(results, path: str) -> None:
@@ -503,6 +618,12 @@ def chart(results, path: str) -> None:
         {"group": f"{r['dataset']}\n{r['mode']}", "values": {k: v.get("crops_per_s", 0) for k, v in r["readers"].items()}}
         for r in results
     ])
+    shapes = {(tuple(r["shape"]), r.get("dtype")) for r in results}
+    if len(shapes) == 1:
+        (shape, dtype), = shapes
+        title = f"Random ({', '.join(map(str, shape))}) {dtype or ''} crops"
+    else:
+        title = "Random crops"
     code = f"""
 import json, matplotlib
 matplotlib.use("Agg")
@@ -516,7 +637,7 @@ for i, r in enumerate(readers):
     ax.bar([j + i * w for j in range(len(rows))], [row["values"].get(r, 0) for row in rows], w, label=labels[r])
 ax.set_xticks([j + 0.4 - w / 2 for j in range(len(rows))], [row["group"] for row in rows])
 ax.set_ylabel("crops / s (higher is better)")
-ax.set_title("Random (4, 12, 128, 128) uint16 crops")
+ax.set_title({title!r})
 ax.legend()
 fig.tight_layout()
 fig.savefig({path!r}, dpi=110)

@@ -4,6 +4,7 @@
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -111,6 +112,12 @@ pub struct ArrayBenchReport {
     /// part crops need. The decode limit is measured on whole chunks, so a read that decodes
     /// partly can pass 100% of it.
     pub decoded_share_of_chunks: f64,
+    /// Chunks decoded whole (every byte) over chunks decoded.
+    pub decoded_whole_share_of_chunks: f64,
+    /// Chunks decoded whole, by why (every reason of `zcrop_zarr::WholeReason`, zeros
+    /// included): `needed_whole` where the crops needed all of a chunk, the others where
+    /// a codec or a threshold made zcrop decode more than the crops needed.
+    pub whole_chunk_reasons: BTreeMap<&'static str, u64>,
     /// Median batch latency, ms.
     pub p50_ms: f64,
     /// 99th percentile batch latency, ms.
@@ -438,6 +445,8 @@ pub struct TotalsReport {
     pub chunks: u64,
     /// Chunks decoded.
     pub chunks_decoded: u64,
+    /// Of those, chunks decoded whole.
+    pub chunks_decoded_whole: u64,
     /// Chunks absent from storage (fill value).
     pub chunks_missing: u64,
     /// Bytes decoded.
@@ -744,6 +753,13 @@ pub fn run_array(
             / (totals.chunks_decoded.max(1) as f64
                 * a.chunk_shape().iter().product::<u64>() as f64
                 * a.element_size() as f64),
+        decoded_whole_share_of_chunks: totals.whole_chunks.total() as f64
+            / totals.chunks_decoded.max(1) as f64,
+        whole_chunk_reasons: totals
+            .whole_chunks
+            .iter()
+            .map(|(reason, n)| (reason.name(), n))
+            .collect(),
         p50_ms: percentile(&latencies, 50.0),
         p99_ms: percentile(&latencies, 99.0),
         cpu_cores_used: cpu,
@@ -772,6 +788,7 @@ pub fn run_array(
         totals: TotalsReport {
             chunks: totals.chunks,
             chunks_decoded: totals.chunks_decoded,
+            chunks_decoded_whole: totals.whole_chunks.total(),
             chunks_missing: totals.chunks_missing,
             bytes_decoded: totals.bytes_decoded,
             chunk_bytes_read: totals.chunk_bytes_read,

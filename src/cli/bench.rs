@@ -169,6 +169,25 @@ pub(crate) fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
         "decoded/output bytes",
         format!("{:.2}", r.decoded_bytes_per_output_byte),
     );
+    let reasons: Vec<String> = r
+        .whole_chunk_reasons
+        .iter()
+        .filter(|&(_, &n)| n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    row(
+        &mut t,
+        "decoded whole",
+        if reasons.is_empty() {
+            format!("{:.1}% of chunks", r.decoded_whole_share_of_chunks * 100.0)
+        } else {
+            format!(
+                "{:.1}% of chunks ({})",
+                r.decoded_whole_share_of_chunks * 100.0,
+                reasons.join(", ")
+            )
+        },
+    );
     row(
         &mut t,
         "batch latency",

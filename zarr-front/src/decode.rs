@@ -31,6 +31,8 @@ use zarrs::plugin::ExtensionName;
 
 use zcrop_codec::{blosc, ffi, zstd};
 
+use crate::array::WholeReason;
+
 /// A zstd frame decodes block by block; blocks hold up to this many decoded bytes, so stopping
 /// early only saves work when at least this much of the chunk is not needed.
 const ZSTD_MAX_BLOCK: usize = 128 * 1024;
@@ -75,6 +77,28 @@ pub(crate) struct LeafDecoder {
 pub(crate) struct DecodeCost {
     /// Decoded bytes produced (less than the chunk when decoding stopped early).
     pub(crate) bytes_decoded: u64,
+    /// Why the chunk was decoded whole; `None` when only a part was decoded (or nothing: raw
+    /// chunks are read in place).
+    pub(crate) whole: Option<WholeReason>,
+}
+
+/// Why the zstd partial decoder left a chunk to libzstd.
+fn zstd_whole_reason(e: &zstd::Error) -> WholeReason {
+    match e {
+        zstd::Error::Unsupported(zstd::MOST_OF_BLOCK_NEEDED) => WholeReason::ZstdNeededShareOverMax,
+        zstd::Error::Unsupported(zstd::TOO_MANY_SEQUENCES) => WholeReason::ZstdTooManySequences,
+        zstd::Error::Unsupported(zstd::SEVERAL_BLOCKS) => WholeReason::ZstdMultiBlockFrame,
+        zstd::Error::Unsupported(_) | zstd::Error::Corrupt(_) => WholeReason::ZstdOther,
+    }
+}
+
+/// Why blosc's own decoder left a chunk to c-blosc.
+fn blosc_whole_reason(e: &blosc::Error) -> WholeReason {
+    match e {
+        blosc::Error::Unsupported(blosc::BITSHUFFLE) => WholeReason::BloscBitshuffle,
+        blosc::Error::Unsupported(blosc::NOT_LZ4) => WholeReason::BloscNotLz4,
+        blosc::Error::Unsupported(_) | blosc::Error::Corrupt(_) => WholeReason::BloscOther,
+    }
 }
 
 thread_local! {
@@ -88,23 +112,26 @@ thread_local! {
 }
 
 /// Opens the blosc chunk `data` (of `full` decoded bytes) for the bytes `range` through
-/// [`blosc_block`] and calls `f` with it; `None` where c-blosc must decode it (see there).
+/// [`blosc_block`] and calls `f` with it; `Err` with why where c-blosc must decode it (see
+/// there).
 fn with_blosc_block<R>(
     data: &[u8],
     full: usize,
     range: Range<usize>,
     f: impl FnOnce(&blosc::Chunk<'_>) -> R,
-) -> Option<(R, DecodeCost)> {
+) -> Result<(R, DecodeCost), WholeReason> {
     if blosc::decoded_size(data) != Some(full) {
-        return None;
+        return Err(WholeReason::BloscOther);
     }
+    let needed_whole = range.len() >= full;
     BLOSC_SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
-        let chunk = blosc::open(data, range, &mut scratch).ok()?;
+        let chunk = blosc::open(data, range, &mut scratch).map_err(|e| blosc_whole_reason(&e))?;
         let cost = DecodeCost {
             bytes_decoded: chunk.decoded_bytes() as u64,
+            whole: needed_whole.then_some(WholeReason::NeededWhole),
         };
-        Some((f(&chunk), cost))
+        Ok((f(&chunk), cost))
     })
 }
 
@@ -370,6 +397,7 @@ impl LeafDecoder {
                     f(k, chunk);
                     results[k] = Some(Ok(DecodeCost {
                         bytes_decoded: r.len() as u64,
+                        whole: None,
                     }));
                 }
             }
@@ -455,8 +483,14 @@ impl LeafDecoder {
                     )
                     .into());
                 }
+                let whole = if range.len() >= self.chunk_bytes {
+                    WholeReason::NeededWhole
+                } else {
+                    WholeReason::CodecChain
+                };
                 let cost = DecodeCost {
                     bytes_decoded: self.chunk_bytes as u64,
+                    whole: Some(whole),
                 };
                 Ok((f(&decoded), cost))
             }
@@ -560,8 +594,11 @@ impl LeafDecoder {
         };
         let data = self.strip_crc32c(encoded, *crc32c)?;
         let full = self.chunk_bytes;
+        let needed_whole = range.len() >= full;
         // What a blosc chunk read through `blosc_block` cost (its splits' needed prefixes).
         let mut blosc_cost = None;
+        // Why the chunk was decoded whole, where it was.
+        let mut whole = None;
         let decoded: Range<usize> = match compressor {
             Compressor::None => {
                 self.check_raw_len(data)?;
@@ -569,7 +606,8 @@ impl LeafDecoder {
                 range.clone()
             }
             Compressor::Zstd { checksum } => {
-                let partial = !(*checksum && self.verify_checksums) && range.len() < full;
+                let checked = *checksum && self.verify_checksums;
+                let partial = !checked && !needed_whole;
                 // Only a chunk that fits one block can be a one-block frame.
                 let within_block = if partial && full <= ZSTD_MAX_BLOCK {
                     ZSTD_BLOCK_SCRATCH.with(|s| {
@@ -591,6 +629,18 @@ impl LeafDecoder {
                     zstd_prefix(data, &mut out[..range.end])?;
                     0..range.end
                 } else {
+                    whole = Some(if needed_whole {
+                        WholeReason::NeededWhole
+                    } else if checked {
+                        WholeReason::Checksum
+                    } else if full > ZSTD_MAX_BLOCK {
+                        WholeReason::ZstdMultiBlockFrame
+                    } else {
+                        within_block
+                            .as_ref()
+                            .err()
+                            .map_or(WholeReason::ZstdOther, zstd_whole_reason)
+                    });
                     let n = with_zstd(|d| d.decompress(out, data)).map_err(zstd_err)?;
                     if n != full {
                         return Err(
@@ -601,33 +651,42 @@ impl LeafDecoder {
                 }
             }
             Compressor::Blosc => {
-                if let Some(((), cost)) = with_blosc_block(data, full, range.clone(), |chunk| {
+                let own = with_blosc_block(data, full, range.clone(), |chunk| {
                     chunk.gather(range.start, &mut out[range.clone()]);
-                }) {
-                    blosc_cost = Some(cost);
-                    range.clone()
-                } else {
-                    let h = ffi::blosc_header(data)?;
-                    if h.nbytes != full {
-                        return Err(format!(
-                            "blosc chunk decodes to {} bytes, expected {full}",
-                            h.nbytes
-                        )
-                        .into());
+                });
+                match own {
+                    Ok(((), cost)) => {
+                        blosc_cost = Some(cost);
+                        range.clone()
                     }
-                    // Only decode a sub-range when it skips at least one whole block.
-                    let ts = h.typesize;
-                    let start = range.start / ts * ts;
-                    let end = range.end.div_ceil(ts) * ts;
-                    let skips_a_block = (end - start)
-                        .checked_add(h.blocksize)
-                        .is_some_and(|n| n <= full);
-                    if h.blocksize > 0 && skips_a_block && end <= full {
-                        ffi::blosc_getitem(data, &h, start, &mut out[start..end])?;
-                        start..end
-                    } else {
-                        ffi::blosc_decompress(data, &h, out)?;
-                        0..full
+                    Err(refused) => {
+                        let h = ffi::blosc_header(data)?;
+                        if h.nbytes != full {
+                            return Err(format!(
+                                "blosc chunk decodes to {} bytes, expected {full}",
+                                h.nbytes
+                            )
+                            .into());
+                        }
+                        // Only decode a sub-range when it skips at least one whole block.
+                        let ts = h.typesize;
+                        let start = range.start / ts * ts;
+                        let end = range.end.div_ceil(ts) * ts;
+                        let skips_a_block = (end - start)
+                            .checked_add(h.blocksize)
+                            .is_some_and(|n| n <= full);
+                        if h.blocksize > 0 && skips_a_block && end <= full {
+                            ffi::blosc_getitem(data, &h, start, &mut out[start..end])?;
+                            start..end
+                        } else {
+                            whole = Some(if needed_whole {
+                                WholeReason::NeededWhole
+                            } else {
+                                refused
+                            });
+                            ffi::blosc_decompress(data, &h, out)?;
+                            0..full
+                        }
                     }
                 }
             }
@@ -648,6 +707,13 @@ impl LeafDecoder {
                     .read_exact(&mut out[..end])
                     .map_err(|e| format!("{compressor:?} stream: {e}").to_lowercase())?;
                 if end == full {
+                    whole = Some(if needed_whole {
+                        WholeReason::NeededWhole
+                    } else if self.verify_checksums {
+                        WholeReason::Checksum
+                    } else {
+                        WholeReason::NeededEnd
+                    });
                     // Reading on to the end verifies the trailer checksum and length.
                     let mut extra = [0u8; 1];
                     let n = reader
@@ -669,6 +735,7 @@ impl LeafDecoder {
         }
         Ok(blosc_cost.unwrap_or(DecodeCost {
             bytes_decoded: decoded.len() as u64,
+            whole,
         }))
     }
 
@@ -715,7 +782,9 @@ impl LeafDecoder {
             Ok(data) => data,
             Err(e) => return Some(Err(e.into())),
         };
-        with_blosc_block(data, self.chunk_bytes, self.element_range(&range), f).map(Ok)
+        with_blosc_block(data, self.chunk_bytes, self.element_range(&range), f)
+            .ok()
+            .map(Ok)
     }
 }
 
@@ -911,6 +980,105 @@ mod tests {
                 prop_assert_eq!(vlen(&elements), b);
             }
         }
+    }
+
+    /// A decoder of (128, 128) uint16 chunks through `codecs` (v3 codec metadata after
+    /// `bytes`).
+    fn decoder(codecs: &serde_json::Value) -> LeafDecoder {
+        let mut metadata =
+            vec![serde_json::json!({"name": "bytes", "configuration": {"endian": "little"}})];
+        metadata.extend(codecs.as_array().unwrap().iter().cloned());
+        let metadata: Vec<zarrs::metadata::v3::MetadataV3> =
+            serde_json::from_value(serde_json::Value::Array(metadata)).unwrap();
+        let chain = CodecChain::from_metadata(&metadata).unwrap();
+        let shape = vec![NonZeroU64::new(128).unwrap(); 2];
+        LeafDecoder::new(
+            Arc::new(chain),
+            128 * 128 * 2,
+            shape,
+            zarrs::array::data_type::uint16(),
+            FillValue::from([0u8; 2]),
+            2,
+            false,
+        )
+    }
+
+    /// uint16 imagery: a smooth field plus 5 bits of noise, little-endian bytes.
+    fn imagery() -> Vec<u8> {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        (0..128 * 128u32)
+            .flat_map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let (y, x) = (f64::from(i / 128), f64::from(i % 128));
+                let base = 20000.0 + 8000.0 * ((y * 0.011).sin() * (x * 0.013).cos());
+                (base as u16 + (state % 32) as u16).to_le_bytes()
+            })
+            .collect()
+    }
+
+    /// Decodes `range` of `encoded` with `d`, checks the bytes against `plain`, and returns
+    /// why the chunk was decoded whole.
+    fn whole_reason(
+        d: &LeafDecoder,
+        encoded: &[u8],
+        plain: &[u8],
+        range: Range<usize>,
+    ) -> Option<WholeReason> {
+        let ((), cost) = d
+            .with_decoded(encoded, range.clone(), &mut Vec::new(), |c| {
+                assert_eq!(c[range.clone()], plain[range.clone()], "{range:?}");
+            })
+            .unwrap();
+        let whole = cost.bytes_decoded == plain.len() as u64;
+        assert_eq!(cost.whole.is_some(), whole, "{range:?}: {cost:?}");
+        cost.whole
+    }
+
+    #[test]
+    fn chunks_decoded_whole_say_why() {
+        let plain = imagery();
+        let full = plain.len();
+        let band = full / 2..full / 2 + 512;
+        let most = 100..full - 100;
+
+        let zstd_chunk = ::zstd::bulk::compress(&plain, 3).unwrap();
+        let d = decoder(
+            &serde_json::json!([{"name": "zstd", "configuration": {"level": 3, "checksum": false}}]),
+        );
+        assert_eq!(whole_reason(&d, &zstd_chunk, &plain, band.clone()), None);
+        assert_eq!(
+            whole_reason(&d, &zstd_chunk, &plain, 0..full),
+            Some(WholeReason::NeededWhole)
+        );
+        assert_eq!(
+            whole_reason(&d, &zstd_chunk, &plain, most.clone()),
+            Some(WholeReason::ZstdNeededShareOverMax)
+        );
+
+        let blosc = |shuffle: i32| ffi::compress::blosc_compress(&plain, 2, shuffle, "lz4", 0);
+        let json = |shuffle: &str| {
+            serde_json::json!([{"name": "blosc", "configuration": {
+                "cname": "lz4", "clevel": 5, "shuffle": shuffle, "typesize": 2, "blocksize": 0}}])
+        };
+        let d = decoder(&json("shuffle"));
+        assert_eq!(whole_reason(&d, &blosc(1), &plain, band.clone()), None);
+        let d = decoder(&json("bitshuffle"));
+        assert_eq!(
+            whole_reason(&d, &blosc(2), &plain, most.clone()),
+            Some(WholeReason::BloscBitshuffle)
+        );
+
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(5));
+        std::io::Write::write_all(&mut gz, &plain).unwrap();
+        let gz = gz.finish().unwrap();
+        let d = decoder(&serde_json::json!([{"name": "gzip", "configuration": {"level": 5}}]));
+        assert_eq!(whole_reason(&d, &gz, &plain, band), None);
+        assert_eq!(
+            whole_reason(&d, &gz, &plain, full - 10..full),
+            Some(WholeReason::NeededEnd)
+        );
     }
 
     #[test]

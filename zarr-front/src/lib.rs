@@ -51,7 +51,7 @@ pub mod transform;
 
 pub use array::{
     Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadPart, ReadStats,
-    StorageSummary, VariableElements, VariableKind, read_many,
+    StorageSummary, VariableElements, VariableKind, WholeChunks, WholeReason, read_many,
 };
 pub use error::{Location, Result, ZarrError};
 pub use hierarchy::{Group, Node, NodeKind, open, open_with};

@@ -25,7 +25,7 @@ use crate::transform::StitchTransform;
 
 use super::Array;
 use super::locate::{FIRST_LOCATED, FileStamp};
-use super::options::{ReadOptions, ReadStats};
+use super::options::{ReadOptions, ReadStats, WholeReason};
 
 /// The shared state of one read's stitch tasks.
 pub(crate) struct StitchCtx<'p, 'o> {
@@ -428,11 +428,14 @@ impl Array {
             ctx.stitch_leaf(group[members[m]].leaf, chunk);
         });
         for (&k, cost) in members.iter().zip(costs) {
-            results[k] = Some(cost.map(|c| ReadStats {
-                chunks_decoded: 1,
-                chunk_bytes_read: group[k].bytes.len() as u64,
-                bytes_decoded: c.bytes_decoded,
-                ..ReadStats::default()
+            results[k] = Some(cost.map(|c| {
+                let mut stats = ReadStats {
+                    chunks_decoded: 1,
+                    chunk_bytes_read: group[k].bytes.len() as u64,
+                    ..ReadStats::default()
+                };
+                stats.add_cost(c);
+                stats
             }));
         }
         results
@@ -491,8 +494,11 @@ impl Array {
         if let Some(cache) = &core.caches().chunk {
             let mut chunk = Vec::new();
             crate::decode::zeroed(&mut chunk, core.decoder.chunk_bytes)?;
-            let cost = core.decoder.decode_full_into(bytes, &mut chunk)?;
-            stats.bytes_decoded = cost.bytes_decoded;
+            let mut cost = core.decoder.decode_full_into(bytes, &mut chunk)?;
+            if cost.whole.is_some() && leaf.needed.len() < core.decoder.chunk_bytes {
+                cost.whole = Some(WholeReason::ChunkCache);
+            }
+            stats.add_cost(cost);
             let chunk: Arc<[u8]> = chunk.into();
             ctx.stitch_leaf(i, &chunk);
             if !zcrop_io::mapped_intact(bytes) {
@@ -518,7 +524,7 @@ impl Array {
             })
         {
             let range = contiguous_target(plan, direct).unwrap_or_default();
-            stats.bytes_decoded = decoded?.bytes_decoded;
+            stats.add_cost(decoded?);
             let chunk = ctx.out.written(range.clone());
             for c in plan.copies(leaf) {
                 if contiguous_target(plan, c) != Some(range.clone()) {
@@ -544,7 +550,7 @@ impl Array {
                     })
         {
             let ((), cost) = opened?;
-            stats.bytes_decoded = cost.bytes_decoded;
+            stats.add_cost(cost);
             return Ok(stats);
         }
         SCRATCH.with(|cell| {
@@ -554,7 +560,7 @@ impl Array {
                     .with_decoded(bytes, leaf.needed.clone(), &mut scratch, |chunk| {
                         ctx.stitch_leaf(i, chunk);
                     })?;
-            stats.bytes_decoded = cost.bytes_decoded;
+            stats.add_cost(cost);
             Ok(stats)
         })
     }

@@ -34,7 +34,7 @@ use crate::store::{Reader, Store};
 use self::fetch::decode_error;
 
 use self::locate::FileStamp;
-pub use self::options::{OpenOptions, ReadOptions, ReadStats};
+pub use self::options::{OpenOptions, ReadOptions, ReadStats, WholeChunks, WholeReason};
 pub use self::read::{ReadPart, read_many};
 pub use self::variable::{VariableElements, VariableKind};
 

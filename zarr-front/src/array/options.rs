@@ -1,10 +1,11 @@
 //! How to open an array ([`OpenOptions`]) and read it ([`ReadOptions`]), and what a read did
-//! ([`ReadStats`]).
+//! ([`ReadStats`], with why chunks were decoded whole: [`WholeReason`]).
 
 use std::sync::atomic::AtomicBool;
 
 use zcrop_io::{Budget, IoConfig, IoEngine, ObjectEngine};
 
+use crate::decode::DecodeCost;
 use crate::error::ZarrError;
 use crate::transform::StitchTransform;
 
@@ -88,6 +89,128 @@ pub struct ReadStats {
     pub index_cache_hits: u64,
     /// Bytes written to the output.
     pub output_bytes: u64,
+    /// Of the chunks decoded, those decoded whole (all of the chunk's bytes), by why.
+    pub whole_chunks: WholeChunks,
+}
+
+/// Why a chunk was decoded whole rather than only the part crops need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WholeReason {
+    /// The crops need every byte of the chunk.
+    NeededWhole,
+    /// The codec stops only after a prefix (gzip, zlib) and the crops need the chunk's end.
+    NeededEnd,
+    /// A checksum of the whole chunk is verified (a zstd frame checksum, the gzip or zlib
+    /// trailer) while checksums are verified.
+    Checksum,
+    /// zstd: the needed literal streams hold more than [`zcrop_codec::zstd::MAX_SHARE`] of the
+    /// block's literals, so libzstd decodes the block whole.
+    ZstdNeededShareOverMax,
+    /// zstd: the block has more than [`zcrop_codec::zstd::MAX_SEQUENCES`] sequences.
+    ZstdTooManySequences,
+    /// zstd: a frame of several blocks (chunks over 128 KiB) whose needed bytes reach its last
+    /// block (libzstd stops only between blocks).
+    ZstdMultiBlockFrame,
+    /// zstd: anything else the partial decoder leaves to libzstd (a dictionary, bytes after the
+    /// frame, a frame it calls damaged).
+    ZstdOther,
+    /// blosc: bitshuffled blocks (c-blosc decodes every block the crops touch).
+    BloscBitshuffle,
+    /// blosc: splits compressed by a codec other than LZ4 (zstd, blosclz, zlib, ...).
+    BloscNotLz4,
+    /// blosc: anything else left to c-blosc whose needed bytes span all its blocks.
+    BloscOther,
+    /// The chain goes through zarrs' codec chain (filters, transposes, other compressors),
+    /// which decodes whole chunks.
+    CodecChain,
+    /// The decoded-chunk cache keeps whole chunks.
+    ChunkCache,
+}
+
+impl WholeReason {
+    /// Every reason, in the order of [`WholeChunks`]'s counts.
+    pub const ALL: [WholeReason; 12] = [
+        WholeReason::NeededWhole,
+        WholeReason::NeededEnd,
+        WholeReason::Checksum,
+        WholeReason::ZstdNeededShareOverMax,
+        WholeReason::ZstdTooManySequences,
+        WholeReason::ZstdMultiBlockFrame,
+        WholeReason::ZstdOther,
+        WholeReason::BloscBitshuffle,
+        WholeReason::BloscNotLz4,
+        WholeReason::BloscOther,
+        WholeReason::CodecChain,
+        WholeReason::ChunkCache,
+    ];
+
+    /// A stable snake_case name (the keys of `zcrop bench --json`'s `whole_chunk_reasons`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WholeReason::NeededWhole => "needed_whole",
+            WholeReason::NeededEnd => "needed_end",
+            WholeReason::Checksum => "checksum",
+            WholeReason::ZstdNeededShareOverMax => "zstd_needed_share_over_max",
+            WholeReason::ZstdTooManySequences => "zstd_too_many_sequences",
+            WholeReason::ZstdMultiBlockFrame => "zstd_multi_block_frame",
+            WholeReason::ZstdOther => "zstd_other",
+            WholeReason::BloscBitshuffle => "blosc_bitshuffle",
+            WholeReason::BloscNotLz4 => "blosc_not_lz4",
+            WholeReason::BloscOther => "blosc_other",
+            WholeReason::CodecChain => "codec_chain",
+            WholeReason::ChunkCache => "chunk_cache",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Chunks decoded whole, counted by [`WholeReason`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WholeChunks {
+    counts: [u64; WholeReason::ALL.len()],
+}
+
+impl WholeChunks {
+    /// One chunk decoded whole for `reason`.
+    pub fn add(&mut self, reason: WholeReason) {
+        self.counts[reason.index()] += 1;
+    }
+
+    /// Chunks decoded whole for `reason`.
+    pub fn get(&self, reason: WholeReason) -> u64 {
+        self.counts[reason.index()]
+    }
+
+    /// Chunks decoded whole, for any reason.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Each reason with its count (zero counts included), in [`WholeReason::ALL`]'s order.
+    pub fn iter(&self) -> impl Iterator<Item = (WholeReason, u64)> + '_ {
+        WholeReason::ALL.iter().map(|&r| (r, self.get(r)))
+    }
+}
+
+impl std::ops::AddAssign for WholeChunks {
+    fn add_assign(&mut self, o: Self) {
+        for (a, b) in self.counts.iter_mut().zip(o.counts) {
+            *a += b;
+        }
+    }
+}
+
+impl ReadStats {
+    /// Adds what decoding one chunk cost.
+    pub(crate) fn add_cost(&mut self, cost: DecodeCost) {
+        self.bytes_decoded += cost.bytes_decoded;
+        if let Some(reason) = cost.whole {
+            self.whole_chunks.add(reason);
+        }
+    }
 }
 
 impl std::ops::AddAssign for ReadStats {
@@ -101,6 +224,7 @@ impl std::ops::AddAssign for ReadStats {
         self.index_reads += o.index_reads;
         self.index_cache_hits += o.index_cache_hits;
         self.output_bytes += o.output_bytes;
+        self.whole_chunks += o.whole_chunks;
     }
 }
 
@@ -119,5 +243,44 @@ impl std::fmt::Debug for ReadOptions<'_> {
             .field("transform", &self.transform.is_some())
             .field("cancel", &self.cancel.is_some())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_chunk_reasons_are_counted_and_summed() {
+        for (i, r) in WholeReason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i, "{r:?}");
+        }
+        let mut a = ReadStats::default();
+        a.add_cost(DecodeCost {
+            bytes_decoded: 100,
+            whole: Some(WholeReason::ZstdTooManySequences),
+        });
+        a.add_cost(DecodeCost {
+            bytes_decoded: 10,
+            whole: None,
+        });
+        let mut b = ReadStats::default();
+        b.add_cost(DecodeCost {
+            bytes_decoded: 100,
+            whole: Some(WholeReason::ZstdTooManySequences),
+        });
+        b.add_cost(DecodeCost {
+            bytes_decoded: 100,
+            whole: Some(WholeReason::BloscNotLz4),
+        });
+        a += b;
+        assert_eq!(a.bytes_decoded, 310);
+        assert_eq!(a.whole_chunks.get(WholeReason::ZstdTooManySequences), 2);
+        assert_eq!(a.whole_chunks.get(WholeReason::BloscNotLz4), 1);
+        assert_eq!(a.whole_chunks.get(WholeReason::NeededWhole), 0);
+        assert_eq!(a.whole_chunks.total(), 3);
+        let names: std::collections::HashSet<_> =
+            WholeReason::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(names.len(), WholeReason::ALL.len(), "names are distinct");
     }
 }

@@ -24,6 +24,11 @@ pub(super) const MAX_SPLITS: usize = 16;
 /// ...whose streams hold at least this many bytes.
 pub(super) const MIN_BUFFERSIZE: usize = 128;
 
+/// [`Error::Unsupported`] of a bitshuffled chunk.
+pub const BITSHUFFLE: &str = "bitshuffle";
+/// [`Error::Unsupported`] of a chunk whose splits are compressed by a codec other than LZ4.
+pub const NOT_LZ4: &str = "splits compressed other than by LZ4";
+
 /// Why a chunk is left to c-blosc.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
@@ -171,7 +176,7 @@ pub fn open<'a>(
         });
     }
     if flags & DOBITSHUFFLE != 0 {
-        return Err(Error::Unsupported("bitshuffle"));
+        return Err(Error::Unsupported(BITSHUFFLE));
     }
     let shuffle = if flags & DOSHUFFLE != 0 && typesize > 1 {
         typesize
@@ -260,7 +265,7 @@ pub fn open<'a>(
                     }
                     (Seg::Decoded, n)
                 } else {
-                    return Err(Error::Unsupported("splits compressed other than by LZ4"));
+                    return Err(Error::Unsupported(NOT_LZ4));
                 };
                 scratch.segs[j * splits + s] = seg;
                 decoded += n;

@@ -22,7 +22,7 @@
 mod frame;
 mod gather;
 
-pub use frame::{Chunk, Error, Scratch, decoded_size, open, prefetch};
+pub use frame::{BITSHUFFLE, Chunk, Error, NOT_LZ4, Scratch, decoded_size, open, prefetch};
 
 #[cfg(test)]
 mod tests {

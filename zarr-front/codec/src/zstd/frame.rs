@@ -1,7 +1,7 @@
 //! The zstd frame around a single block (RFC 8878, 3.1): magic, frame header, block header.
 
 use super::bits::bits_at;
-use super::{Error, MAGIC, MAX_BLOCK, Result, corrupt};
+use super::{Error, MAGIC, MAX_BLOCK, Result, SEVERAL_BLOCKS, corrupt};
 
 /// The frame's single block, located.
 pub(super) struct Frame<'a> {
@@ -58,7 +58,7 @@ pub(super) fn read_frame(src: &[u8]) -> Result<Frame<'_>> {
     let h = u32::from(h[0]) | u32::from(h[1]) << 8 | u32::from(h[2]) << 16;
     at += 3;
     if h & 1 == 0 {
-        return Err(Error::Unsupported("frame of several blocks"));
+        return Err(Error::Unsupported(SEVERAL_BLOCKS));
     }
     let kind = ((h >> 1) & 3) as u8;
     let size = (h >> 3) as usize;

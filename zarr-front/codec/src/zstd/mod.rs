@@ -25,6 +25,14 @@ pub const MAX_SEQUENCES: usize = 512;
 /// and building its Huffman table adds a little per chunk.
 pub const MAX_SHARE: f64 = 0.6;
 
+/// [`Error::Unsupported`] of a frame of more than one block.
+pub const SEVERAL_BLOCKS: &str = "frame of several blocks";
+/// [`Error::Unsupported`] of a block with more than [`MAX_SEQUENCES`] sequences.
+pub const TOO_MANY_SEQUENCES: &str = "too many sequences";
+/// [`Error::Unsupported`] of a block whose needed literal streams hold more than the share of
+/// its literals [`decode_many`] was given.
+pub const MOST_OF_BLOCK_NEEDED: &str = "most of the block is needed";
+
 const MAGIC: u32 = 0xFD2F_B528;
 const MAX_BLOCK: usize = 128 * 1024;
 const HUF_MAX_LOG: u32 = 11;
@@ -211,7 +219,7 @@ pub fn decode_many(jobs: &mut [Job<'_>], max_share: f64) -> Vec<Result<Range<usi
             let p = parse(j.src, full, &j.want)?;
             let count = p.literals.count();
             if count > 0 && p.literals.cost(&p.lits) as f64 > max_share * count as f64 {
-                return Err(Error::Unsupported("most of the block is needed"));
+                return Err(Error::Unsupported(MOST_OF_BLOCK_NEEDED));
             }
             Ok(p)
         })

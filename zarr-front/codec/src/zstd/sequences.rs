@@ -3,7 +3,7 @@
 
 use super::bits::Backward;
 use super::fse::Fse;
-use super::{Error, MAX_SEQUENCES, Result, corrupt};
+use super::{Error, MAX_SEQUENCES, Result, TOO_MANY_SEQUENCES, corrupt};
 
 /// One decoded sequence.
 #[derive(Debug, Clone, Copy)]
@@ -120,7 +120,7 @@ pub(super) fn read_sequences(src: &[u8], literals: usize) -> Result<Vec<Sequence
         255 => (b(1)? + (b(2)? << 8) + 0x7F00, 3),
     };
     if count > MAX_SEQUENCES {
-        return Err(Error::Unsupported("too many sequences"));
+        return Err(Error::Unsupported(TOO_MANY_SEQUENCES));
     }
     let modes = b(at)? as u8;
     at += 1;
