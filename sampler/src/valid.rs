@@ -23,10 +23,11 @@ fn element_size(dtype: &str) -> Option<usize> {
 fn missing(bytes: &[u8], dtype: &str, fills: &[f64], out: &mut Vec<bool>) {
     macro_rules! ints {
         ($t:ty) => {{
+            // Whole fills the type can hold (the float-to-int cast saturates).
             let fills: Vec<$t> = fills
                 .iter()
-                .filter(|f| f.fract() == 0.0 && **f >= <$t>::MIN as f64 && **f <= <$t>::MAX as f64)
-                .map(|&f| f as $t)
+                .filter(|f| f.fract() == 0.0)
+                .filter_map(|&f| <$t>::try_from(f as i128).ok())
                 .collect();
             out.extend(bytes.chunks_exact(size_of::<$t>()).map(|b| {
                 let v = <$t>::from_ne_bytes(b.try_into().expect("element size"));
@@ -165,7 +166,7 @@ pub fn window_any(map: &[bool], shape: &[usize], windows: &[usize]) -> (Vec<bool
             for o in 0..outer {
                 let src = &cur[o * n * inner..(o + 1) * n * inner];
                 let dst = &mut next[o * m * inner..(o + 1) * m * inner];
-                count.iter_mut().for_each(|c| *c = 0);
+                count.fill(0);
                 for k in 0..n {
                     let row = &src[k * inner..(k + 1) * inner];
                     for (c, &v) in count.iter_mut().zip(row) {
@@ -197,27 +198,27 @@ mod tests {
     use super::*;
 
     /// The brute-force window test.
-    fn brute(map: &[bool], shape: &[usize], w: &[usize]) -> Vec<bool> {
-        let out: Vec<usize> = shape
+    fn brute(map: &[bool], shape: &[usize], windows: &[usize]) -> Vec<bool> {
+        let out_shape: Vec<usize> = shape
             .iter()
-            .zip(w)
+            .zip(windows)
             .map(|(&n, &w)| (n + 1).saturating_sub(w))
             .collect();
-        let total: usize = out.iter().product();
+        let total: usize = out_shape.iter().product();
         let mut res = Vec::with_capacity(total);
         for i in 0..total {
-            let mut o = vec![0usize; shape.len()];
-            let mut r = i;
+            let mut origin = vec![0usize; shape.len()];
+            let mut rest = i;
             for d in (0..shape.len()).rev() {
-                o[d] = r % out[d];
-                r /= out[d];
+                origin[d] = rest % out_shape[d];
+                rest /= out_shape[d];
             }
             let mut any = false;
-            let mut k = vec![0usize; shape.len()];
+            let mut step = vec![0usize; shape.len()];
             'all: loop {
                 let mut lin = 0;
                 for d in 0..shape.len() {
-                    lin = lin * shape[d] + o[d] + k[d];
+                    lin = lin * shape[d] + origin[d] + step[d];
                 }
                 any |= map[lin];
                 let mut d = shape.len();
@@ -226,11 +227,11 @@ mod tests {
                         break 'all;
                     }
                     d -= 1;
-                    k[d] += 1;
-                    if k[d] < w[d] {
+                    step[d] += 1;
+                    if step[d] < windows[d] {
                         break;
                     }
-                    k[d] = 0;
+                    step[d] = 0;
                 }
             }
             res.push(any);
@@ -246,7 +247,7 @@ mod tests {
             w in proptest::collection::vec(1usize..5, 3),
         ) {
             let n: usize = shape.iter().product();
-            let map: Vec<bool> = (0..n).map(|i| (i as u64 * 2654435761 ^ seed) % 7 == 0).collect();
+            let map: Vec<bool> = (0..n).map(|i| ((i as u64 * 2_654_435_761) ^ seed).is_multiple_of(7)).collect();
             let w = &w[..shape.len()];
             let (got, got_shape) = window_any(&map, &shape, w);
             let want_shape: Vec<usize> = shape.iter().zip(w).map(|(&n, &w)| (n + 1).saturating_sub(w)).collect();
@@ -262,10 +263,10 @@ mod tests {
         ) {
             let n: usize = shape.iter().product();
             let vals: Vec<f32> = (0..n)
-                .map(|i| match (i as u64 * 40503 ^ seed) % 9 { 0 => f32::NAN, 1 => -1.0, v => v as f32 })
+                .map(|i| match ((i as u64 * 40_503) ^ seed) % 9 { 0 => f32::NAN, 1 => -1.0, v => v as f32 })
                 .collect();
             let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
-            let keep: Vec<bool> = (0..shape.len()).map(|d| keep_bits >> d & 1 == 1).collect();
+            let keep: Vec<bool> = (0..shape.len()).map(|d| (keep_bits >> d) & 1 == 1).collect();
             let (got, got_shape) = missing_map(&bytes, "float32", &shape, &[-1.0], &keep).unwrap();
             let kept: Vec<usize> = (0..shape.len()).filter(|&d| keep[d]).map(|d| shape[d]).collect();
             proptest::prop_assert_eq!(&got_shape, &kept);
@@ -278,7 +279,7 @@ mod tests {
                         lin = lin * shape[d] + idx[d];
                     }
                 }
-                want[lin] |= v.is_nan() || *v == -1.0;
+                want[lin] |= v.is_nan() || v.to_bits() == (-1.0f32).to_bits();
                 let mut d = shape.len();
                 while d > 0 {
                     d -= 1;
