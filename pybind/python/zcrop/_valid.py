@@ -3,10 +3,11 @@
 One streaming pass over the data. Positions are processed in slabs along the first position
 dimension, sized to a memory budget; each source reads only the rows (along the array axis that
 follows that dimension) it has not read yet, in whole chunks, so every chunk is read once. The
-next slab's reads run in a background thread (zcrop releases the GIL while it reads and
-decodes) while numpy reduces the current one. A slab's invalid elements become "window has an
-invalid element" by running sums along each window axis; the result over positions is kept as
-runs of valid positions, never one byte per position for the whole grid.
+next slab's reads, and their test for missing values (a Rust kernel, reduced over the axes a
+window takes whole), run in a background thread while the current slab is checked: running
+counts along each window axis (a second kernel; both release the GIL), then a gather of each
+position's window. The result over positions is kept as runs of valid positions, never one
+byte per position for the whole grid.
 
 The result is cached in a small file keyed by the data's identity (each array's metadata and,
 for local stores, the sizes and modification times of its files), the sources' crops and
