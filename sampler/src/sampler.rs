@@ -621,11 +621,6 @@ impl Sampler {
         self.inner.space.allows(pos)
     }
 
-    /// Whether positions are drawn by weight.
-    pub fn weighted(&self) -> bool {
-        self.inner.space.weighted()
-    }
-
     /// Number of disjoint boxes the allowed positions are stored as (memory and lookup cost
     /// grow with it, not with the number of positions).
     pub fn position_blocks(&self) -> usize {

@@ -198,6 +198,8 @@ pub struct Mask {
     cells: Cells,
     /// Allowed cells: disjoint, sorted `[start, end)` ranges of C-order linear cell indices.
     runs: Vec<(u64, u64)>,
+    /// The cells' edges, unless they are fitted to a sampler's position grid.
+    grid: Option<Grid>,
 }
 
 impl Mask {
@@ -246,19 +248,16 @@ impl Mask {
             }
             prev = e;
         }
-        if let Cells::Size(size) = &cells
-            && size.len() != shape.len()
-        {
-            return Err(spec_err(format!(
-                "mask shape {shape:?} and cell {size:?} differ in dimensions"
-            )));
-        }
-        if let Cells::Size(size) = &cells
-            && size.contains(&0)
-        {
-            return Err(spec_err(format!("mask cell {size:?} has a zero size")));
-        }
-        Ok(Mask { shape, cells, runs })
+        let grid = match cells {
+            Cells::Fit => None,
+            _ => Some(resolve(&shape, &cells, &[], "mask")?),
+        };
+        Ok(Mask {
+            shape,
+            cells,
+            runs,
+            grid,
+        })
     }
 
     /// A mask of `shape` cells of size `cell`, cell `c` allowed when `f(c)` is true.
@@ -326,11 +325,7 @@ impl Mask {
     /// Whether position `pos` is allowed; `None` for a mask whose cells are fitted to the
     /// position grid (ask the sampler: [`Sampler::allows`](crate::Sampler::allows)).
     pub fn allows(&self, pos: &[u64]) -> Option<bool> {
-        if self.cells == Cells::Fit {
-            return None;
-        }
-        let grid = resolve(&self.shape, &self.cells, &[], "mask").ok()?;
-        Some(mask_allows(self, &grid, pos))
+        self.grid.as_ref().map(|grid| mask_allows(self, grid, pos))
     }
 }
 
@@ -491,8 +486,11 @@ impl Fields {
         for (i, m) in masks.iter().enumerate() {
             let what = format!("mask {i}");
             check(&m.shape, &what)?;
-            out.masks
-                .push((m.clone(), resolve(&m.shape, &m.cells, extent, &what)?));
+            let grid = match &m.grid {
+                Some(grid) => grid.clone(),
+                None => resolve(&m.shape, &m.cells, extent, &what)?,
+            };
+            out.masks.push((m.clone(), grid));
         }
         if let Some(w) = weights {
             check(&w.shape, "the weights")?;
@@ -585,9 +583,9 @@ impl PositionSpace {
         };
         // Blocks from the first mask's runs (or the whole box), then split by the other masks
         // and the weights.
-        let mut blocks: Vec<(Vec<u64>, Vec<u64>, f64)> = Vec::new();
+        let mut blocks: Vec<Block> = Vec::new();
         match fields.masks.first() {
-            None => blocks.push((space.start.clone(), space.end.clone(), 1.0)),
+            None => blocks.push((space.start.clone(), space.end.clone())),
             Some((m, g)) => {
                 let shape = g.shape();
                 let span: Vec<(u64, u64)> = (0..nd)
@@ -606,13 +604,13 @@ impl PositionSpace {
                             lo[d] = g.edges[d][c0 as usize].max(space.start[d]);
                             hi[d] = g.edges[d][c1 as usize].min(space.end[d]);
                         }
-                        blocks.push((lo, hi, 1.0));
+                        blocks.push((lo, hi));
                     });
                 }
             }
         }
         for (m, g) in fields.masks.iter().skip(1) {
-            blocks = split(blocks, g, |lin| f64::from(u8::from(m.cell_allowed(lin))));
+            blocks = split(blocks, g, |lin| m.cell_allowed(lin));
         }
         // A draw walks the weight cells its block crosses: a block that crosses many (a box
         // without a mask crosses them all) is split into one block per cell of positive weight.
@@ -627,9 +625,7 @@ impl PositionSpace {
                         })
                         .product();
                     if crossed > WALK_LIMIT {
-                        split(vec![b], g, |lin| {
-                            f64::from(u8::from(w.values[lin as usize] > 0.0))
-                        })
+                        split(vec![b], g, |lin| w.values[lin as usize] > 0.0)
                     } else {
                         vec![b]
                     }
@@ -638,7 +634,7 @@ impl PositionSpace {
         }
         let overflow = || spec_err("the number of sample positions overflows 64 bits");
         let mut total = 0u64;
-        for (lo, hi, _) in blocks {
+        for (lo, hi) in blocks {
             let count = space.count(&lo, &hi).ok_or_else(overflow)?;
             if count == 0 {
                 continue;
@@ -781,11 +777,6 @@ impl PositionSpace {
         self.prefix.len() - 1
     }
 
-    /// Whether positions are drawn by weight.
-    pub(crate) fn weighted(&self) -> bool {
-        self.mass.is_some()
-    }
-
     /// The box start (inclusive) and end (exclusive).
     pub(crate) fn bounds(&self) -> (&[u64], &[u64]) {
         (&self.start, &self.end)
@@ -890,17 +881,16 @@ impl PositionSpace {
     }
 }
 
-/// Splits each block by the cells of `grid`, multiplying its weight by `value(cell)` and
-/// dropping the parts outside the grid or of zero weight.
-fn split(
-    blocks: Vec<(Vec<u64>, Vec<u64>, f64)>,
-    grid: &Grid,
-    value: impl Fn(u64) -> f64,
-) -> Vec<(Vec<u64>, Vec<u64>, f64)> {
+/// A box of positions `[lo, hi)`.
+type Block = (Vec<u64>, Vec<u64>);
+
+/// Splits each block by the cells of `grid`, keeping the parts in cells where `keep(cell)`
+/// (C-order linear index) holds and dropping those outside the grid.
+fn split(blocks: Vec<Block>, grid: &Grid, keep: impl Fn(u64) -> bool) -> Vec<Block> {
     let nd = grid.ndim();
     let mut out = Vec::with_capacity(blocks.len());
     let mut cell = vec![0u64; nd];
-    for (lo, hi, w) in blocks {
+    for (lo, hi) in blocks {
         let ranges: Vec<(u64, u64)> = (0..nd)
             .map(|d| grid.cells_between(d, lo[d], hi[d]))
             .collect();
@@ -912,8 +902,7 @@ fn split(
             for d in 0..nd {
                 cell[d] = ranges[d].0 + local[d];
             }
-            let v = value(grid.linear(&cell));
-            if v <= 0.0 {
+            if !keep(grid.linear(&cell)) {
                 continue;
             }
             let mut sub_lo = lo.clone();
@@ -924,7 +913,7 @@ fn split(
                 sub_hi[d] = hi[d].min(grid.edges[d][c + 1]);
             }
             if (0..nd).all(|d| sub_lo[d] < sub_hi[d]) {
-                out.push((sub_lo, sub_hi, w * v));
+                out.push((sub_lo, sub_hi));
             }
         }
     }
