@@ -279,11 +279,11 @@ def _fields(
     valid: Any,
     valid_times: Any,
     weights: Any,
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None, set[str]]:
-    """The ``masks`` and ``weights`` entries of a loader spec, and the position dimensions
-    whose labels placed them (see :func:`check_grid`)."""
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, int]]:
+    """The ``masks`` and ``weights`` entries of a loader spec, and the number of grid
+    positions of each position dimension whose labels placed them (see :func:`check_grid`)."""
     needs_labels = valid_times is not None or any(
-        _is_dataarray(v) for v in [valid, weights, *(_listed(valid))]
+        _is_dataarray(v) for v in [weights, *_listed(valid)]
     )
     labels = _position_labels(srcs, names) if needs_labels else {}
     masks = [
@@ -293,8 +293,10 @@ def _fields(
     if valid_times is not None:
         masks.append(_times_mask(valid_times, names, labels))
     weight_field = None if weights is None else _as_weights(weights, names, labels)
-    used = {d for d in names if d in labels} if needs_labels else set()
-    return masks, weight_field, used
+    used = {str(d) for v in [weights, *_listed(valid)] if _is_dataarray(v) for d in v.dims}
+    if valid_times is not None:
+        used |= {d for d, v in labels.items() if np.asarray(v).dtype.kind == "M"}
+    return masks, weight_field, {d: len(labels[d]) for d in used if d in labels}
 
 
 def _listed(valid: Any) -> list[Any]:
@@ -308,18 +310,13 @@ def _listed(valid: Any) -> list[Any]:
     return [valid]
 
 
-def check_grid(
-    grid: Sequence[int], names: list[str], srcs: list[Source], used: set[str]
-) -> None:
+def check_grid(grid: Sequence[int], names: list[str], labelled: dict[str, int]) -> None:
     """Fields placed by labels must have been placed on the grid the sampler uses (that of the
     first source following each position dimension)."""
-    if not used:
-        return
-    labels = _position_labels(srcs, names)
     for d, g in zip(names, grid):
-        if d in used and len(labels[d]) != int(g):
+        if d in labelled and labelled[d] != int(g):
             raise ValueError(
                 f"position dimension {d!r} has {int(g)} grid positions in the sampler but "
-                f"{len(labels[d])} labels from its first xarray source: list that source "
+                f"{labelled[d]} labels from its first xarray source: list that source "
                 "first among the sources"
             )

@@ -403,11 +403,6 @@ def _space_spec(
         raise ValueError(f"mode must be 'uniform' or 'epoch', got {mode!r}")
     if mode == "epoch" and stride is None:
         raise ValueError("epoch mode needs a stride per position dimension")
-    if mode == "epoch" and weights is not None:
-        raise ValueError(
-            "weights apply to mode='uniform'; epoch mode visits every allowed position once "
-            "(use valid= to exclude positions)"
-        )
     names = list(positions) if positions is not None else _positions(srcs[0])
     masks, weight_field, labelled = _fields(srcs, names, valid, valid_times, weights)
     return {
@@ -598,7 +593,7 @@ class Loader:
             "pin": bool(pin),
         }
         self._native: NativeLoader | None = NativeLoader(spec)
-        check_grid(self._native.position_grid, space["positions"], srcs, labelled)
+        check_grid(self._native.position_grid, space["positions"], labelled)
         self._dtypes = [_np_dtype(s["dtype"]) for s in self._native.sources]
 
     # --- iteration ------------------------------------------------------------------------
@@ -767,7 +762,7 @@ class Samples:
         labelled = space.pop("labelled")
         spec = sampler_spec(space)
         self._native = NativeSampler(spec)
-        check_grid(self._native.position_grid, spec["positions"], srcs, labelled)
+        check_grid(self._native.position_grid, spec["positions"], labelled)
         self._names = [s.name for s in srcs]
         self._labels = _source_labels(srcs)
         self._epoch = mode == "epoch"
