@@ -105,8 +105,15 @@ where
 
 fn parse_dim(d: &Bound<'_, PyAny>) -> PyResult<Dim> {
     let kind: String = d.get_item(0)?.extract()?;
+    let every = |i: usize| -> PyResult<u64> {
+        if d.len()? > i {
+            d.get_item(i)?.extract()
+        } else {
+            Ok(1)
+        }
+    };
     match kind.as_str() {
-        "fixed" => Ok(Dim::fixed(d.get_item(1)?.extract()?)),
+        "fixed" => Ok(Dim::fixed(d.get_item(1)?.extract()?).every(every(2)?)),
         "along" => {
             let name: String = d.get_item(1)?.extract()?;
             let (num, den): (u64, u64) = (d.get_item(2)?.extract()?, d.get_item(3)?.extract()?);
@@ -115,7 +122,19 @@ fn parse_dim(d: &Bound<'_, PyAny>) -> PyResult<Dim> {
             Ok(Dim::along(name)
                 .scale(num, den)
                 .offset(offset)
-                .jitter(jitter))
+                .jitter(jitter)
+                .every(every(6)?))
+        }
+        "lookup" => {
+            let name: String = d.get_item(1)?.extract()?;
+            let table: PyReadonlyArray1<'_, i64> = d.get_item(2)?.extract()?;
+            let table: Vec<i64> = table.as_slice()?.to_vec();
+            let (offset, jitter): (i64, u64) =
+                (d.get_item(3)?.extract()?, d.get_item(4)?.extract()?);
+            Ok(Dim::lookup(name, table)
+                .offset(offset)
+                .jitter(jitter)
+                .every(every(5)?))
         }
         other => Err(PyValueError::new_err(format!("unknown dim kind {other:?}"))),
     }
@@ -474,19 +493,33 @@ fn source_dicts<'py>(py: Python<'py>, sampler: &Sampler) -> PyResult<Vec<Bound<'
             d.set_item("dtype", &s.dtype)?;
             d.set_item("element_size", s.element_size)?;
             let origins = PyList::empty(py);
-            for rule in &s.origins {
-                match *rule {
-                    OriginRule::Aligned {
+            for (rule, &every) in s.origins.iter().zip(&s.every) {
+                match rule {
+                    &OriginRule::Aligned {
                         position,
                         offset,
                         num,
                         den,
                         jitter,
-                    } => origins.append(("along", position, num, den, offset, jitter))?,
-                    OriginRule::Fixed(o) => origins.append(("fixed", o))?,
+                    } => origins.append(("along", position, num, den, offset, jitter, every))?,
+                    OriginRule::Lookup {
+                        position,
+                        table,
+                        offset,
+                        jitter,
+                    } => origins.append((
+                        "lookup",
+                        *position,
+                        PyArray1::from_slice(py, table),
+                        *offset,
+                        *jitter,
+                        every,
+                    ))?,
+                    &OriginRule::Fixed(o) => origins.append(("fixed", o, every))?,
                 }
             }
             d.set_item("origins", origins)?;
+            d.set_item("every", s.every.clone())?;
             Ok(d)
         })
         .collect()

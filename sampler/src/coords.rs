@@ -206,6 +206,16 @@ pub(crate) fn discover(array: &Array) -> Result<Vec<Coord>> {
         if c.dir() == array.dir() || c.ndim() != 1 || c.shape()[0] != array.shape()[axis] {
             continue;
         }
+        // Text labels (channel names, station ids) are not numbers a sample carries here;
+        // the xarray layer labels those dimensions itself.
+        let dt = c.data_type();
+        if !(dt == "bool"
+            || dt.starts_with("int")
+            || dt.starts_with("uint")
+            || dt.starts_with("float"))
+        {
+            continue;
+        }
         coords.push(Coord::load(array, axis, name, &c)?);
     }
     Ok(coords)

@@ -21,8 +21,13 @@ use crate::transform::{Fused, Transform};
 ///
 /// An aligned dimension has origin `offset + floor(position * num / den) + jitter`, where
 /// `position` is the sample's coordinate along the named position dimension and `jitter` is
-/// drawn uniformly from `[-j, j]` per sample. A fixed dimension always starts at the same
-/// index (for example all channels of a `(t, c, y, x)` array).
+/// drawn uniformly from `[-j, j]` per sample. A looked-up dimension takes its origin from a
+/// table with one entry per position along the named dimension (`offset + table[position] +
+/// jitter`): the alignment of coordinate labels, computed once. A fixed dimension always starts
+/// at the same index (for example all channels of a `(t, c, y, x)` array).
+///
+/// Any dimension can take every `k`-th element inside its crop ([`Dim::every`]): a crop of `n`
+/// then spans `(n - 1) * k + 1` elements of the array.
 ///
 /// ```
 /// use zcrop_sampler::Dim;
@@ -30,7 +35,9 @@ use crate::transform::{Fused, Transform};
 /// let d = Dim::along("y").scale(1, 4).offset(2).jitter(1);
 /// // All of the channel axis.
 /// let c = Dim::fixed(0);
-/// # let _ = (d, c);
+/// // Hourly frames from 15-minute data: origin from a label table, every 4th frame.
+/// let t = Dim::lookup("time", vec![0, 4, 8, -1, 16]).every(4);
+/// # let _ = (d, c, t);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dim {
@@ -39,6 +46,8 @@ pub struct Dim {
     num: u64,
     den: u64,
     jitter: u64,
+    table: Option<Arc<[i64]>>,
+    every: u64,
 }
 
 impl Dim {
@@ -50,6 +59,18 @@ impl Dim {
             num: 1,
             den: 1,
             jitter: 0,
+            table: None,
+            every: 1,
+        }
+    }
+
+    /// Follows position dimension `position` through `table`: at position `p` the crop starts
+    /// at `table[p]` (plus offset and jitter). A negative entry means the source has no
+    /// alignment at `p`; such positions, and those past the table's end, are never drawn.
+    pub fn lookup(position: impl Into<String>, table: impl Into<Arc<[i64]>>) -> Dim {
+        Dim {
+            table: Some(table.into()),
+            ..Dim::along(position)
         }
     }
 
@@ -61,10 +82,12 @@ impl Dim {
             num: 1,
             den: 1,
             jitter: 0,
+            table: None,
+            every: 1,
         }
     }
 
-    /// Adds `offset` array elements to an aligned origin.
+    /// Adds `offset` array elements to an aligned or looked-up origin.
     #[must_use]
     pub fn offset(mut self, offset: i64) -> Dim {
         self.offset = offset;
@@ -84,6 +107,13 @@ impl Dim {
     #[must_use]
     pub fn jitter(mut self, j: u64) -> Dim {
         self.jitter = j;
+        self
+    }
+
+    /// Takes every `k`-th element inside the crop (`k >= 1`; 1 is contiguous).
+    #[must_use]
+    pub fn every(mut self, k: u64) -> Dim {
+        self.every = k;
         self
     }
 }
@@ -314,7 +344,7 @@ impl SampleSpec {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum DimRt {
     Aligned {
         pos: usize,
@@ -323,7 +353,23 @@ enum DimRt {
         den: u64,
         jitter: u64,
     },
+    Lookup {
+        pos: usize,
+        table: Arc<[i64]>,
+        offset: i64,
+        jitter: u64,
+    },
     Fixed(u64),
+}
+
+impl DimRt {
+    /// The position dimension an aligned or looked-up dimension follows.
+    fn position(&self) -> Option<usize> {
+        match *self {
+            DimRt::Aligned { pos, .. } | DimRt::Lookup { pos, .. } => Some(pos),
+            DimRt::Fixed(_) => None,
+        }
+    }
 }
 
 /// What a sampler knows about one of its sources.
@@ -345,10 +391,12 @@ pub struct SourceInfo {
     pub batch_bytes: usize,
     /// How each dimension's crop origin is placed, as resolved from the spec.
     pub origins: Vec<OriginRule>,
+    /// Per dimension, the step between the elements a crop takes (1: contiguous).
+    pub every: Vec<u64>,
 }
 
 /// How one dimension of a source's crop origin is placed, as the sampler resolved it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OriginRule {
     /// `offset + floor(position[position] * num / den) + jitter`, jitter in `[-jitter, jitter]`.
     Aligned {
@@ -363,6 +411,17 @@ pub enum OriginRule {
         /// Largest jitter either way.
         jitter: u64,
     },
+    /// `offset + table[position[position]] + jitter`, jitter in `[-jitter, jitter]`.
+    Lookup {
+        /// The position dimension's index.
+        position: usize,
+        /// The origin at each position along it (negative: no alignment there).
+        table: Arc<[i64]>,
+        /// Added to the table's entry.
+        offset: i64,
+        /// Largest jitter either way.
+        jitter: u64,
+    },
     /// Always this index.
     Fixed(u64),
 }
@@ -373,6 +432,66 @@ struct SourceRt {
     dims: Vec<DimRt>,
     fused: Option<Fused>,
     coords: Vec<Coord>,
+    /// How a crop with steps inside it is read as contiguous sub-crops.
+    sub: Option<SubCrops>,
+}
+
+/// A crop that takes every `k`-th element along some dimensions, read as contiguous sub-crops:
+/// one element along each stepped dimension, the whole crop along the others.
+struct SubCrops {
+    /// The shape of one sub-crop.
+    shape: Vec<u64>,
+    /// Per sub-crop (C order over the stepped dimensions), its origin's offset from the crop's
+    /// origin (`ndim` numbers each) and its index along each dimension of the crop.
+    deltas: Vec<u64>,
+    index: Vec<u64>,
+    /// Sub-crops are consecutive blocks of the crop (every dimension before a stepped one is
+    /// cropped to 1 or stepped), so they are read straight into the batch buffer.
+    contiguous: bool,
+}
+
+impl SubCrops {
+    fn new(crop: &[u64], every: &[u64]) -> Option<SubCrops> {
+        if every.iter().zip(crop).all(|(&k, &c)| k == 1 || c == 1) {
+            return None;
+        }
+        let stepped: Vec<bool> = every
+            .iter()
+            .zip(crop)
+            .map(|(&k, &c)| k > 1 && c > 1)
+            .collect();
+        let shape: Vec<u64> = crop
+            .iter()
+            .zip(&stepped)
+            .map(|(&c, &st)| if st { 1 } else { c })
+            .collect();
+        let last = stepped.iter().rposition(|&st| st).unwrap_or(0);
+        let contiguous = (0..last).all(|d| stepped[d] || crop[d] == 1);
+        let counts: Vec<u64> = crop
+            .iter()
+            .zip(&stepped)
+            .map(|(&c, &st)| if st { c } else { 1 })
+            .collect();
+        let n: u64 = counts.iter().product();
+        let mut idx = vec![0u64; crop.len()];
+        let mut deltas = Vec::with_capacity(n as usize * crop.len());
+        let mut index = Vec::with_capacity(n as usize * crop.len());
+        for lin in 0..n {
+            crate::space::unravel(lin, &counts, &mut idx);
+            index.extend_from_slice(&idx);
+            deltas.extend(idx.iter().zip(every).map(|(&i, &k)| i * k));
+        }
+        Some(SubCrops {
+            shape,
+            deltas,
+            index,
+            contiguous,
+        })
+    }
+
+    fn count(&self) -> usize {
+        self.deltas.len() / self.shape.len()
+    }
 }
 
 /// An epoch and its permutation.
@@ -445,6 +564,28 @@ fn aligned_interval(
     ))
 }
 
+/// The runs `[start, end)` of positions at which a looked-up dimension has an origin and keeps
+/// a crop spanning `span` elements inside `[0, size)` whatever the jitter.
+fn lookup_runs(table: &[i64], size: u64, span: u64, offset: i64, jitter: u64) -> Vec<(u64, u64)> {
+    let (size, span, jitter) = (i128::from(size), i128::from(span), i128::from(jitter));
+    let fits = |&t: &i64| {
+        let o = i128::from(t) + i128::from(offset);
+        t >= 0 && o - jitter >= 0 && o + jitter + span <= size
+    };
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for (p, t) in table.iter().enumerate() {
+        if !fits(t) {
+            continue;
+        }
+        let p = p as u64;
+        match runs.last_mut() {
+            Some(r) if r.1 == p => r.1 = p + 1,
+            _ => runs.push((p, p + 1)),
+        }
+    }
+    runs
+}
+
 /// Positions `p >= 0` at which an aligned dimension starts inside an array of `size`:
 /// `floor(p * num / den) + offset < size`.
 fn grid_extent(size: u64, offset: i64, num: u64, den: u64) -> u64 {
@@ -481,6 +622,7 @@ impl Sampler {
         let mut end = vec![u64::MAX; npos];
         let mut constrained = vec![false; npos];
         let mut grid: Vec<Option<u64>> = vec![None; npos];
+        let mut masks = spec.masks.clone();
         let mut sources = Vec::with_capacity(spec.sources.len());
         for src in &spec.sources {
             if !names.insert(src.name.clone()) {
@@ -496,28 +638,65 @@ impl Sampler {
                     })?;
             let shape = src.array.shape();
             for (d, dim) in rt.dims.iter().enumerate() {
-                if let DimRt::Aligned {
-                    pos,
-                    offset,
-                    num,
-                    den,
-                    jitter,
-                } = *dim
+                let span = (src.crop[d] - 1) * rt.info.every[d] + 1;
+                match dim {
+                    &DimRt::Aligned {
+                        pos,
+                        offset,
+                        num,
+                        den,
+                        jitter,
+                    } => {
+                        let Some((l, h)) =
+                            aligned_interval(shape[d], span, offset, num, den, jitter)
+                        else {
+                            return Err(SamplerError::EmptyRegion {
+                                reason: format!(
+                                    "source {:?} dimension {d} (size {}, crop {}, offset {offset}, scale {num}/{den}, jitter {jitter}) admits no position",
+                                    src.name, shape[d], src.crop[d]
+                                ),
+                            });
+                        };
+                        lo[pos] = lo[pos].max(l);
+                        end[pos] = end[pos].min(h + 1);
+                        constrained[pos] = true;
+                        grid[pos].get_or_insert(grid_extent(shape[d], offset, num, den));
+                    }
+                    DimRt::Lookup {
+                        pos,
+                        table,
+                        offset,
+                        jitter,
+                    } => {
+                        let pos = *pos;
+                        let runs = lookup_runs(table, shape[d], span, *offset, *jitter);
+                        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+                            return Err(SamplerError::EmptyRegion {
+                                reason: format!(
+                                    "source {:?} dimension {d} (size {}, crop {}) aligns with no position of {:?}: every position's origin is missing or puts the crop outside the array",
+                                    src.name, shape[d], src.crop[d], spec.positions[pos]
+                                ),
+                            });
+                        };
+                        lo[pos] = lo[pos].max(first.0);
+                        end[pos] = end[pos].min(last.1);
+                        constrained[pos] = true;
+                        grid[pos].get_or_insert(table.len() as u64);
+                        if runs.len() > 1 {
+                            masks.push(Mask::along_one(npos, pos, &runs)?);
+                        }
+                    }
+                    DimRt::Fixed(_) => continue,
+                }
+                if let Some(pos) = rt.dims[d].position()
+                    && lo[pos] >= end[pos]
                 {
-                    let Some((l, h)) =
-                        aligned_interval(shape[d], src.crop[d], offset, num, den, jitter)
-                    else {
-                        return Err(SamplerError::EmptyRegion {
-                            reason: format!(
-                                "source {:?} dimension {d} (size {}, crop {}, offset {offset}, scale {num}/{den}, jitter {jitter}) admits no position",
-                                src.name, shape[d], src.crop[d]
-                            ),
-                        });
-                    };
-                    lo[pos] = lo[pos].max(l);
-                    end[pos] = end[pos].min(h + 1);
-                    constrained[pos] = true;
-                    grid[pos].get_or_insert(grid_extent(shape[d], offset, num, den));
+                    return Err(SamplerError::EmptyRegion {
+                        reason: format!(
+                            "source {:?} dimension {d} (size {}, crop {}) leaves no position along {:?}: with the sources before it, origins fit only at positions {}..{}",
+                            src.name, shape[d], src.crop[d], spec.positions[pos], lo[pos], end[pos]
+                        ),
+                    });
                 }
             }
             sources.push(rt);
@@ -562,7 +741,7 @@ impl Sampler {
             ));
         }
         let grid: Vec<u64> = grid.into_iter().map(|g| g.unwrap_or(0)).collect();
-        let fields = Fields::resolve(&spec.masks, spec.weights.as_ref(), &grid)?;
+        let fields = Fields::resolve(&masks, spec.weights.as_ref(), &grid)?;
         let space = PositionSpace::new(lo, end, stride, fields)?;
         Ok(Sampler {
             inner: Arc::new(Inner {
@@ -718,6 +897,19 @@ impl Sampler {
                             // The valid region guarantees 0 <= o <= size - crop.
                             o as u64
                         }
+                        DimRt::Lookup {
+                            pos: p,
+                            ref table,
+                            offset,
+                            jitter,
+                        } => {
+                            let j = rng.jitter(jitter);
+                            // Only positions whose entry fits are drawn (`lookup_runs`).
+                            let o = i128::from(table[pos[p] as usize])
+                                + i128::from(offset)
+                                + i128::from(j);
+                            o as u64
+                        }
                     });
                 }
             }
@@ -799,14 +991,19 @@ impl Sampler {
             transform: s.fused.as_ref().map(|f| f as &dyn StitchTransform),
             cancel,
         };
-        s.array
-            .read_batch_into_with(&plan.origins[source], &s.info.crop, out, options)
-            .map_err(|error| SamplerError::Read {
-                step: plan.step,
-                source_index: source,
-                source_name: s.info.name.to_string(),
-                error,
-            })
+        let origins = &plan.origins[source];
+        let read = match &s.sub {
+            None => s
+                .array
+                .read_batch_into_with(origins, &s.info.crop, out, options),
+            Some(sub) => read_sub_crops(s, sub, origins, out, options),
+        };
+        read.map_err(|error| SamplerError::Read {
+            step: plan.step,
+            source_index: source,
+            source_name: s.info.name.to_string(),
+            error,
+        })
     }
 
     /// Reads every source of `plan` into new (unpinned) buffers, one per source.
@@ -827,6 +1024,63 @@ impl Sampler {
     pub fn array(&self, i: usize) -> &Array {
         &self.inner.sources[i].array
     }
+}
+
+/// Reads crops that take every `k`-th element along some dimensions as their contiguous
+/// sub-crops, then places them (straight into `out` when they are consecutive blocks of it).
+fn read_sub_crops(
+    s: &SourceRt,
+    sub: &SubCrops,
+    origins: &[u64],
+    out: &mut [u8],
+    options: ReadOptions<'_>,
+) -> zcrop_zarr::Result<ReadStats> {
+    let nd = sub.shape.len();
+    let mut expanded = Vec::with_capacity(origins.len() * sub.count());
+    for o in origins.chunks_exact(nd) {
+        for delta in sub.deltas.chunks_exact(nd) {
+            expanded.extend(o.iter().zip(delta).map(|(a, b)| a + b));
+        }
+    }
+    if sub.contiguous {
+        return s
+            .array
+            .read_batch_into_with(&expanded, &sub.shape, out, options);
+    }
+    let mut scratch = vec![0u8; out.len()];
+    let stats = s
+        .array
+        .read_batch_into_with(&expanded, &sub.shape, &mut scratch, options)?;
+    let es = s.info.element_size;
+    let crop = &s.info.crop;
+    let mut strides = vec![es; nd];
+    for d in (0..nd - 1).rev() {
+        strides[d] = strides[d + 1] * crop[d + 1] as usize;
+    }
+    let run = sub.shape[nd - 1] as usize * es;
+    let rows: u64 = sub.shape[..nd - 1].iter().product();
+    let sub_bytes = run * rows as usize;
+    let mut idx = vec![0u64; nd - 1];
+    for (i, block) in scratch.chunks_exact(sub_bytes).enumerate() {
+        let (sample, j) = (i / sub.count(), i % sub.count());
+        let at = &sub.index[j * nd..(j + 1) * nd];
+        let base = sample * s.info.crop_bytes
+            + at.iter()
+                .zip(&strides)
+                .map(|(&x, &st)| x as usize * st)
+                .sum::<usize>();
+        for (r, src) in block.chunks_exact(run).enumerate() {
+            crate::space::unravel(r as u64, &sub.shape[..nd - 1], &mut idx);
+            let to = base
+                + idx
+                    .iter()
+                    .zip(&strides)
+                    .map(|(&x, &st)| x as usize * st)
+                    .sum::<usize>();
+            out[to..to + run].copy_from_slice(src);
+        }
+    }
+    Ok(stats)
 }
 
 fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
@@ -858,6 +1112,24 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
     if dims.len() != nd {
         return Err(err(format!("{} dims given for a {nd}-d array", dims.len())));
     }
+    let every: Vec<u64> = dims.iter().map(|d| d.every).collect();
+    if let Some(d) = every.iter().position(|&k| k == 0) {
+        return Err(err(format!("dimension {d} takes every 0th element")));
+    }
+    let spans: Vec<u64> = (0..nd)
+        .map(|d| {
+            (src.crop[d] - 1)
+                .checked_mul(every[d])
+                .and_then(|x| x.checked_add(1))
+                .filter(|&x| x <= shape[d])
+                .ok_or_else(|| {
+                    err(format!(
+                        "a crop of {} taking every {}th element spans more than dimension {d} (size {})",
+                        src.crop[d], every[d], shape[d]
+                    ))
+                })
+        })
+        .collect::<Result<_>>()?;
     let mut rt = Vec::with_capacity(nd);
     for (d, dim) in dims.iter().enumerate() {
         match &dim.position {
@@ -868,7 +1140,7 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
                     )));
                 }
                 let o = dim.offset as u64;
-                if o + src.crop[d] > shape[d] {
+                if o + spans[d] > shape[d] {
                     return Err(err(format!(
                         "fixed origin {o} + crop {} passes the end of dimension {d} (size {})",
                         src.crop[d], shape[d]
@@ -889,17 +1161,49 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
                         dim.num, dim.den
                     )));
                 }
-                rt.push(DimRt::Aligned {
-                    pos,
-                    offset: dim.offset,
-                    num: dim.num,
-                    den: dim.den,
-                    jitter: dim.jitter,
+                rt.push(match &dim.table {
+                    Some(table) => {
+                        if (dim.num, dim.den) != (1, 1) {
+                            return Err(err(format!(
+                                "dimension {d} follows a table; it takes no scale"
+                            )));
+                        }
+                        DimRt::Lookup {
+                            pos,
+                            table: Arc::clone(table),
+                            offset: dim.offset,
+                            jitter: dim.jitter,
+                        }
+                    }
+                    None => DimRt::Aligned {
+                        pos,
+                        offset: dim.offset,
+                        num: dim.num,
+                        den: dim.den,
+                        jitter: dim.jitter,
+                    },
                 });
             }
         }
     }
-    let fused = Fused::new(&src.transform, &a.data_type(), &src.crop).map_err(|e| match e {
+    let sub = SubCrops::new(&src.crop, &every);
+    if let Some(sub) = &sub {
+        let stepped = |axis: usize| sub.shape[axis] != src.crop[axis];
+        if let Some(axis) = src
+            .transform
+            .axes()
+            .into_iter()
+            .find(|&a| a < nd && stepped(a))
+        {
+            return Err(err(format!(
+                "dimension {axis} takes every {}th element, and the transform's normalize or \
+                 fft runs along it: apply it to a contiguous dimension",
+                every[axis]
+            )));
+        }
+    }
+    let read_shape = sub.as_ref().map_or(&src.crop, |s| &s.shape);
+    let fused = Fused::new(&src.transform, &a.data_type(), read_shape).map_err(|e| match e {
         SamplerError::Spec { reason } => err(reason),
         other => other,
     })?;
@@ -953,14 +1257,27 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
                         den,
                         jitter,
                     },
+                    DimRt::Lookup {
+                        pos,
+                        ref table,
+                        offset,
+                        jitter,
+                    } => OriginRule::Lookup {
+                        position: pos,
+                        table: Arc::clone(table),
+                        offset,
+                        jitter,
+                    },
                     DimRt::Fixed(o) => OriginRule::Fixed(o),
                 })
                 .collect(),
+            every,
         },
         array: a.clone(),
         dims: rt,
         fused,
         coords,
+        sub,
     })
 }
 
@@ -1114,7 +1431,11 @@ impl BatchPlan {
                 let coords = src
                     .coords
                     .iter()
-                    .map(|c| c.label(origin[c.axis()], src.info.crop[c.axis()]))
+                    .map(|c| {
+                        let axis = c.axis();
+                        let span = (src.info.crop[axis] - 1) * src.info.every[axis] + 1;
+                        c.label(origin[axis], span)
+                    })
                     .collect();
                 SourceSample {
                     source: Arc::clone(&src.info.name),

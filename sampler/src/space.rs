@@ -260,6 +260,24 @@ impl Mask {
         })
     }
 
+    /// A mask over `ndim` position dimensions that allows positions `runs` (sorted, disjoint
+    /// `[start, end)`) along dimension `dim`, whatever the other coordinates.
+    pub fn along_one(ndim: usize, dim: usize, runs: &[(u64, u64)]) -> Result<Mask> {
+        if dim >= ndim {
+            return Err(spec_err(format!("dimension {dim} of {ndim}")));
+        }
+        let mut edges = vec![vec![0, u64::MAX]; ndim];
+        edges[dim] = std::iter::once(0)
+            .chain(runs.iter().flat_map(|&(s, e)| [s, e]))
+            .collect();
+        let mut shape = vec![1u64; ndim];
+        shape[dim] = 2 * runs.len() as u64;
+        let allowed = (0..runs.len() as u64)
+            .map(|i| (2 * i + 1, 2 * i + 2))
+            .collect();
+        Mask::from_runs(shape, Cells::Edges(edges), allowed)
+    }
+
     /// A mask of `shape` cells of size `cell`, cell `c` allowed when `f(c)` is true.
     pub fn from_fn(
         shape: Vec<u64>,

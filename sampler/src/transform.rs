@@ -179,6 +179,12 @@ impl Transform {
         self
     }
 
+    /// The crop axes the transform works along (the normalize axis and the FFT axes).
+    pub fn axes(&self) -> Vec<usize> {
+        let fft = self.fft.iter().flat_map(|f| f.axes.iter().copied());
+        self.normalize.iter().map(|n| n.axis).chain(fft).collect()
+    }
+
     /// Whether this transform leaves the bytes as they are.
     pub fn is_identity(&self) -> bool {
         self.dtype == OutputType::Native

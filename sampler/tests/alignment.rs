@@ -1,0 +1,237 @@
+//! Origins from label tables (`Dim::lookup`) and crops that take every k-th element
+//! (`Dim::every`): the drawn positions are exactly those every table aligns, and the bytes are
+//! the strided numpy slices at the reported origins.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::fixture;
+use proptest::prelude::*;
+use zcrop_sampler::{Dim, Mode, SampleSpec, Sampler, SamplerError, Shard, Source, Transform};
+
+/// `data[origin + i * every]` for `i` over `crop`, of a C-order array of `shape`.
+fn strided(
+    data: &[u8],
+    shape: &[u64],
+    es: usize,
+    origin: &[u64],
+    crop: &[u64],
+    every: &[u64],
+) -> Vec<u8> {
+    let nd = shape.len();
+    let mut strides = vec![1u64; nd];
+    for d in (0..nd - 1).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    let n: u64 = crop.iter().product();
+    let mut idx = vec![0u64; nd];
+    let mut out = Vec::with_capacity(n as usize * es);
+    for _ in 0..n {
+        let lin: u64 = (0..nd)
+            .map(|d| (origin[d] + idx[d] * every[d]) * strides[d])
+            .sum();
+        out.extend_from_slice(&data[lin as usize * es..(lin as usize + 1) * es]);
+        for d in (0..nd).rev() {
+            idx[d] += 1;
+            if idx[d] < crop[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+/// Whether a looked-up origin `t` keeps a crop spanning `span` inside `size` with `jitter`.
+fn fits(t: i64, size: u64, span: u64, jitter: u64) -> bool {
+    t >= 0 && t as u64 >= jitter && t as u64 + jitter + span <= size
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    table_t: Vec<i64>,
+    table_y: Vec<i64>,
+    crop: [u64; 4],
+    every: [u64; 4],
+    jitter_y: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    // The fixture is (6, 3, 70, 90): tables over 6 times and 70 rows, entries -1 (no
+    // alignment) up to past the end, so some positions are excluded either way.
+    let table = |n: usize, hi: i64| prop::collection::vec(-1i64..hi, n);
+    (
+        table(6, 7),
+        table(70, 72),
+        (1u64..=3, 1u64..=3, 1u64..=6, 1u64..=5),
+        (1u64..=2, 1u64..=2, 1u64..=4, 1u64..=3),
+        0u64..=2,
+    )
+        .prop_map(
+            |(table_t, table_y, (ct, cc, cy, cx), (et, ec, ey, ex), jitter_y)| Case {
+                table_t,
+                table_y,
+                crop: [ct, cc, cy, cx],
+                every: [et, ec, ey, ex],
+                jitter_y,
+            },
+        )
+}
+
+fn spec(c: &Case) -> SampleSpec {
+    let (sat, _, _) = fixture("v3_workload_4d_u2");
+    SampleSpec::new(["t", "y", "x"])
+        .source(Source::new("ref", sat.clone(), [1, 3, 8, 8]))
+        .source(
+            Source::new("looked", sat, c.crop).dims([
+                Dim::lookup("t", c.table_t.clone()).every(c.every[0]),
+                Dim::fixed(0).every(c.every[1]),
+                Dim::lookup("y", c.table_y.clone())
+                    .jitter(c.jitter_y)
+                    .every(c.every[2]),
+                Dim::along("x").every(c.every[3]),
+            ]),
+        )
+}
+
+/// Positions `(t, y, x)` every source aligns: the expected sample space.
+fn allowed(c: &Case) -> Option<HashSet<(u64, u64, u64)>> {
+    let shape = [6u64, 3, 70, 90];
+    let span = |d: usize| (c.crop[d] - 1) * c.every[d] + 1;
+    if span(1) > shape[1] {
+        return None;
+    }
+    let mut out = HashSet::new();
+    for t in 0..6u64 {
+        for y in 0..=(70 - 8) {
+            for x in 0..=(90 - 8u64) {
+                let ok = fits(c.table_t[t as usize], shape[0], span(0), 0)
+                    && fits(c.table_y[y as usize], shape[2], span(2), c.jitter_y)
+                    && x + span(3) <= shape[3];
+                if ok {
+                    out.insert((t, y, x));
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn lookups_draw_only_aligned_positions_and_read_strided_slices(c in case()) {
+        let Some(want) = allowed(&c) else {
+            prop_assert!(Sampler::new(spec(&c)).is_err());
+            return Ok(());
+        };
+        let built = Sampler::new(spec(&c).mode(Mode::Epoch { stride: vec![1, 1, 1] }));
+        if want.is_empty() {
+            prop_assert!(matches!(built, Err(SamplerError::EmptyRegion { .. } | SamplerError::Spec { .. })), "{built:?}");
+            return Ok(());
+        }
+        // Epoch mode enumerates the space: exactly the aligned positions.
+        let epoch = built.unwrap();
+        prop_assert_eq!(epoch.epoch_len(), want.len() as u64);
+        let got: HashSet<(u64, u64, u64)> = epoch
+            .sample_positions(0, epoch.epoch_len())
+            .unwrap()
+            .chunks_exact(3)
+            .map(|p| (p[0], p[1], p[2]))
+            .collect();
+        prop_assert_eq!(&got, &want);
+
+        let (_, data, shape) = fixture("v3_workload_4d_u2");
+        let sampler = Sampler::new(spec(&c).seed(3).batch_size(4)).unwrap();
+        for step in 0..3 {
+            let plan = sampler.plan(step, Shard::SINGLE).unwrap();
+            let bytes = sampler.read(&plan).unwrap();
+            for i in 0..plan.len() {
+                let p = plan.position(i);
+                prop_assert!(want.contains(&(p[0], p[1], p[2])));
+                let o = plan.origin(1, i);
+                prop_assert_eq!(o[0] as i64, c.table_t[p[0] as usize]);
+                prop_assert_eq!(o[1], 0);
+                prop_assert!((o[2] as i64 - c.table_y[p[1] as usize]).unsigned_abs() <= c.jitter_y);
+                prop_assert_eq!(o[3], p[2]);
+                let expect = strided(&data, &shape, 2, o, &c.crop, &c.every);
+                let n = expect.len();
+                prop_assert_eq!(&bytes[1][i * n..(i + 1) * n], &expect[..], "sample {}", i);
+                let meta = plan.sample(i);
+                prop_assert_eq!(&meta.sources[1].origin, &o.to_vec());
+            }
+        }
+    }
+}
+
+/// A stepped crop converts and normalises like a contiguous one, element for element.
+#[test]
+fn stepped_crops_take_the_transform_along_other_axes() {
+    let (sat, data, shape) = fixture("v3_workload_4d_u2");
+    let norm = Transform::to_f32().normalize(1, vec![1.0, 2.0, 3.0], vec![2.0, 4.0, 8.0]);
+    let spec = SampleSpec::new(["t", "y", "x"])
+        .source(Source::new("s", sat, [2, 3, 4, 5]).transform(norm).dims([
+            Dim::along("t").every(3),
+            Dim::fixed(0),
+            Dim::along("y").every(5),
+            Dim::along("x"),
+        ]))
+        .batch_size(3);
+    let sampler = Sampler::new(spec).unwrap();
+    let plan = sampler.plan(0, Shard::SINGLE).unwrap();
+    let got = sampler.read(&plan).unwrap();
+    for i in 0..3 {
+        let origin = plan.origin(0, i);
+        let raw = strided(&data, &shape, 2, origin, &[2, 3, 4, 5], &[3, 1, 5, 1]);
+        let want: Vec<u8> = raw
+            .chunks_exact(2)
+            .enumerate()
+            .flat_map(|(k, b)| {
+                let c = (k / 20) % 3;
+                let v = f32::from(u16::from_ne_bytes([b[0], b[1]]));
+                let (m, s) = ([1.0f32, 2.0, 3.0][c], [2.0f32, 4.0, 8.0][c]);
+                ((v - m) / s).to_ne_bytes()
+            })
+            .collect();
+        let n = want.len();
+        assert_eq!(&got[0][i * n..(i + 1) * n], &want[..], "sample {i}");
+    }
+}
+
+#[test]
+fn bad_steps_and_tables_are_errors() {
+    let (sat, _, _) = fixture("v3_workload_4d_u2");
+    let with = |dims: Vec<Dim>, t: Transform| {
+        Sampler::new(
+            SampleSpec::new(["t", "y", "x"]).source(
+                Source::new("s", sat.clone(), [2, 3, 4, 4])
+                    .dims(dims)
+                    .transform(t),
+            ),
+        )
+    };
+    let dims = |t: Dim| vec![t, Dim::fixed(0), Dim::along("y"), Dim::along("x")];
+    let msg = |r: Result<Sampler, SamplerError>| r.unwrap_err().to_string();
+    assert!(msg(with(dims(Dim::along("t").every(0)), Transform::none())).contains("every 0th"));
+    assert!(msg(with(dims(Dim::along("t").every(6)), Transform::none())).contains("spans more"));
+    let e = msg(with(
+        dims(Dim::along("t").every(2)),
+        Transform::to_f32().normalize(0, vec![0.0; 2], vec![1.0; 2]),
+    ));
+    assert!(e.contains("contiguous dimension"), "{e}");
+    let e = msg(with(
+        dims(Dim::lookup("t", vec![-1, 5, 9])),
+        Transform::none(),
+    ));
+    assert!(
+        e.contains("aligns with no position") && e.contains("\"s\""),
+        "{e}"
+    );
+    let e = msg(with(
+        dims(Dim::lookup("t", vec![0, 1]).scale(1, 2)),
+        Transform::none(),
+    ));
+    assert!(e.contains("takes no scale"), "{e}");
+}
