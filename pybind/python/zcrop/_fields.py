@@ -103,13 +103,15 @@ def _is_dataarray(obj: Any) -> bool:
     )
 
 
-def _position_labels(srcs: list[Source], names: list[str]) -> dict[str, np.ndarray[Any, Any]]:
+def _position_labels(
+    srcs: list[Source], resolved: list[list[tuple[Any, ...]] | None], names: list[str]
+) -> dict[str, np.ndarray[Any, Any]]:
     """Per position dimension, the coordinate label of every position of the grid, from the
     first xarray source that follows it (labels of its own axis mapped through scale and
-    offset). Dimensions no xarray source follows are left out."""
+    offset; ``resolved``: the sources' dims). Dimensions no xarray source follows are left
+    out."""
     out: dict[str, np.ndarray[Any, Any]] = {}
-    for src in srcs:
-        dims = src._spec["dims"]
+    for src, dims in zip(srcs, resolved):
         if dims is None or src._dim_names is None:
             continue
         for axis, spec in enumerate(dims):
@@ -118,7 +120,7 @@ def _position_labels(srcs: list[Source], names: list[str]) -> dict[str, np.ndarr
             labels = src._labels.get(src._dim_names[axis])
             if labels is None:
                 continue
-            _, pos, num, den, offset, _ = spec
+            _, pos, num, den, offset, _ = spec[:6]
             size = len(labels)
             grid = max(0, -(-(size - offset) * den // num))
             idx = np.arange(grid, dtype=np.int64) * num // den + offset
@@ -279,13 +281,11 @@ def _fields(
     valid: Any,
     valid_times: Any,
     weights: Any,
+    labels: dict[str, np.ndarray[Any, Any]],
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, int]]:
-    """The ``masks`` and ``weights`` entries of a loader spec, and the number of grid
-    positions of each position dimension whose labels placed them (see :func:`check_grid`)."""
-    needs_labels = valid_times is not None or any(
-        _is_dataarray(v) for v in [weights, *_listed(valid)]
-    )
-    labels = _position_labels(srcs, names) if needs_labels else {}
+    """The ``masks`` and ``weights`` entries of a loader spec over positions labelled by
+    ``labels``, and the number of grid positions of each position dimension whose labels
+    placed them (see :func:`check_grid`)."""
     masks = [
         _as_mask(v, names, labels, "valid" if len(_listed(valid)) == 1 else f"valid[{i}]")
         for i, v in enumerate(_listed(valid))

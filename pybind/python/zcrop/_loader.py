@@ -22,6 +22,13 @@ from typing import Any, Union, cast
 
 import numpy as np
 
+from zcrop._align import (
+    Alignment,
+    lookup_dims,
+    position_labels,
+    resolved_dims,
+    source_windows,
+)
 from zcrop._api import is_url, storage_option_pairs
 from zcrop._array import Array
 from zcrop._fields import ValidMask, _fields, check_grid
@@ -160,12 +167,33 @@ class Source:
     coords:
         Label samples with the values of 1-d coordinate arrays named like the dimensions
         (sibling arrays), when there are any.
+    align:
+        For an xarray source: how its crop origin along each position dimension follows the
+        position's label, by its own coordinate: ``"exact"`` (the default; the same label),
+        ``"nearest"`` (ties to the larger label, as ``sel(method="nearest")``),
+        ``"previous"`` (the latest label at or before it: forecasts by init time,
+        observations that arrive late) or ``"next"``. One rule, or ``{dimension: rule}``.
+        Positions where the source has no alignment are never drawn.
+    tolerance:
+        The largest distance between a position's label and the label ``align`` picks
+        (label units: a timedelta or a string like ``"30min"`` for times, a number
+        otherwise); one value or ``{dimension: value}``. ``None``: no limit.
+    window:
+        ``{dimension: (start, stop)}``, the crop along a dimension relative to the aligned
+        index: ints are the source's own steps (``(-3, 1)``: 3 steps before to the aligned
+        one, half-open), label units are inclusive (``("-1h", "0h")``: from one hour before
+        the position's time to it; the crop size follows from the coordinate's spacing,
+        which must be regular). A window sets the crop along its dimension.
+    every:
+        ``{dimension name: k}`` (or one int per dimension): take every ``k``-th element
+        inside the crop, e.g. hourly frames from 15-minute data with ``{"time": 4}``. The
+        crop size counts the elements taken; the window spans ``(n - 1) * k + 1``.
     storage_options:
         For a URL: the object store's options (``endpoint_url``, ``region``, ``anon``, ``key``,
         ``secret``, ...), as for :func:`zcrop.open`.
     """
 
-    __slots__ = ("_dim_names", "_labels", "_spec", "name")
+    __slots__ = ("_align", "_axis_names", "_dim_names", "_every", "_labels", "_spec", "name")
 
     def __init__(
         self,
@@ -180,12 +208,18 @@ class Source:
         coords: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         decode: bool | None = None,
+        align: str | Mapping[str, str] | None = None,
+        tolerance: Any = None,
+        window: Mapping[str, tuple[Any, Any]] | None = None,
+        every: Sequence[int] | Mapping[str, int] | None = None,
     ) -> None:
         options = storage_option_pairs(storage_options)
         #: Per dimension name, the decoded coordinate labels (xarray sources).
         self._labels: dict[str, np.ndarray[Any, Any]] = {}
         #: The dimension names the source was given with (xarray sources).
         self._dim_names: list[str] | None = None
+        #: Per labelled dimension, how it aligns with its position's labels (xarray sources).
+        self._align: dict[str, Alignment] = {}
         decoding = None
         if _is_xarray_variable(array):
             array, self._dim_names, decoding, self._labels, default_var = _from_xarray(
@@ -195,12 +229,36 @@ class Source:
                 name = default_var
             if decoding is not None and dtype is None:
                 dtype = "float32"
-            if dims is None:
-                dims = list(self._dim_names)
         elif decode:
             raise ValueError("decode= applies to variables of an xarray Dataset")
+        else:
+            for what, value in (("align", align), ("tolerance", tolerance), ("window", window)):
+                if value is not None:
+                    raise ValueError(
+                        f"{what}= aligns by coordinate labels: it applies to variables of an "
+                        "xarray Dataset opened with engine='zcrop'"
+                    )
+        names = self._dim_names
+        if isinstance(crop, Mapping) or isinstance(every, Mapping):
+            names = _dimension_names(array, names)
         if isinstance(crop, Mapping):
-            crop = _crop_by_name(crop, array, self._dim_names)
+            assert names is not None
+            crop = _crop_by_name(crop, array, names)
+        crop = [int(c) for c in crop]
+        steps = _per_axis(every, names, len(crop), "every")
+        if self._dim_names is not None:
+            by_name = dict(zip(self._dim_names, crop))
+            self._align = source_windows(
+                str(name),
+                self._dim_names,
+                self._labels,
+                by_name,
+                align,
+                tolerance,
+                window,
+                dict(zip(self._dim_names, steps)),
+            )
+            crop = [by_name[d] for d in self._dim_names]
         if isinstance(array, Array):
             # By directory or URL, so a Source pickles (for DataLoader workers started by
             # spawn); an array in an object store keeps the options it was opened with.
@@ -241,11 +299,27 @@ class Source:
                 str(fft.get("output", "complex")),
                 str(fft.get("norm", "backward")),
             )
+        #: Per dimension, the step between the elements a crop takes.
+        self._every = steps
+        dim_specs = None
+        if dims is not None:
+            dim_specs = [(*_dim(d), k) for d, k in zip(dims, steps)]
+            if len(dim_specs) != len(crop):
+                raise ValueError(
+                    f"source {self.name!r}: {len(list(dims))} dims for a crop of {len(crop)}"
+                )
+        elif any(k != 1 for k in steps) and names is None:
+            raise ValueError(
+                f"source {self.name!r}: every= needs the dimensions' roles: give dims= (or "
+                "an array with dimension names)"
+            )
+        #: The dimension names, where known (they place dimensions when dims= is not given).
+        self._axis_names = names
         self._spec: dict[str, Any] = {
             "name": self.name,
             "array": native,
-            "crop": [int(c) for c in crop],
-            "dims": None if dims is None else [_dim(d) for d in dims],
+            "crop": crop,
+            "dims": dim_specs,
             "dtype": _DTYPES[key],
             "normalize": norm_spec,
             "fft": fft_spec,
@@ -315,26 +389,57 @@ def _from_xarray(
     return array, dims, decoding, labels, name
 
 
-def _crop_by_name(crop: Mapping[str, int], array: Any, names: list[str] | None) -> list[int]:
-    """A crop given as ``{dimension name: size}`` as one size per dimension."""
+def _open_array(array: Any) -> Array:
     if isinstance(array, Array):
-        arr = array
-    else:
-        from zcrop._api import open_array
+        return array
+    from zcrop._api import open_array
 
-        arr = open_array(os.fspath(array))
-    if names is None:
-        # v3 dimension names, else xarray's v2 attribute (as the sampler reads them).
-        given = arr.dimension_names or arr.attrs.get("_ARRAY_DIMENSIONS") or []
-        names = [str(n) if n else f"dim_{i}" for i, n in enumerate(given)]
-    if len(names) != arr.ndim:
+    return open_array(os.fspath(array))
+
+
+def _dimension_names(array: Any, names: list[str] | None) -> list[str]:
+    """The array's dimension names: given, v3 ``dimension_names``, or xarray's v2 attribute
+    (as the sampler reads them)."""
+    if names is not None:
+        return names
+    arr = _open_array(array)
+    given = arr.dimension_names or arr.attrs.get("_ARRAY_DIMENSIONS") or []
+    if len(given) != arr.ndim:
         raise ValueError(
-            f"crop by dimension name needs the array's dimension names; {arr.name} has none"
+            f"a crop or every= by dimension name needs the array's dimension names; "
+            f"{arr.name} has none"
         )
+    return [str(n) if n else f"dim_{i}" for i, n in enumerate(given)]
+
+
+def _crop_by_name(crop: Mapping[str, int], array: Any, names: list[str]) -> list[int]:
+    """A crop given as ``{dimension name: size}`` as one size per dimension."""
+    arr = _open_array(array)
     unknown = [k for k in crop if k not in names]
     if unknown:
         raise ValueError(f"crop names {unknown}, not dimensions of the array ({names})")
     return [int(crop.get(d, n)) for d, n in zip(names, arr.shape)]
+
+
+def _per_axis(
+    value: Sequence[int] | Mapping[str, int] | None, names: list[str] | None, ndim: int, what: str
+) -> list[int]:
+    """A per-dimension setting given by name or in order, as one int per dimension."""
+    if value is None:
+        return [1] * ndim
+    if isinstance(value, Mapping):
+        assert names is not None
+        unknown = [k for k in value if k not in names]
+        if unknown:
+            raise ValueError(f"{what} names {unknown}, not dimensions of the array ({names})")
+        out = [int(value.get(d, 1)) for d in names]
+    else:
+        out = [int(k) for k in value]
+        if len(out) != ndim:
+            raise ValueError(f"{what} has {len(out)} entries for {ndim} dimensions")
+    if any(k < 1 for k in out):
+        raise ValueError(f"{what} must be at least 1 per dimension, got {out}")
+    return out
 
 
 def _sources(sources: Any) -> list[Source]:
@@ -388,7 +493,7 @@ def _open_native(path: str, options: list[tuple[str, str]] | None = None) -> Nat
 
 def _space_spec(
     srcs: list[Source],
-    positions: Sequence[str] | None,
+    positions: Sequence[str] | Mapping[str, Any] | None,
     seed: int,
     mode: str,
     stride: Sequence[int] | None,
@@ -403,16 +508,36 @@ def _space_spec(
         raise ValueError(f"mode must be 'uniform' or 'epoch', got {mode!r}")
     if mode == "epoch" and stride is None:
         raise ValueError("epoch mode needs a stride per position dimension")
-    names = list(positions) if positions is not None else _positions(srcs[0])
-    masks, weight_field, labelled = _fields(srcs, names, valid, valid_times, weights)
+    given = positions if isinstance(positions, Mapping) else None
+    if isinstance(positions, str):
+        raise TypeError("positions is a list of dimension names or a mapping, not a string")
+    names = [str(n) for n in positions] if positions is not None else _positions(srcs[0])
+    resolved = resolved_dims(srcs, names)
+    labels, ranges = position_labels(srcs, resolved, names, given)
+    explicit = {
+        str(d) for d, v in (given or {}).items() if v is not None and not isinstance(v, slice)
+    }
+    dims = lookup_dims(srcs, resolved, names, labels, explicit)
+    masks, weight_field, labelled = _fields(srcs, names, valid, valid_times, weights, labels)
+    for d in explicit:
+        labelled[d] = len(labels[d])
+    if region is not None:
+        region = ([int(x) for x in region[0]], [int(x) for x in region[1]])
+    if ranges:
+        start, end = region or ([0] * len(names), [2**64 - 1] * len(names))
+        for i, d in enumerate(names):
+            if d in ranges:
+                start[i] = max(start[i], ranges[d][0])
+                end[i] = min(end[i], ranges[d][1])
+        region = (start, end)
     return {
         "positions": names,
-        "sources": [s._spec for s in srcs],
+        "sources": [
+            s._spec if d is None else {**s._spec, "dims": d} for s, d in zip(srcs, dims)
+        ],
         "mode": mode,
         "stride": None if stride is None else [int(x) for x in stride],
-        "region": None
-        if region is None
-        else ([int(x) for x in region[0]], [int(x) for x in region[1]]),
+        "region": region,
         "seed": int(seed),
         "masks": masks,
         "weights": weight_field,
@@ -437,25 +562,27 @@ def sampler_spec(space: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _source_labels(srcs: list[Source]) -> dict[str, tuple[list[str], dict[str, Any]]]:
-    """The decoded coordinate labels of each xarray source, by source name."""
+SourceLabels = dict[str, tuple[list[str], dict[str, Any], list[int]]]
+
+
+def _source_labels(srcs: list[Source]) -> SourceLabels:
+    """The decoded coordinate labels of each xarray source (and the steps its crops take), by
+    source name."""
     return {
-        src.name: (src._dim_names, src._labels)
+        src.name: (src._dim_names, src._labels, src._every)
         for src in srcs
         if src._labels and src._dim_names is not None
     }
 
 
-def _labelled(
-    samples: list[dict[str, Any]], labels: dict[str, tuple[list[str], dict[str, Any]]]
-) -> list[dict[str, Any]]:
+def _labelled(samples: list[dict[str, Any]], labels: SourceLabels) -> list[dict[str, Any]]:
     """Adds each xarray source's coordinate labels to the samples' metadata."""
     for sample in samples if labels else ():
-        for name, (dims, coords) in labels.items():
+        for name, (dims, coords, every) in labels.items():
             entry = sample["sources"][name]
             entry["labels"] = {
-                d: coords[d][o : o + n]
-                for d, o, n in zip(dims, entry["origin"], entry["shape"])
+                d: coords[d][o : o + (n - 1) * k + 1 : k]
+                for d, o, n, k in zip(dims, entry["origin"], entry["shape"], every)
                 if d in coords
             }
     return samples
@@ -476,7 +603,11 @@ class Loader:
         A :class:`Source`, a list of them, or a dict ``name -> Source``.
     positions:
         Names of the sample position dimensions (default: the first source's dimension
-        names, or ``dim_0 ...``).
+        names, or ``dim_0 ...``), or a mapping ``{name: labels}`` that also says where
+        positions lie: ``None`` (every label of the first xarray source following it), a
+        label slice (``slice("2020-01-01", "2021-12-31")``, inclusive as ``sel``) or an
+        explicit list of labels (e.g. the t0 times of a split). Along a labelled dimension
+        every xarray source aligns by its own coordinate (see :class:`Source`'s ``align``).
     batch_size:
         Samples per batch on this rank.
     seed:
@@ -540,7 +671,7 @@ class Loader:
         self,
         sources: Any,
         *,
-        positions: Sequence[str] | None = None,
+        positions: Sequence[str] | Mapping[str, Any] | None = None,
         batch_size: int = 1,
         seed: int = 0,
         rank: int = 0,
@@ -733,7 +864,7 @@ class Samples:
         self,
         sources: Any,
         *,
-        positions: Sequence[str] | None = None,
+        positions: Sequence[str] | Mapping[str, Any] | None = None,
         seed: int = 0,
         mode: str = "uniform",
         stride: Sequence[int] | None = None,

@@ -64,14 +64,30 @@ class _Axis:
     jitter: int
     crop: int
     size: int
+    #: Origins looked up per position (-1: no alignment), for a source aligned by labels.
+    table: np.ndarray[Any, Any] | None = None
+    #: The step between the elements a crop takes.
+    every: int = 1
 
     def origins(self, positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        return positions * self.num // self.den + self.offset
+        """Crop origins at ``positions`` (a large negative number where there is none)."""
+        if self.table is None:
+            return positions * self.num // self.den + self.offset
+        t = self.table[positions]
+        return np.where(t >= 0, t + self.offset, -(1 << 62))
 
     @property
     def window(self) -> int:
-        """Elements a window spans along the axis, jitter included."""
+        """Elements whose missing values the kernel reduces along the axis: the whole crop
+        and jitter, or for a stepped crop the jitter only (the steps are taken after)."""
+        if self.every > 1:
+            return 2 * self.jitter + 1
         return self.crop + 2 * self.jitter
+
+    @property
+    def span(self) -> int:
+        """Elements a window spans along the axis, jitter included."""
+        return (self.crop - 1) * self.every + 1 + 2 * self.jitter
 
 
 @dataclass
@@ -81,7 +97,8 @@ class _Plan:
     name: str
     array: Array
     aligned: list[_Axis]
-    fixed: dict[int, tuple[int, int]]
+    #: Per fixed axis, the ``(start, stop, step)`` slice its crops take.
+    fixed: dict[int, tuple[int, int, int]]
     fills: list[float]
     lead: _Axis | None
 
@@ -100,13 +117,21 @@ def _plans(sampler: NativeSampler, srcs: list[Any], invalid: Any) -> list[_Plan]
         aligned, fixed = [], {}
         for axis, rule in enumerate(info["origins"]):
             crop = int(info["crop"][axis])
+            every = int(info["every"][axis])
             if rule[0] == "fixed":
-                fixed[axis] = (int(rule[1]), int(rule[1]) + crop)
+                o = int(rule[1])
+                fixed[axis] = (o, o + (crop - 1) * every + 1, every)
+            elif rule[0] == "lookup":
+                _, pos, table, offset, jitter = rule[:5]
+                aligned.append(
+                    _Axis(axis, int(pos), 1, 1, int(offset), int(jitter), crop,
+                          int(array.shape[axis]), np.asarray(table, dtype=np.int64), every)
+                )
             else:
-                _, pos, num, den, offset, jitter = rule
+                _, pos, num, den, offset, jitter = rule[:6]
                 aligned.append(
                     _Axis(axis, int(pos), int(num), int(den), int(offset), int(jitter), crop,
-                          int(array.shape[axis]))
+                          int(array.shape[axis]), None, every)
                 )
         fills = [] if spec["decode"] is None else [float(f) for f in spec["decode"][2]]
         extra = invalid.get(src.name, []) if isinstance(invalid, dict) else (invalid or [])
@@ -220,7 +245,7 @@ def _slabs(plans: list[_Plan], grid: list[int], budget: int) -> Iterator[tuple[i
         row = math.prod(
             n if ax != p.lead.axis else 1
             for ax, n in enumerate(
-                [p.fixed[a][1] - p.fixed[a][0] if a in p.fixed else s for a, s in enumerate(p.array.shape)]
+                [len(range(*p.fixed[a])) if a in p.fixed else s for a, s in enumerate(p.array.shape)]
             )
         )
         # Raw values, boolean maps and running sums per row, scaled to positions.
@@ -238,8 +263,16 @@ def _rows_for(p: _Plan, p0: int, p1: int) -> tuple[int, int]:
     """Rows along the lead axis the windows of positions ``[p0, p1)`` span."""
     lead = p.lead
     assert lead is not None
-    o = lead.origins(np.array([p0, p1 - 1]))
-    return max(0, int(o[0]) - lead.jitter), min(lead.size, int(o[1]) + lead.crop + lead.jitter)
+    if lead.table is None:
+        # Origins grow with the position: the ends of the slab bound them.
+        o = lead.origins(np.array([p0, p1 - 1]))
+    else:
+        o = lead.origins(np.arange(p0, p1))
+        o = o[o >= 0]
+        if not len(o):
+            return 0, 0
+    first, last = int(o.min()), int(o.max())
+    return max(0, first - lead.jitter), min(lead.size, last - lead.jitter + lead.span)
 
 
 def _source_valid(
@@ -248,10 +281,15 @@ def _source_valid(
     """Whether each position of the slab has a clean window of source ``p``: bool over
     ``(p1 - p0, *grid[1:])``, broadcast over position dimensions the source does not follow."""
     inv = reader.rows
-    assert inv is not None
     out_shape = [p1 - p0, *grid[1:]]
+    if inv is None:
+        # Nothing read yet: no position of the slab has an origin in this source.
+        return np.zeros(out_shape, dtype=bool)
     take = []
     bad = _window_any(inv, [ax.window for ax in p.aligned])
+    for k, ax in enumerate(p.aligned):
+        if ax.every > 1:
+            bad = _stepped_any(bad, k, ax.crop, ax.every)
     for ax in p.aligned:
         base = reader.lo if p.lead is not None and ax is p.lead else 0
         span = grid[ax.position] if ax.position else p1 - p0
@@ -286,6 +324,23 @@ def _source_valid(
     for k in order:
         shape[p.aligned[k].position] = valid.shape[order.index(k)]
     return np.broadcast_to(valid.reshape(shape), out_shape)
+
+
+def _stepped_any(bad: np.ndarray[Any, Any], axis: int, n: int, k: int) -> np.ndarray[Any, Any]:
+    """``out[i] = any(bad[i + j * k] for j < n)`` along ``axis``: windows of ``n`` elements
+    ``k`` apart."""
+    length = bad.shape[axis] - (n - 1) * k
+    if length <= 0:
+        shape = list(bad.shape)
+        shape[axis] = 0
+        return np.zeros(shape, dtype=bool)
+    index: list[slice] = [slice(None)] * bad.ndim
+    index[axis] = slice(0, length)
+    out = bad[tuple(index)].copy()
+    for j in range(1, n):
+        index[axis] = slice(j * k, j * k + length)
+        out |= bad[tuple(index)]
+    return out
 
 
 def _outer_and(masks: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
