@@ -114,6 +114,7 @@ fn parse_dim(d: &Bound<'_, PyAny>) -> PyResult<Dim> {
     };
     match kind.as_str() {
         "fixed" => Ok(Dim::fixed(d.get_item(1)?.extract()?).every(every(2)?)),
+        "pick" => Ok(Dim::pick(d.get_item(1)?.extract::<Vec<u64>>()?)),
         "along" => {
             let name: String = d.get_item(1)?.extract()?;
             let (num, den): (u64, u64) = (d.get_item(2)?.extract()?, d.get_item(3)?.extract()?);
@@ -520,6 +521,12 @@ fn source_dicts<'py>(py: Python<'py>, sampler: &Sampler) -> PyResult<Vec<Bound<'
             }
             d.set_item("origins", origins)?;
             d.set_item("every", s.every.clone())?;
+            let picks: Vec<Option<Vec<u64>>> = s
+                .picks
+                .iter()
+                .map(|p| p.as_deref().map(<[u64]>::to_vec))
+                .collect();
+            d.set_item("picks", picks)?;
             Ok(d)
         })
         .collect()

@@ -326,3 +326,53 @@ def test_bad_alignment_input_is_named(ocf, tmp_path):
     with pytest.raises(ValueError, match="selects no label"):
         zcrop.Samples(sat_src, positions={"time": slice("2030-01-01", None), "y": None, "x": None},
                       length=1)
+
+
+def test_a_typo_in_a_position_name_lists_the_names(ocf):
+    sat, _, _ = ocf
+    src = zcrop.Source(sat["ir"], crop={"time": 1, "y": 8, "x": 8})
+    with pytest.raises(ValueError, match=r"position 'yy' is not a dimension.*did you mean 'y'"):
+        zcrop.Samples(src, positions=["time", "yy", "x"], length=1)
+    with pytest.raises(ValueError, match=r"position 'tme' .*'channel', 'time', 'x', 'y'"):
+        zcrop.Samples(src, positions={"tme": None, "y": None, "x": None}, length=1)
+    bad = zcrop.Source(sat["ir"], crop={"time": 1, "y": 8, "x": 8}, dims=["tim", 0, "y", "x"])
+    with pytest.raises(ValueError, match=r"follows 'tim' in dims=.*did you mean 'time'"):
+        zcrop.Samples(bad, positions=["time", "y", "x"], length=1)
+
+
+def test_channels_selected_by_label(ocf, tmp_path):
+    sat, _, _ = ocf
+    raw = sat["ir"]
+    # Text labels: a dataset whose channels have names.
+    named = raw.assign_coords(channel=["IR_108", "VIS_006", "WV_062"]).to_dataset()
+    vals = named["ir"].values.copy()
+    vals[:, 1] = np.nan  # VIS_006 missing everywhere: not selected, so it must not matter
+    vals[10, 2, 5, 5] = np.nan
+    named["ir"].values = vals
+    path = tmp_path / "named.zarr"
+    named.to_zarr(str(path), mode="w", zarr_format=3)
+    ds = xr.open_dataset(str(path), engine="zcrop")
+    src = zcrop.Source(ds["ir"], crop={"time": 2, "y": 4, "x": 4},
+                       select={"channel": ["WV_062", "IR_108"]}, every={"time": 3})
+    s = zcrop.Samples(src, positions=["time", "y", "x"], seed=2, length=6)
+    for i in range(6):
+        out = s[i]
+        t, y, x = (int(v) for v in out["meta"]["position"])
+        want = ds["ir"].isel(time=[t, t + 3], y=slice(y, y + 4), x=slice(x, x + 4)).sel(
+            channel=["WV_062", "IR_108"])
+        np.testing.assert_array_equal(out["ir"], want.values)
+        assert list(s.labels(i)["ir"]["channel"]) == ["WV_062", "IR_108"]
+    # Only windows clean in the selected channels count: NaN in the unselected one is ignored.
+    mask = zcrop.valid_windows(src, ["time", "y", "x"], cache=False)
+    sel = vals[:, [2, 0]]
+    want = np.zeros(mask.shape, dtype=bool)
+    for t in range(96 - 3):
+        for y in range(32 - 3):
+            for x in range(32 - 3):
+                want[t, y, x] = not np.isnan(sel[[t, t + 3], :, y : y + 4, x : x + 4]).any()
+    np.testing.assert_array_equal(mask.to_numpy(), want)
+    assert 0 < mask.count() < 93 * 29 * 29
+    with pytest.raises(ValueError, match=r"\['IR_999'\] not among its labels"):
+        zcrop.Source(ds["ir"], crop={"time": 1}, select={"channel": ["IR_999"]})
+    with pytest.raises(ValueError, match="takes no window or every"):
+        zcrop.Source(ds["ir"], crop={"time": 1}, select={"channel": [0]}, every={"channel": 2})

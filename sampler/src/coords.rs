@@ -83,8 +83,12 @@ pub(crate) struct Coord {
 impl Coord {
     /// The label of a crop of `len` elements starting at `origin` along this coordinate's axis.
     pub(crate) fn label(&self, origin: u64, len: u64) -> CoordLabel {
-        let first = origin as usize;
-        let last = (origin + len.max(1) - 1) as usize;
+        self.label_of(origin, origin + len.max(1) - 1)
+    }
+
+    /// The label of a window whose first and last elements are at `first` and `last`.
+    pub(crate) fn label_of(&self, first: u64, last: u64) -> CoordLabel {
+        let (first, last) = (first as usize, last as usize);
         CoordLabel {
             dim: Arc::clone(&self.name),
             axis: self.axis,

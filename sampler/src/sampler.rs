@@ -27,7 +27,8 @@ use crate::transform::{Fused, Transform};
 /// at the same index (for example all channels of a `(t, c, y, x)` array).
 ///
 /// Any dimension can take every `k`-th element inside its crop ([`Dim::every`]): a crop of `n`
-/// then spans `(n - 1) * k + 1` elements of the array.
+/// then spans `(n - 1) * k + 1` elements of the array. A picked dimension ([`Dim::pick`])
+/// takes the listed indices, in their order (channels chosen by name).
 ///
 /// ```
 /// use zcrop_sampler::Dim;
@@ -48,6 +49,7 @@ pub struct Dim {
     jitter: u64,
     table: Option<Arc<[i64]>>,
     every: u64,
+    picks: Option<Arc<[u64]>>,
 }
 
 impl Dim {
@@ -61,6 +63,7 @@ impl Dim {
             jitter: 0,
             table: None,
             every: 1,
+            picks: None,
         }
     }
 
@@ -84,6 +87,16 @@ impl Dim {
             jitter: 0,
             table: None,
             every: 1,
+            picks: None,
+        }
+    }
+
+    /// Takes the elements at `indices` (in this order; the crop along the dimension is
+    /// `indices.len()`), for every sample.
+    pub fn pick(indices: impl Into<Arc<[u64]>>) -> Dim {
+        Dim {
+            picks: Some(indices.into()),
+            ..Dim::fixed(0)
         }
     }
 
@@ -393,6 +406,8 @@ pub struct SourceInfo {
     pub origins: Vec<OriginRule>,
     /// Per dimension, the step between the elements a crop takes (1: contiguous).
     pub every: Vec<u64>,
+    /// Per dimension, the indices a picked dimension takes.
+    pub picks: Vec<Option<Arc<[u64]>>>,
 }
 
 /// How one dimension of a source's crop origin is placed, as the sampler resolved it.
@@ -451,26 +466,19 @@ struct SubCrops {
 }
 
 impl SubCrops {
-    fn new(crop: &[u64], every: &[u64]) -> Option<SubCrops> {
-        if every.iter().zip(crop).all(|(&k, &c)| k == 1 || c == 1) {
-            return None;
-        }
-        let stepped: Vec<bool> = every
-            .iter()
-            .zip(crop)
-            .map(|(&k, &c)| k > 1 && c > 1)
-            .collect();
+    /// Sub-crops for a crop whose dimensions take the elements `offsets[d]` (relative to the
+    /// origin) instead of a contiguous run, where given.
+    fn new(crop: &[u64], offsets: &[Option<Vec<u64>>]) -> Option<SubCrops> {
+        let last = offsets.iter().rposition(Option::is_some)?;
         let shape: Vec<u64> = crop
             .iter()
-            .zip(&stepped)
-            .map(|(&c, &st)| if st { 1 } else { c })
+            .zip(offsets)
+            .map(|(&c, o)| if o.is_some() { 1 } else { c })
             .collect();
-        let last = stepped.iter().rposition(|&st| st).unwrap_or(0);
-        let contiguous = (0..last).all(|d| stepped[d] || crop[d] == 1);
-        let counts: Vec<u64> = crop
+        let contiguous = (0..last).all(|d| offsets[d].is_some() || crop[d] == 1);
+        let counts: Vec<u64> = offsets
             .iter()
-            .zip(&stepped)
-            .map(|(&c, &st)| if st { c } else { 1 })
+            .map(|o| o.as_ref().map_or(1, |o| o.len() as u64))
             .collect();
         let n: u64 = counts.iter().product();
         let mut idx = vec![0u64; crop.len()];
@@ -479,7 +487,11 @@ impl SubCrops {
         for lin in 0..n {
             crate::space::unravel(lin, &counts, &mut idx);
             index.extend_from_slice(&idx);
-            deltas.extend(idx.iter().zip(every).map(|(&i, &k)| i * k));
+            deltas.extend(
+                idx.iter()
+                    .zip(offsets)
+                    .map(|(&i, o)| o.as_ref().map_or(0, |o| o[i as usize])),
+            );
         }
         Some(SubCrops {
             shape,
@@ -1186,7 +1198,35 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
             }
         }
     }
-    let sub = SubCrops::new(&src.crop, &every);
+    let mut offsets: Vec<Option<Vec<u64>>> = (0..nd)
+        .map(|d| {
+            (every[d] > 1 && src.crop[d] > 1)
+                .then(|| (0..src.crop[d]).map(|j| j * every[d]).collect())
+        })
+        .collect();
+    for (d, dim) in dims.iter().enumerate() {
+        let Some(picks) = &dim.picks else { continue };
+        if dim.position.is_some() || dim.offset != 0 || dim.every != 1 {
+            return Err(err(format!(
+                "dimension {d} picks indices; it cannot also follow a position, start elsewhere or step"
+            )));
+        }
+        if picks.len() as u64 != src.crop[d] {
+            return Err(err(format!(
+                "dimension {d} picks {} indices for a crop of {}",
+                picks.len(),
+                src.crop[d]
+            )));
+        }
+        if let Some(&i) = picks.iter().find(|&&i| i >= shape[d]) {
+            return Err(err(format!(
+                "dimension {d} picks index {i}, past its size {}",
+                shape[d]
+            )));
+        }
+        offsets[d] = Some(picks.to_vec());
+    }
+    let sub = SubCrops::new(&src.crop, &offsets);
     if let Some(sub) = &sub {
         let stepped = |axis: usize| sub.shape[axis] != src.crop[axis];
         if let Some(axis) = src
@@ -1196,8 +1236,8 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
             .find(|&a| a < nd && stepped(a))
         {
             return Err(err(format!(
-                "dimension {axis} takes every {}th element, and the transform's normalize or \
-                 fft runs along it: apply it to a contiguous dimension",
+                "dimension {axis} takes every {}th element or picked indices, and the \
+                 transform's normalize or fft runs along it: apply it to a contiguous dimension",
                 every[axis]
             )));
         }
@@ -1272,6 +1312,7 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
                 })
                 .collect(),
             every,
+            picks: dims.iter().map(|d| d.picks.clone()).collect(),
         },
         array: a.clone(),
         dims: rt,
@@ -1433,6 +1474,9 @@ impl BatchPlan {
                     .iter()
                     .map(|c| {
                         let axis = c.axis();
+                        if let Some(p) = &src.info.picks[axis] {
+                            return c.label_of(p[0], p[p.len() - 1]);
+                        }
                         let span = (src.info.crop[axis] - 1) * src.info.every[axis] + 1;
                         c.label(origin[axis], span)
                     })

@@ -235,3 +235,60 @@ fn bad_steps_and_tables_are_errors() {
     ));
     assert!(e.contains("takes no scale"), "{e}");
 }
+
+/// A picked dimension takes its indices in the given order, with steps on other axes.
+#[test]
+fn picked_indices_are_gathered_in_order() {
+    let (sat, data, shape) = fixture("v3_workload_4d_u2");
+    for (picks, every_y) in [(vec![2u64, 0], 1u64), (vec![1, 1, 2], 3), (vec![1], 2)] {
+        let n = picks.len() as u64;
+        let spec = SampleSpec::new(["t", "y", "x"])
+            .source(Source::new("s", sat.clone(), [2, n, 4, 5]).dims([
+                Dim::along("t"),
+                Dim::pick(picks.clone()),
+                Dim::along("y").every(every_y),
+                Dim::along("x"),
+            ]))
+            .batch_size(4);
+        let sampler = Sampler::new(spec).unwrap();
+        let plan = sampler.plan(1, Shard::SINGLE).unwrap();
+        let got = sampler.read(&plan).unwrap();
+        for i in 0..4 {
+            let o = plan.origin(0, i);
+            let mut want = Vec::new();
+            for t in 0..2 {
+                for &c in &picks {
+                    let origin = [o[0] + t, c, o[2], o[3]];
+                    want.extend(strided(
+                        &data,
+                        &shape,
+                        2,
+                        &origin,
+                        &[1, 1, 4, 5],
+                        &[1, 1, every_y, 1],
+                    ));
+                }
+            }
+            let len = want.len();
+            assert_eq!(
+                &got[0][i * len..(i + 1) * len],
+                &want[..],
+                "{picks:?} sample {i}"
+            );
+        }
+    }
+    let bad = |dim: Dim, crop: u64| {
+        Sampler::new(SampleSpec::new(["t", "y", "x"]).source(
+            Source::new("s", sat.clone(), [1, crop, 4, 4]).dims([
+                Dim::along("t"),
+                dim,
+                Dim::along("y"),
+                Dim::along("x"),
+            ]),
+        ))
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(bad(Dim::pick(vec![0, 3]), 2).contains("past its size 3"));
+    assert!(bad(Dim::pick(vec![0, 1]), 3).contains("picks 2 indices for a crop of 3"));
+}

@@ -213,8 +213,12 @@ def resolved_dims(srcs: list[Source], names: list[str]) -> list[Dims | None]:
         dims = src._spec["dims"]
         if dims is None and src._axis_names is not None:
             dims = [
-                ("along", d, 1, 1, 0, 0, k) if d in names else ("fixed", 0, k)
-                for d, k in zip(src._axis_names, src._every)
+                ("pick", src._picks[a])
+                if a in src._picks
+                else ("along", d, 1, 1, 0, 0, k)
+                if d in names
+                else ("fixed", 0, k)
+                for a, (d, k) in enumerate(zip(src._axis_names, src._every))
             ]
             if all(spec[0] == "fixed" for spec in dims):
                 raise ValueError(

@@ -188,12 +188,25 @@ class Source:
         ``{dimension name: k}`` (or one int per dimension): take every ``k``-th element
         inside the crop, e.g. hourly frames from 15-minute data with ``{"time": 4}``. The
         crop size counts the elements taken; the window spans ``(n - 1) * k + 1``.
+    select:
+        ``{dimension name: labels}``: take these elements of a dimension that follows no
+        position, in this order, e.g. ``{"channel": ["IR_108", "VIS_006"]}`` (labels of an
+        xarray source's coordinate, or integer indices). Sets the crop along it.
     storage_options:
         For a URL: the object store's options (``endpoint_url``, ``region``, ``anon``, ``key``,
         ``secret``, ...), as for :func:`zcrop.open`.
     """
 
-    __slots__ = ("_align", "_axis_names", "_dim_names", "_every", "_labels", "_spec", "name")
+    __slots__ = (
+        "_align",
+        "_axis_names",
+        "_dim_names",
+        "_every",
+        "_labels",
+        "_picks",
+        "_spec",
+        "name",
+    )
 
     def __init__(
         self,
@@ -212,6 +225,7 @@ class Source:
         tolerance: Any = None,
         window: Mapping[str, tuple[Any, Any]] | None = None,
         every: Sequence[int] | Mapping[str, int] | None = None,
+        select: Mapping[str, Sequence[Any]] | None = None,
     ) -> None:
         options = storage_option_pairs(storage_options)
         #: Per dimension name, the decoded coordinate labels (xarray sources).
@@ -239,12 +253,17 @@ class Source:
                         "xarray Dataset opened with engine='zcrop'"
                     )
         names = self._dim_names
-        if isinstance(crop, Mapping) or isinstance(every, Mapping):
+        if isinstance(crop, Mapping) or isinstance(every, Mapping) or select:
             names = _dimension_names(array, names)
         if isinstance(crop, Mapping):
             assert names is not None
             crop = _crop_by_name(crop, array, names)
         crop = [int(c) for c in crop]
+        #: Per picked axis, the indices its crops take (``select=``).
+        self._picks: dict[int, list[int]] = {}
+        if select:
+            assert names is not None
+            self._picks = _selected(select, names, self._labels, crop, name, (window, every))
         steps = _per_axis(every, names, len(crop), "every")
         if self._dim_names is not None:
             by_name = dict(zip(self._dim_names, crop))
@@ -303,7 +322,10 @@ class Source:
         self._every = steps
         dim_specs = None
         if dims is not None:
-            dim_specs = [(*_dim(d), k) for d, k in zip(dims, steps)]
+            dim_specs = [
+                ("pick", self._picks[a]) if a in self._picks else (*_dim(d), k)
+                for a, (d, k) in enumerate(zip(dims, steps))
+            ]
             if len(dim_specs) != len(crop):
                 raise ValueError(
                     f"source {self.name!r}: {len(list(dims))} dims for a crop of {len(crop)}"
@@ -421,6 +443,42 @@ def _crop_by_name(crop: Mapping[str, int], array: Any, names: list[str]) -> list
     return [int(crop.get(d, n)) for d, n in zip(names, arr.shape)]
 
 
+def _selected(
+    select: Mapping[str, Sequence[Any]],
+    names: list[str],
+    labels: Mapping[str, np.ndarray[Any, Any]],
+    crop: list[int],
+    name: str | None,
+    others: tuple[Any, Any],
+) -> dict[int, list[int]]:
+    """``select=`` as the indices each picked axis takes (setting ``crop`` along it)."""
+    out: dict[int, list[int]] = {}
+    for d, wanted in select.items():
+        what = f"source {name!r} select[{d!r}]"
+        if d not in names:
+            raise ValueError(f"{what}: not a dimension of the array ({names})")
+        if any(isinstance(o, Mapping) and d in o for o in others):
+            raise ValueError(f"{what}: a selected dimension takes no window or every")
+        items = np.atleast_1d(np.asarray(wanted)).tolist()
+        if not items:
+            raise ValueError(f"{what} is empty")
+        coord = labels.get(d)
+        if coord is not None and not all(isinstance(x, (int, np.integer)) for x in items):
+            found = {v: i for i, v in reversed(list(enumerate(coord.tolist())))}
+            missing = [x for x in items if x not in found]
+            if missing:
+                raise ValueError(
+                    f"{what}: {missing} not among its labels {coord.tolist()[:20]}"
+                )
+            idx = [found[x] for x in items]
+        else:
+            idx = [int(x) for x in items]
+        axis = names.index(d)
+        out[axis] = idx
+        crop[axis] = len(idx)
+    return out
+
+
 def _per_axis(
     value: Sequence[int] | Mapping[str, int] | None, names: list[str] | None, ndim: int, what: str
 ) -> list[int]:
@@ -512,6 +570,7 @@ def _space_spec(
     if isinstance(positions, str):
         raise TypeError("positions is a list of dimension names or a mapping, not a string")
     names = [str(n) for n in positions] if positions is not None else _positions(srcs[0])
+    _check_position_names(srcs, names, region is not None)
     resolved = resolved_dims(srcs, names)
     labels, ranges = position_labels(srcs, resolved, names, given)
     explicit = {
@@ -545,6 +604,37 @@ def _space_spec(
     }
 
 
+def _check_position_names(srcs: list[Source], names: list[str], region: bool) -> None:
+    """A position that no source's dimension names (a typo) is an error listing the names
+    there are, unless a region bounds it or a source's dimensions are unnamed."""
+    import difflib
+
+    known: set[str] = set()
+    for src in srcs:
+        dims = src._spec["dims"]
+        if dims is not None:
+            followed = [str(d[1]) for d in dims if d[0] == "along"]
+            for name in followed:
+                if name not in names:
+                    hint = difflib.get_close_matches(name, names, n=1)
+                    raise ValueError(
+                        f"source {src.name!r} follows {name!r} in dims=, which is not a "
+                        f"position ({names})" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                    )
+            known |= set(followed)
+        elif src._axis_names is not None:
+            known |= set(src._axis_names)
+        else:
+            return
+    unknown = [n for n in names if n not in known]
+    if unknown and not region:
+        hint = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        raise ValueError(
+            f"position {unknown[0]!r} is not a dimension any source follows (their "
+            f"dimensions: {sorted(known)})" + (f"; did you mean {hint[0]!r}?" if hint else "")
+        )
+
+
 def sampler_spec(space: dict[str, Any]) -> dict[str, Any]:
     """A spec for ``NativeSampler`` (one sample per step, no loader threads) over ``space``."""
     return {
@@ -562,14 +652,14 @@ def sampler_spec(space: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-SourceLabels = dict[str, tuple[list[str], dict[str, Any], list[int]]]
+SourceLabels = dict[str, tuple[list[str], dict[str, Any], list[int], dict[int, list[int]]]]
 
 
 def _source_labels(srcs: list[Source]) -> SourceLabels:
     """The decoded coordinate labels of each xarray source (and the steps its crops take), by
     source name."""
     return {
-        src.name: (src._dim_names, src._labels, src._every)
+        src.name: (src._dim_names, src._labels, src._every, src._picks)
         for src in srcs
         if src._labels and src._dim_names is not None
     }
@@ -578,11 +668,11 @@ def _source_labels(srcs: list[Source]) -> SourceLabels:
 def _labelled(samples: list[dict[str, Any]], labels: SourceLabels) -> list[dict[str, Any]]:
     """Adds each xarray source's coordinate labels to the samples' metadata."""
     for sample in samples if labels else ():
-        for name, (dims, coords, every) in labels.items():
+        for name, (dims, coords, every, picks) in labels.items():
             entry = sample["sources"][name]
             entry["labels"] = {
-                d: coords[d][o : o + (n - 1) * k + 1 : k]
-                for d, o, n, k in zip(dims, entry["origin"], entry["shape"], every)
+                d: coords[d][picks[a]] if a in picks else coords[d][o : o + (n - 1) * k + 1 : k]
+                for a, (d, o, n, k) in enumerate(zip(dims, entry["origin"], entry["shape"], every))
                 if d in coords
             }
     return samples

@@ -97,8 +97,8 @@ class _Plan:
     name: str
     array: Array
     aligned: list[_Axis]
-    #: Per fixed axis, the ``(start, stop, step)`` slice its crops take.
-    fixed: dict[int, tuple[int, int, int]]
+    #: Per fixed axis, the slice (or the picked indices) its crops take.
+    fixed: dict[int, slice | list[int]]
     fills: list[float]
     lead: _Axis | None
 
@@ -118,9 +118,12 @@ def _plans(sampler: NativeSampler, srcs: list[Any], invalid: Any) -> list[_Plan]
         for axis, rule in enumerate(info["origins"]):
             crop = int(info["crop"][axis])
             every = int(info["every"][axis])
-            if rule[0] == "fixed":
+            picks = info["picks"][axis]
+            if picks is not None:
+                fixed[axis] = [int(i) for i in picks]
+            elif rule[0] == "fixed":
                 o = int(rule[1])
-                fixed[axis] = (o, o + (crop - 1) * every + 1, every)
+                fixed[axis] = slice(o, o + (crop - 1) * every + 1, every)
             elif rule[0] == "lookup":
                 _, pos, table, offset, jitter = rule[:5]
                 aligned.append(
@@ -206,12 +209,12 @@ class _Reader:
         sel = []
         for axis, size in enumerate(p.array.shape):
             if axis in p.fixed:
-                sel.append(slice(*p.fixed[axis]))
+                sel.append(p.fixed[axis])
             elif p.lead is not None and axis == p.lead.axis:
                 sel.append(slice(a, b))
             else:
                 sel.append(slice(0, size))
-        block = p.array[tuple(sel)]
+        block = p.array.oindex[tuple(sel)]
         return _missing(block, p.fills, [axis not in p.fixed for axis in range(block.ndim)])
 
     def extend(self, a: int, b: int, rows: np.ndarray[Any, Any]) -> None:
@@ -245,7 +248,7 @@ def _slabs(plans: list[_Plan], grid: list[int], budget: int) -> Iterator[tuple[i
         row = math.prod(
             n if ax != p.lead.axis else 1
             for ax, n in enumerate(
-                [len(range(*p.fixed[a])) if a in p.fixed else s for a, s in enumerate(p.array.shape)]
+                [_taken(p.fixed[a], s) if a in p.fixed else s for a, s in enumerate(p.array.shape)]
             )
         )
         # Raw values, boolean maps and running sums per row, scaled to positions.
@@ -257,6 +260,11 @@ def _slabs(plans: list[_Plan], grid: list[int], budget: int) -> Iterator[tuple[i
     while p0 < n0:
         yield p0, min(n0, p0 + step)
         p0 += step
+
+
+def _taken(sel: slice | list[int], size: int) -> int:
+    """Elements a fixed axis's selection takes."""
+    return len(sel) if isinstance(sel, list) else len(range(*sel.indices(size)))
 
 
 def _rows_for(p: _Plan, p0: int, p1: int) -> tuple[int, int]:
