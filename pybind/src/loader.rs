@@ -112,6 +112,13 @@ fn parse_dim(d: &Bound<'_, PyAny>) -> PyResult<Dim> {
             Ok(1)
         }
     };
+    let flag = |i: usize| -> PyResult<bool> {
+        if d.len()? > i {
+            d.get_item(i)?.extract()
+        } else {
+            Ok(false)
+        }
+    };
     match kind.as_str() {
         "fixed" => Ok(Dim::fixed(d.get_item(1)?.extract()?).every(every(2)?)),
         "pick" => Ok(Dim::pick(d.get_item(1)?.extract::<Vec<u64>>()?)),
@@ -120,11 +127,12 @@ fn parse_dim(d: &Bound<'_, PyAny>) -> PyResult<Dim> {
             let (num, den): (u64, u64) = (d.get_item(2)?.extract()?, d.get_item(3)?.extract()?);
             let (offset, jitter): (i64, u64) =
                 (d.get_item(4)?.extract()?, d.get_item(5)?.extract()?);
-            Ok(Dim::along(name)
+            let dim = Dim::along(name)
                 .scale(num, den)
                 .offset(offset)
                 .jitter(jitter)
-                .every(every(6)?))
+                .every(every(6)?);
+            Ok(if flag(7)? { dim.wrap() } else { dim })
         }
         "lookup" => {
             let name: String = d.get_item(1)?.extract()?;
@@ -132,10 +140,11 @@ fn parse_dim(d: &Bound<'_, PyAny>) -> PyResult<Dim> {
             let table: Vec<i64> = table.as_slice()?.to_vec();
             let (offset, jitter): (i64, u64) =
                 (d.get_item(3)?.extract()?, d.get_item(4)?.extract()?);
-            Ok(Dim::lookup(name, table)
+            let dim = Dim::lookup(name, table)
                 .offset(offset)
                 .jitter(jitter)
-                .every(every(5)?))
+                .every(every(5)?);
+            Ok(if flag(6)? { dim.wrap() } else { dim })
         }
         other => Err(PyValueError::new_err(format!("unknown dim kind {other:?}"))),
     }
@@ -527,6 +536,7 @@ fn source_dicts<'py>(py: Python<'py>, sampler: &Sampler) -> PyResult<Vec<Bound<'
                 .map(|p| p.as_deref().map(<[u64]>::to_vec))
                 .collect();
             d.set_item("picks", picks)?;
+            d.set_item("wrap", s.wrap)?;
             Ok(d)
         })
         .collect()

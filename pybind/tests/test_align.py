@@ -376,3 +376,34 @@ def test_channels_selected_by_label(ocf, tmp_path):
         zcrop.Source(ds["ir"], crop={"time": 1}, select={"channel": ["IR_999"]})
     with pytest.raises(ValueError, match="takes no window or every"):
         zcrop.Source(ds["ir"], crop={"time": 1}, select={"channel": [0]}, every={"channel": 2})
+
+
+def test_longitude_wraps_around(tmp_path):
+    lon = np.arange(0.0, 360.0, 10.0)
+    path = write(tmp_path / "g.zarr", "t", ["time", "lat", "lon"],
+                 {"time": pd.date_range("2024-01-01", periods=4, freq="6h"),
+                  "lat": np.arange(-30.0, 40.0, 10.0), "lon": lon}, (2, 7, 12))
+    raw = zcrop.open(path + "/t")[...]
+    raw[1, 3, 35] = np.nan
+    import zarr
+
+    zarr.open_array(path + "/t")[...] = raw
+    ds = xr.open_dataset(path, engine="zcrop")
+    src = zcrop.Source(ds["t"], crop={"time": 1, "lat": 2, "lon": 6}, wrap="lon")
+    s = zcrop.Samples(src, positions=["time", "lat", "lon"], mode="epoch", stride=[1, 1, 1])
+    assert len(s) == 4 * 6 * 36  # every longitude is a position
+    for i in range(0, len(s), 7):
+        out = s[i]
+        t, y, x = (int(v) for v in out["meta"]["position"])
+        cols = (x + np.arange(6)) % 36
+        np.testing.assert_array_equal(out["t"], raw[t : t + 1, y : y + 2][..., cols])
+        np.testing.assert_array_equal(s.labels(i)["t"]["lon"], lon[cols])
+    # valid_windows wraps too: the NaN at lon index 35 spoils windows starting at 30..35.
+    mask = zcrop.valid_windows(src, ["time", "lat", "lon"], cache=False).to_numpy()
+    want = np.zeros((4, 7, 36), dtype=bool)  # the grid: every lat; the last starts no window
+    for x in range(36):
+        cols = (x + np.arange(6)) % 36
+        for y in range(6):
+            want[:, y, x] = ~np.isnan(raw[:, y : y + 2][..., cols]).any(axis=(1, 2))
+    np.testing.assert_array_equal(mask, want)
+    assert not want[1, 3, 32] and want[1, 3, 29]

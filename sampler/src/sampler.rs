@@ -28,7 +28,8 @@ use crate::transform::{Fused, Transform};
 ///
 /// Any dimension can take every `k`-th element inside its crop ([`Dim::every`]): a crop of `n`
 /// then spans `(n - 1) * k + 1` elements of the array. A picked dimension ([`Dim::pick`])
-/// takes the listed indices, in their order (channels chosen by name).
+/// takes the listed indices, in their order (channels chosen by name). An aligned dimension
+/// can be periodic ([`Dim::wrap`]): crops across the array's end continue at its start.
 ///
 /// ```
 /// use zcrop_sampler::Dim;
@@ -50,6 +51,7 @@ pub struct Dim {
     table: Option<Arc<[i64]>>,
     every: u64,
     picks: Option<Arc<[u64]>>,
+    wrap: bool,
 }
 
 impl Dim {
@@ -64,6 +66,7 @@ impl Dim {
             table: None,
             every: 1,
             picks: None,
+            wrap: false,
         }
     }
 
@@ -88,6 +91,7 @@ impl Dim {
             table: None,
             every: 1,
             picks: None,
+            wrap: false,
         }
     }
 
@@ -120,6 +124,14 @@ impl Dim {
     #[must_use]
     pub fn jitter(mut self, j: u64) -> Dim {
         self.jitter = j;
+        self
+    }
+
+    /// Makes the array periodic along this aligned dimension (longitude): origins wrap
+    /// around its end, and a crop passing the end continues at index 0.
+    #[must_use]
+    pub fn wrap(mut self) -> Dim {
+        self.wrap = true;
         self
     }
 
@@ -408,6 +420,8 @@ pub struct SourceInfo {
     pub every: Vec<u64>,
     /// Per dimension, the indices a picked dimension takes.
     pub picks: Vec<Option<Arc<[u64]>>>,
+    /// The dimension along which the array is periodic, if any.
+    pub wrap: Option<usize>,
 }
 
 /// How one dimension of a source's crop origin is placed, as the sampler resolved it.
@@ -447,8 +461,14 @@ struct SourceRt {
     dims: Vec<DimRt>,
     fused: Option<Fused>,
     coords: Vec<Coord>,
-    /// How a crop with steps inside it is read as contiguous sub-crops.
+    /// How a crop with steps or picks inside it is read as contiguous sub-crops.
     sub: Option<SubCrops>,
+    /// Per dimension, the elements a stepped or picked dimension takes (see [`SubCrops`]).
+    offsets: Vec<Option<Vec<u64>>>,
+    /// The transform, to fuse into reads of crop pieces (periodic dimensions).
+    transform: Transform,
+    /// The dimension along which the array is periodic, if any.
+    wrap: Option<usize>,
 }
 
 /// A crop that takes every `k`-th element along some dimensions, read as contiguous sub-crops:
@@ -651,6 +671,37 @@ impl Sampler {
             let shape = src.array.shape();
             for (d, dim) in rt.dims.iter().enumerate() {
                 let span = (src.crop[d] - 1) * rt.info.every[d] + 1;
+                if rt.wrap == Some(d) {
+                    // Periodic: every origin is valid (taken modulo the size), so positions
+                    // are bounded by the grid (and a table's entries) only.
+                    let (pos, extent) = match dim {
+                        &DimRt::Aligned { pos, num, den, .. } => {
+                            (pos, grid_extent(shape[d], 0, num, den))
+                        }
+                        DimRt::Lookup { pos, table, .. } => (*pos, table.len() as u64),
+                        DimRt::Fixed(_) => continue,
+                    };
+                    if let DimRt::Lookup { table, .. } = dim {
+                        let runs = lookup_runs(table, u64::MAX / 4, 1, 0, 0);
+                        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+                            return Err(SamplerError::EmptyRegion {
+                                reason: format!(
+                                    "source {:?} dimension {d} aligns with no position of {:?}",
+                                    src.name, spec.positions[pos]
+                                ),
+                            });
+                        };
+                        lo[pos] = lo[pos].max(first.0);
+                        end[pos] = end[pos].min(last.1);
+                        if runs.len() > 1 {
+                            masks.push(Mask::along_one(npos, pos, &runs)?);
+                        }
+                    }
+                    end[pos] = end[pos].min(extent);
+                    constrained[pos] = true;
+                    grid[pos].get_or_insert(extent);
+                    continue;
+                }
                 match dim {
                     &DimRt::Aligned {
                         pos,
@@ -893,8 +944,8 @@ impl Sampler {
                 epochs.push(e);
             }
             for (s, out) in inner.sources.iter().zip(&mut origins) {
-                for dim in &s.dims {
-                    out.push(match *dim {
+                for (d, dim) in s.dims.iter().enumerate() {
+                    let o = match *dim {
                         DimRt::Fixed(o) => o,
                         DimRt::Aligned {
                             pos: p,
@@ -906,8 +957,12 @@ impl Sampler {
                             let scaled = u128::from(pos[p]) * u128::from(num) / u128::from(den);
                             let j = rng.jitter(jitter);
                             let o = scaled as i128 + i128::from(offset) + i128::from(j);
-                            // The valid region guarantees 0 <= o <= size - crop.
-                            o as u64
+                            if s.wrap == Some(d) {
+                                o.rem_euclid(i128::from(s.array.shape()[d])) as u64
+                            } else {
+                                // The valid region guarantees 0 <= o <= size - crop.
+                                o as u64
+                            }
                         }
                         DimRt::Lookup {
                             pos: p,
@@ -920,9 +975,14 @@ impl Sampler {
                             let o = i128::from(table[pos[p] as usize])
                                 + i128::from(offset)
                                 + i128::from(j);
-                            o as u64
+                            if s.wrap == Some(d) {
+                                o.rem_euclid(i128::from(s.array.shape()[d])) as u64
+                            } else {
+                                o as u64
+                            }
                         }
-                    });
+                    };
+                    out.push(o);
                 }
             }
         }
@@ -1004,13 +1064,35 @@ impl Sampler {
             cancel,
         };
         let origins = &plan.origins[source];
-        let read = match &s.sub {
-            None => s
-                .array
-                .read_batch_into_with(origins, &s.info.crop, out, options),
-            Some(sub) => read_sub_crops(s, sub, origins, out, options),
+        let nd = s.info.crop.len();
+        let size = s.array.shape();
+        let wraps = |axis: usize| {
+            origins
+                .chunks_exact(nd)
+                .any(|o| o[axis] + s.info.crop[axis] > size[axis])
         };
-        read.map_err(|error| SamplerError::Read {
+        if let Some(axis) = s.wrap.filter(|&a| wraps(a)) {
+            return read_wrapped(s, axis, origins, out, cancel).map_err(|e| match e {
+                SamplerError::Read { error, .. } => SamplerError::Read {
+                    step: plan.step,
+                    source_index: source,
+                    source_name: s.info.name.to_string(),
+                    error,
+                },
+                other => other,
+            });
+        }
+        let es = s.info.element_size;
+        read_crops(
+            &s.array,
+            &s.info.crop,
+            s.sub.as_ref(),
+            es,
+            origins,
+            out,
+            options,
+        )
+        .map_err(|error| SamplerError::Read {
             step: plan.step,
             source_index: source,
             source_name: s.info.name.to_string(),
@@ -1038,15 +1120,22 @@ impl Sampler {
     }
 }
 
-/// Reads crops that take every `k`-th element along some dimensions as their contiguous
-/// sub-crops, then places them (straight into `out` when they are consecutive blocks of it).
-fn read_sub_crops(
-    s: &SourceRt,
-    sub: &SubCrops,
+/// Reads crops of `crop` at `origins` into `out` (one crop after another), through `sub`
+/// where the crops take every `k`-th or picked elements along some dimensions: those are read
+/// as contiguous sub-crops, then placed (straight into `out` when they are consecutive blocks
+/// of each crop).
+fn read_crops(
+    array: &Array,
+    crop: &[u64],
+    sub: Option<&SubCrops>,
+    es: usize,
     origins: &[u64],
     out: &mut [u8],
     options: ReadOptions<'_>,
 ) -> zcrop_zarr::Result<ReadStats> {
+    let Some(sub) = sub else {
+        return array.read_batch_into_with(origins, crop, out, options);
+    };
     let nd = sub.shape.len();
     let mut expanded = Vec::with_capacity(origins.len() * sub.count());
     for o in origins.chunks_exact(nd) {
@@ -1055,41 +1144,112 @@ fn read_sub_crops(
         }
     }
     if sub.contiguous {
-        return s
-            .array
-            .read_batch_into_with(&expanded, &sub.shape, out, options);
+        return array.read_batch_into_with(&expanded, &sub.shape, out, options);
     }
     let mut scratch = vec![0u8; out.len()];
-    let stats = s
-        .array
-        .read_batch_into_with(&expanded, &sub.shape, &mut scratch, options)?;
-    let es = s.info.element_size;
-    let crop = &s.info.crop;
+    let stats = array.read_batch_into_with(&expanded, &sub.shape, &mut scratch, options)?;
+    let crop_bytes = crop.iter().product::<u64>() as usize * es;
+    let sub_bytes = sub.shape.iter().product::<u64>() as usize * es;
+    for (i, block) in scratch.chunks_exact(sub_bytes).enumerate() {
+        let (sample, j) = (i / sub.count(), i % sub.count());
+        let at = &sub.index[j * nd..(j + 1) * nd];
+        let dest = &mut out[sample * crop_bytes..(sample + 1) * crop_bytes];
+        place(block, &sub.shape, at, crop, es, dest);
+    }
+    Ok(stats)
+}
+
+/// Copies `block` (a C-order block of `shape`) into `dest` (one crop of `crop`) at the
+/// multi-index `at`.
+fn place(block: &[u8], shape: &[u64], at: &[u64], crop: &[u64], es: usize, dest: &mut [u8]) {
+    let nd = shape.len();
     let mut strides = vec![es; nd];
     for d in (0..nd - 1).rev() {
         strides[d] = strides[d + 1] * crop[d + 1] as usize;
     }
-    let run = sub.shape[nd - 1] as usize * es;
-    let rows: u64 = sub.shape[..nd - 1].iter().product();
-    let sub_bytes = run * rows as usize;
+    let offset = |idx: &[u64]| -> usize {
+        idx.iter()
+            .zip(&strides)
+            .map(|(&x, &st)| x as usize * st)
+            .sum()
+    };
+    let base = offset(at);
+    let run = shape[nd - 1] as usize * es;
     let mut idx = vec![0u64; nd - 1];
-    for (i, block) in scratch.chunks_exact(sub_bytes).enumerate() {
-        let (sample, j) = (i / sub.count(), i % sub.count());
-        let at = &sub.index[j * nd..(j + 1) * nd];
-        let base = sample * s.info.crop_bytes
-            + at.iter()
-                .zip(&strides)
-                .map(|(&x, &st)| x as usize * st)
-                .sum::<usize>();
-        for (r, src) in block.chunks_exact(run).enumerate() {
-            crate::space::unravel(r as u64, &sub.shape[..nd - 1], &mut idx);
-            let to = base
-                + idx
-                    .iter()
-                    .zip(&strides)
-                    .map(|(&x, &st)| x as usize * st)
-                    .sum::<usize>();
-            out[to..to + run].copy_from_slice(src);
+    for (r, src) in block.chunks_exact(run).enumerate() {
+        crate::space::unravel(r as u64, &shape[..nd - 1], &mut idx);
+        let to = base + offset(&idx);
+        dest[to..to + run].copy_from_slice(src);
+    }
+}
+
+/// Reads the crops of a source that is periodic along `axis` (longitude): a crop passing the
+/// array's end continues at 0. Crops that wrap are grouped by where they split, and each
+/// group reads its two pieces as batches of their own, which are then placed.
+fn read_wrapped(
+    s: &SourceRt,
+    axis: usize,
+    origins: &[u64],
+    out: &mut [u8],
+    cancel: Option<&AtomicBool>,
+) -> Result<ReadStats> {
+    let crop = &s.info.crop;
+    let nd = crop.len();
+    let size = s.array.shape()[axis];
+    let es = s.info.element_size;
+    let mut groups = std::collections::BTreeMap::<u64, Vec<usize>>::new();
+    for (i, o) in origins.chunks_exact(nd).enumerate() {
+        groups
+            .entry(crop[axis].min(size - o[axis]))
+            .or_default()
+            .push(i);
+    }
+    let mut stats = ReadStats::default();
+    for (&width, samples) in &groups {
+        for (start_at, len, at) in [(None, width, 0), (Some(0), crop[axis] - width, width)] {
+            if len == 0 {
+                continue;
+            }
+            let mut piece = crop.clone();
+            piece[axis] = len;
+            let mut piece_origins = Vec::with_capacity(samples.len() * nd);
+            for &i in samples {
+                let mut o = origins[i * nd..(i + 1) * nd].to_vec();
+                if let Some(z) = start_at {
+                    o[axis] = z;
+                }
+                piece_origins.extend_from_slice(&o);
+            }
+            let sub = SubCrops::new(&piece, &s.offsets);
+            let shape = sub.as_ref().map_or(&piece, |x| &x.shape);
+            let fused = Fused::new(&s.transform, &s.array.data_type(), shape)?;
+            let options = ReadOptions {
+                transform: fused.as_ref().map(|f| f as &dyn StitchTransform),
+                cancel,
+            };
+            let piece_bytes = piece.iter().product::<u64>() as usize * es;
+            let mut scratch = vec![0u8; samples.len() * piece_bytes];
+            stats += read_crops(
+                &s.array,
+                &piece,
+                sub.as_ref(),
+                es,
+                &piece_origins,
+                &mut scratch,
+                options,
+            )
+            .map_err(|error| SamplerError::Read {
+                step: 0,
+                source_index: 0,
+                source_name: s.info.name.to_string(),
+                error,
+            })?;
+            let mut from = vec![0u64; nd];
+            from[axis] = at;
+            for (block, &i) in scratch.chunks_exact(piece_bytes).zip(samples) {
+                let dest = &mut out[i * s.info.crop_bytes..(i + 1) * s.info.crop_bytes];
+                place(block, &piece, &from, crop, es, dest);
+            }
         }
     }
     Ok(stats)
@@ -1226,6 +1386,25 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
         }
         offsets[d] = Some(picks.to_vec());
     }
+    let wrapped: Vec<usize> = (0..nd).filter(|&d| dims[d].wrap).collect();
+    if wrapped.len() > 1 {
+        return Err(err(format!(
+            "dimensions {wrapped:?} are periodic; one periodic dimension per source is supported"
+        )));
+    }
+    let wrap = wrapped.first().copied();
+    if let Some(d) = wrap {
+        if dims[d].position.is_none() || offsets[d].is_some() {
+            return Err(err(format!(
+                "dimension {d} is periodic; it must follow a position and take a contiguous crop"
+            )));
+        }
+        if src.transform.axes().contains(&d) {
+            return Err(err(format!(
+                "dimension {d} is periodic, and the transform's normalize or fft runs along it"
+            )));
+        }
+    }
     let sub = SubCrops::new(&src.crop, &offsets);
     if let Some(sub) = &sub {
         let stepped = |axis: usize| sub.shape[axis] != src.crop[axis];
@@ -1313,12 +1492,16 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
                 .collect(),
             every,
             picks: dims.iter().map(|d| d.picks.clone()).collect(),
+            wrap,
         },
         array: a.clone(),
         dims: rt,
         fused,
         coords,
         sub,
+        offsets,
+        transform: src.transform.clone(),
+        wrap,
     })
 }
 
@@ -1478,6 +1661,10 @@ impl BatchPlan {
                             return c.label_of(p[0], p[p.len() - 1]);
                         }
                         let span = (src.info.crop[axis] - 1) * src.info.every[axis] + 1;
+                        if src.wrap == Some(axis) {
+                            let size = src.array.shape()[axis];
+                            return c.label_of(origin[axis], (origin[axis] + span - 1) % size);
+                        }
                         c.label(origin[axis], span)
                     })
                     .collect();

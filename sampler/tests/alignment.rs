@@ -292,3 +292,61 @@ fn picked_indices_are_gathered_in_order() {
     assert!(bad(Dim::pick(vec![0, 3]), 2).contains("past its size 3"));
     assert!(bad(Dim::pick(vec![0, 1]), 3).contains("picks 2 indices for a crop of 3"));
 }
+
+/// A periodic dimension: origins anywhere along it, crops across its end continue at 0, in
+/// batches mixing crops that wrap (at different splits) and crops that do not.
+#[test]
+fn periodic_dimensions_wrap_around() {
+    let (sat, data, shape) = fixture("v3_workload_4d_u2");
+    let spec = SampleSpec::new(["t", "y", "x"])
+        .source(Source::new("s", sat, [1, 3, 4, 24]).dims([
+            Dim::along("t"),
+            Dim::fixed(0),
+            Dim::along("y"),
+            Dim::along("x").jitter(3).wrap(),
+        ]))
+        .seed(5)
+        .batch_size(16);
+    let sampler = Sampler::new(spec).unwrap();
+    let (start, end) = sampler.position_box();
+    assert_eq!((start[2], end[2]), (0, 90), "every x is a position");
+    let mut wrapped = 0;
+    for step in 0..8 {
+        let plan = sampler.plan(step, Shard::SINGLE).unwrap();
+        let got = sampler.read(&plan).unwrap();
+        for i in 0..16 {
+            let o = plan.origin(0, i);
+            assert!(o[3] < 90);
+            wrapped += usize::from(o[3] + 24 > 90);
+            let mut want = Vec::new();
+            for c in 0..3 {
+                for y in 0..4 {
+                    for x in 0..24 {
+                        let at = [o[0], c, o[2] + y, (o[3] + x) % 90];
+                        want.extend(strided(&data, &shape, 2, &at, &[1, 1, 1, 1], &[1, 1, 1, 1]));
+                    }
+                }
+            }
+            let n = want.len();
+            assert_eq!(
+                &got[0][i * n..(i + 1) * n],
+                &want[..],
+                "step {step} sample {i}"
+            );
+        }
+    }
+    assert!(wrapped > 10, "{wrapped} crops wrapped");
+    let bad = Sampler::new(
+        SampleSpec::new(["t", "y", "x"]).source(
+            Source::new("s", fixture("v3_workload_4d_u2").0, [1, 3, 4, 4])
+                .dims([
+                    Dim::along("t"),
+                    Dim::fixed(0),
+                    Dim::along("y"),
+                    Dim::along("x").wrap(),
+                ])
+                .transform(Transform::to_f32().fft(vec![3], zcrop_sampler::Spectrum::Power)),
+        ),
+    );
+    assert!(bad.unwrap_err().to_string().contains("periodic"));
+}

@@ -47,13 +47,15 @@ class Dim:
     array 4x coarser than the position grid, ``.offset(2)`` shifts it, ``.jitter(1)`` adds a
     per-sample uniform jitter in ``[-1, 1]``. ``Dim.fixed(0)`` always starts at 0 (e.g. all
     channels). In a :class:`Source`'s ``dims``, a string means ``Dim.along(name)`` and an int
-    ``Dim.fixed(origin)``.
+    ``Dim.fixed(origin)``. ``.wrap()`` makes the array periodic along the dimension
+    (longitude): crops across its end continue at its start.
     """
 
-    __slots__ = ("_spec",)
+    __slots__ = ("_spec", "_wrap")
 
-    def __init__(self, spec: tuple[Any, ...]) -> None:
+    def __init__(self, spec: tuple[Any, ...], wrap: bool = False) -> None:
         self._spec = spec
+        self._wrap = wrap
 
     @staticmethod
     def along(position: str) -> Dim:
@@ -73,23 +75,28 @@ class Dim:
     def scale(self, num: int, den: int = 1) -> Dim:
         """Scales the position by ``num / den`` (rounded down)."""
         s = self._aligned("scale")
-        return Dim((s[0], s[1], int(num), int(den), s[4], s[5]))
+        return Dim((s[0], s[1], int(num), int(den), s[4], s[5]), self._wrap)
 
     def offset(self, offset: int) -> Dim:
         """Adds ``offset`` array elements to the origin."""
         s = self._aligned("offset")
-        return Dim((s[0], s[1], s[2], s[3], int(offset), s[5]))
+        return Dim((s[0], s[1], s[2], s[3], int(offset), s[5]), self._wrap)
 
     def jitter(self, jitter: int) -> Dim:
         """Jitters the origin by a uniform integer in ``[-jitter, jitter]`` per sample."""
         s = self._aligned("jitter")
-        return Dim((s[0], s[1], s[2], s[3], s[4], int(jitter)))
+        return Dim((s[0], s[1], s[2], s[3], s[4], int(jitter)), self._wrap)
+
+    def wrap(self) -> Dim:
+        """The array is periodic along this dimension: origins wrap around its end."""
+        return Dim(self._aligned("wrap"), True)
 
     def __repr__(self) -> str:
         if self._spec[0] == "fixed":
             return f"Dim.fixed({self._spec[1]})"
         _, name, num, den, offset, jitter = self._spec
-        return f"Dim.along({name!r}).scale({num}, {den}).offset({offset}).jitter({jitter})"
+        wrap = ".wrap()" if self._wrap else ""
+        return f"Dim.along({name!r}).scale({num}, {den}).offset({offset}).jitter({jitter}){wrap}"
 
 
 def _dim(d: Any) -> tuple[Any, ...]:
@@ -192,6 +199,10 @@ class Source:
         ``{dimension name: labels}``: take these elements of a dimension that follows no
         position, in this order, e.g. ``{"channel": ["IR_108", "VIS_006"]}`` (labels of an
         xarray source's coordinate, or integer indices). Sets the crop along it.
+    wrap:
+        The name of a dimension along which the array is periodic (longitude on a global
+        grid): positions take every index along it, and a crop across the array's end
+        continues at index 0 (e.g. 350..10 degrees). One per source.
     storage_options:
         For a URL: the object store's options (``endpoint_url``, ``region``, ``anon``, ``key``,
         ``secret``, ...), as for :func:`zcrop.open`.
@@ -205,6 +216,7 @@ class Source:
         "_labels",
         "_picks",
         "_spec",
+        "_wrap",
         "name",
     )
 
@@ -226,6 +238,7 @@ class Source:
         window: Mapping[str, tuple[Any, Any]] | None = None,
         every: Sequence[int] | Mapping[str, int] | None = None,
         select: Mapping[str, Sequence[Any]] | None = None,
+        wrap: str | None = None,
     ) -> None:
         options = storage_option_pairs(storage_options)
         #: Per dimension name, the decoded coordinate labels (xarray sources).
@@ -253,7 +266,7 @@ class Source:
                         "xarray Dataset opened with engine='zcrop'"
                     )
         names = self._dim_names
-        if isinstance(crop, Mapping) or isinstance(every, Mapping) or select:
+        if isinstance(crop, Mapping) or isinstance(every, Mapping) or select or wrap:
             names = _dimension_names(array, names)
         if isinstance(crop, Mapping):
             assert names is not None
@@ -337,6 +350,18 @@ class Source:
             )
         #: The dimension names, where known (they place dimensions when dims= is not given).
         self._axis_names = names
+        #: The periodic axis, if any.
+        self._wrap: int | None = None
+        if wrap is not None:
+            assert names is not None
+            if wrap not in names:
+                raise ValueError(f"wrap names {wrap!r}, not a dimension of the array ({names})")
+            self._wrap = names.index(wrap)
+        for axis, d in enumerate(dims or []):
+            if isinstance(d, Dim) and d._wrap:
+                if self._wrap not in (None, axis):
+                    raise ValueError("one periodic dimension per source")
+                self._wrap = axis
         self._spec: dict[str, Any] = {
             "name": self.name,
             "array": native,
@@ -576,7 +601,7 @@ def _space_spec(
     explicit = {
         str(d) for d, v in (given or {}).items() if v is not None and not isinstance(v, slice)
     }
-    dims = lookup_dims(srcs, resolved, names, labels, explicit)
+    dims = _wrapped(srcs, lookup_dims(srcs, resolved, names, labels, explicit))
     masks, weight_field, labelled = _fields(srcs, names, valid, valid_times, weights, labels)
     for d in explicit:
         labelled[d] = len(labels[d])
@@ -602,6 +627,25 @@ def _space_spec(
         "weights": weight_field,
         "labelled": labelled,
     }
+
+
+def _wrapped(
+    srcs: list[Source], dims: list[list[tuple[Any, ...]] | None]
+) -> list[list[tuple[Any, ...]] | None]:
+    """The dims of each source with its periodic axis marked (the flag after ``every``)."""
+    out = []
+    for src, spec in zip(srcs, dims):
+        if src._wrap is not None and spec is not None:
+            spec = list(spec)
+            d = spec[src._wrap]
+            width = {"along": 7, "lookup": 6}.get(d[0])
+            if width is None:
+                raise ValueError(
+                    f"source {src.name!r}: its periodic dimension {src._wrap} follows no position"
+                )
+            spec[src._wrap] = (*d, *([1] * (width - len(d))), True)
+        out.append(spec)
+    return out
 
 
 def _check_position_names(srcs: list[Source], names: list[str], region: bool) -> None:
@@ -652,26 +696,42 @@ def sampler_spec(space: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-SourceLabels = dict[str, tuple[list[str], dict[str, Any], list[int], dict[int, list[int]]]]
+SourceLabels = dict[
+    str, tuple[list[str], dict[str, Any], list[int], dict[int, list[int]], int | None]
+]
 
 
 def _source_labels(srcs: list[Source]) -> SourceLabels:
     """The decoded coordinate labels of each xarray source (and the steps its crops take), by
     source name."""
     return {
-        src.name: (src._dim_names, src._labels, src._every, src._picks)
+        src.name: (src._dim_names, src._labels, src._every, src._picks, src._wrap)
         for src in srcs
         if src._labels and src._dim_names is not None
     }
 
 
+def _window_labels(
+    coord: np.ndarray[Any, Any], o: int, n: int, k: int, picks: list[int] | None, wrap: bool
+) -> np.ndarray[Any, Any]:
+    """The labels of a window of ``n`` elements ``k`` apart from ``o`` (or of the picked
+    elements), wrapping around the end of a periodic dimension."""
+    if picks is not None:
+        index: Any = picks
+    elif wrap:
+        index = (o + np.arange(n) * k) % len(coord)
+    else:
+        index = slice(o, o + (n - 1) * k + 1, k)
+    return np.asarray(coord[index])
+
+
 def _labelled(samples: list[dict[str, Any]], labels: SourceLabels) -> list[dict[str, Any]]:
     """Adds each xarray source's coordinate labels to the samples' metadata."""
     for sample in samples if labels else ():
-        for name, (dims, coords, every, picks) in labels.items():
+        for name, (dims, coords, every, picks, wrap) in labels.items():
             entry = sample["sources"][name]
             entry["labels"] = {
-                d: coords[d][picks[a]] if a in picks else coords[d][o : o + (n - 1) * k + 1 : k]
+                d: _window_labels(coords[d], o, n, k, picks.get(a), a == wrap)
                 for a, (d, o, n, k) in enumerate(zip(dims, entry["origin"], entry["shape"], every))
                 if d in coords
             }

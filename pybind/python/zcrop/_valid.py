@@ -68,6 +68,8 @@ class _Axis:
     table: np.ndarray[Any, Any] | None = None
     #: The step between the elements a crop takes.
     every: int = 1
+    #: The array is periodic along the axis: windows wrap around its end.
+    wrap: bool = False
 
     def origins(self, positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Crop origins at ``positions`` (a large negative number where there is none)."""
@@ -114,7 +116,8 @@ def _plans(sampler: NativeSampler, srcs: list[Any], invalid: Any) -> list[_Plan]
                 f"source {src.name!r}: valid_windows checks numeric arrays, {array.name} is "
                 f"{array.dtype}"
             )
-        aligned, fixed = [], {}
+        aligned: list[_Axis] = []
+        fixed: dict[int, slice | list[int]] = {}
         for axis, rule in enumerate(info["origins"]):
             crop = int(info["crop"][axis])
             every = int(info["every"][axis])
@@ -139,7 +142,15 @@ def _plans(sampler: NativeSampler, srcs: list[Any], invalid: Any) -> list[_Plan]
         fills = [] if spec["decode"] is None else [float(f) for f in spec["decode"][2]]
         extra = invalid.get(src.name, []) if isinstance(invalid, dict) else (invalid or [])
         fills += [float(v) for v in np.atleast_1d(extra)]
+        if info["wrap"] is not None:
+            for a in aligned:
+                a.wrap = a.axis == int(info["wrap"])
         lead = next((a for a in aligned if a.position == 0), None)
+        if lead is not None and lead.wrap:
+            raise ValueError(
+                f"source {src.name!r}: valid_windows streams along the first position "
+                "dimension, which cannot be periodic; list another position first"
+            )
         plans.append(_Plan(src.name, array, aligned, fixed, sorted(set(fills)), lead))
     return plans
 
@@ -294,6 +305,13 @@ def _source_valid(
         # Nothing read yet: no position of the slab has an origin in this source.
         return np.zeros(out_shape, dtype=bool)
     take = []
+    for k, ax in enumerate(p.aligned):
+        if ax.wrap:
+            # Windows continue at the start: append the first elements they reach.
+            reach = ax.span - 1
+            more: list[Any] = [slice(None)] * inv.ndim
+            more[k] = np.arange(reach) % max(inv.shape[k], 1)
+            inv = np.concatenate([inv, inv[tuple(more)]], axis=k)
     bad = _window_any(inv, [ax.window for ax in p.aligned])
     for k, ax in enumerate(p.aligned):
         if ax.every > 1:
@@ -303,6 +321,8 @@ def _source_valid(
         span = grid[ax.position] if ax.position else p1 - p0
         first = p0 if ax.position == 0 else 0
         starts = ax.origins(np.arange(first, first + span, dtype=np.int64)) - ax.jitter - base
+        if ax.wrap:
+            starts = np.where(starts > -(1 << 61), starts % ax.size, starts)
         take.append(starts)
     ok = ~bad
     # Positions whose window falls outside the held rows or the array are not valid. Where
