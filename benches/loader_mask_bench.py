@@ -18,7 +18,6 @@ ARRAY is a uint16 (T, C, Y, X) store such as ``zcrop bench --prepare-only`` writ
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
@@ -26,6 +25,7 @@ import numpy as np
 import zcrop
 from machine import cpu_model
 from pagecache import prewarm
+from tables import rate_table
 
 
 def main() -> None:
@@ -70,14 +70,9 @@ def main() -> None:
         rates["loader"].append(run_loader(None))
         rates["loader + mask"].append(run_loader(mask))
         rates["direct"].append(run_direct())
-    med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"machine: {cpu_model()}; {args.array}; crop {crop}; batches of {args.batch_size}; "
           f"{args.steps} steps; medians of {args.repeats}; mask: {len(mask.runs)} runs\n")
-    print("| reader | batches/s (median) | runs | / loader + mask |")
-    print("|---|---|---|---|")
-    for k, v in rates.items():
-        runs = ", ".join(f"{r:.1f}" for r in v)
-        print(f"| {k} | {med[k]:.1f} | {runs} | {med[k] / med['loader + mask']:.3f} |")
+    print(rate_table(rates, "loader + mask"))
 
 
 if __name__ == "__main__":
