@@ -50,6 +50,7 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(array::read_crops_many, m)?)?;
     m.add_function(wrap_pyfunction!(valid::missing_map, m)?)?;
     m.add_function(wrap_pyfunction!(valid::window_any, m)?)?;
+    m.add_function(wrap_pyfunction!(valid::bool_runs, m)?)?;
     m.add_class::<array::NativeArray>()?;
     m.add_class::<group::NativeGroup>()?;
     m.add_class::<background::Pending>()?;

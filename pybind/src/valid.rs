@@ -1,6 +1,6 @@
 //! The kernels of `zcrop.valid_windows` (`zcrop/_valid.py`), run without the GIL.
 
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use zcrop::sampler::valid;
 
@@ -46,4 +46,18 @@ pub(crate) fn window_any<'py>(
     }
     let (out, shape) = py.detach(|| valid::window_any(flags, &shape, &windows));
     Ok((PyArray1::from_vec(py, out), shape))
+}
+
+/// The runs of true values of a flat boolean array, as an `(n, 2)` uint64 array of
+/// `[start, end)` ranges.
+#[pyfunction]
+#[allow(clippy::needless_pass_by_value)]
+pub(crate) fn bool_runs<'py>(
+    py: Python<'py>,
+    flags: PyReadonlyArray1<'py, bool>,
+) -> PyResult<Bound<'py, PyArray2<u64>>> {
+    let flags = flags.as_slice()?;
+    let runs = py.detach(|| valid::runs(flags));
+    let flat: Vec<u64> = runs.iter().flat_map(|&(a, b)| [a, b]).collect();
+    PyArray1::from_vec(py, flat).reshape([runs.len(), 2])
 }

@@ -217,22 +217,7 @@ impl Mask {
                 allowed.len()
             )));
         }
-        let mut runs = Vec::new();
-        let mut start = None;
-        for (i, &a) in allowed.iter().enumerate() {
-            match (a, start) {
-                (true, None) => start = Some(i as u64),
-                (false, Some(s)) => {
-                    runs.push((s, i as u64));
-                    start = None;
-                }
-                _ => {}
-            }
-        }
-        if let Some(s) = start {
-            runs.push((s, n));
-        }
-        Mask::from_runs(shape, cells, runs)
+        Mask::from_runs(shape, cells, crate::valid::runs(allowed))
     }
 
     /// A mask of `shape` cells laid out by `cells` whose allowed cells are the C-order linear

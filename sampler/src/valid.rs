@@ -5,6 +5,8 @@
 //! Both work on C-order arrays and make one pass over their input each (the window test one
 //! pass per window axis, with a running count), so the pass costs little beside decoding.
 
+use rayon::prelude::*;
+
 use crate::error::{Result, spec_err};
 
 /// Element types the kernels read, by their v3 names (native byte order).
@@ -18,50 +20,73 @@ fn element_size(dtype: &str) -> Option<usize> {
     })
 }
 
-/// Whether each element is missing: NaN (floats) or equal to one of `fills` (compared in the
-/// element's own type; a fill the type cannot hold matches nothing).
-fn missing(bytes: &[u8], dtype: &str, fills: &[f64], out: &mut Vec<bool>) {
-    macro_rules! ints {
-        ($t:ty) => {{
-            // Whole fills the type can hold (the float-to-int cast saturates).
-            let fills: Vec<$t> = fills
-                .iter()
-                .filter(|f| f.fract() == 0.0)
-                .filter_map(|&f| <$t>::try_from(f as i128).ok())
-                .collect();
-            out.extend(bytes.chunks_exact(size_of::<$t>()).map(|b| {
-                let v = <$t>::from_ne_bytes(b.try_into().expect("element size"));
-                fills.contains(&v)
-            }));
-        }};
-    }
-    macro_rules! floats {
-        ($t:ty, $conv:expr) => {{
-            let fills: Vec<f64> = fills.to_vec();
-            out.extend(bytes.chunks_exact(size_of::<$t>()).map(|b| {
-                let v: f64 = $conv(<$t>::from_ne_bytes(b.try_into().expect("element size")));
-                v.is_nan() || fills.contains(&v)
-            }));
-        }};
-    }
-    match dtype {
-        "bool" | "uint8" => ints!(u8),
-        "int8" => ints!(i8),
-        "int16" => ints!(i16),
-        "uint16" => ints!(u16),
-        "int32" => ints!(i32),
-        "uint32" => ints!(u32),
-        "int64" => ints!(i64),
-        "uint64" => ints!(u64),
-        "float16" => floats!(u16, |x: u16| f64::from(half::f16::from_bits(x))),
-        "float32" => floats!(f32, f64::from),
-        "float64" => floats!(f64, |x: f64| x),
-        _ => unreachable!("checked by element_size"),
-    }
+/// Calls `run` with the test "is this element missing" for `dtype`: NaN (floats) or equal to
+/// one of `fills` (compared in the element's own type; a fill the type cannot hold matches
+/// nothing). One or two fills, the common cases, compile to plain comparisons.
+macro_rules! with_test {
+    ($dtype:expr, $fills:expr, $run:ident($($arg:expr),*)) => {{
+        macro_rules! ints {
+            ($t:ty) => {{
+                // Whole fills the type can hold (the float-to-int cast saturates).
+                let f: Vec<$t> = $fills
+                    .iter()
+                    .filter(|f| f.fract() == 0.0)
+                    .filter_map(|&f| <$t>::try_from(f as i128).ok())
+                    .collect();
+                let v = |b: &[u8]| <$t>::from_ne_bytes(b.try_into().expect("element size"));
+                match f.as_slice() {
+                    [] => $run($($arg,)* size_of::<$t>(), |_: &[u8]| false),
+                    &[x] => $run($($arg,)* size_of::<$t>(), move |b: &[u8]| v(b) == x),
+                    &[x, y] => $run($($arg,)* size_of::<$t>(), move |b: &[u8]| {
+                        let e = v(b);
+                        (e == x) | (e == y)
+                    }),
+                    many => $run($($arg,)* size_of::<$t>(), |b: &[u8]| many.contains(&v(b))),
+                }
+            }};
+        }
+        macro_rules! floats {
+            ($t:ty, $conv:expr) => {{
+                let v = |b: &[u8]| -> f64 {
+                    $conv(<$t>::from_ne_bytes(b.try_into().expect("element size")))
+                };
+                match $fills {
+                    [] => $run($($arg,)* size_of::<$t>(), move |b: &[u8]| v(b).is_nan()),
+                    &[x] => $run($($arg,)* size_of::<$t>(), move |b: &[u8]| {
+                        let e = v(b);
+                        e.is_nan() | (e == x)
+                    }),
+                    many => $run($($arg,)* size_of::<$t>(), |b: &[u8]| {
+                        let e = v(b);
+                        e.is_nan() || many.contains(&e)
+                    }),
+                }
+            }};
+        }
+        match $dtype {
+            "bool" | "uint8" => ints!(u8),
+            "int8" => ints!(i8),
+            "int16" => ints!(i16),
+            "uint16" => ints!(u16),
+            "int32" => ints!(i32),
+            "uint32" => ints!(u32),
+            "int64" => ints!(i64),
+            "uint64" => ints!(u64),
+            "float16" => floats!(u16, |x: u16| f64::from(half::f16::from_bits(x))),
+            "float32" => floats!(f32, f64::from),
+            "float64" => floats!(f64, |x: f64| x),
+            _ => unreachable!("checked by element_size"),
+        }
+    }};
 }
 
 /// The missing-element map of a C-order block of `shape` and type `dtype`, reduced (any) over
 /// the axes where `keep` is false. Returns the map and its shape (the kept axes).
+///
+/// Blocks whose first axis is kept are split along it and marked in parallel (each part
+/// writes its own part of the map).
+// Fill values match exactly, as xarray masks them.
+#[allow(clippy::float_cmp)]
 pub fn missing_map(
     bytes: &[u8],
     dtype: &str,
@@ -86,13 +111,45 @@ pub fn missing_map(
         .filter(|&d| keep[d])
         .map(|d| shape[d])
         .collect();
-    if keep.iter().all(|&k| k) {
-        let mut flags = Vec::with_capacity(n);
-        missing(bytes, dtype, fills, &mut flags);
-        return Ok((flags, out_shape));
-    }
-    // Output index of each input element, advanced like an odometer (no divisions).
     let mut out = vec![false; out_shape.iter().product()];
+    if n == 0 {
+        return Ok((out, out_shape));
+    }
+    with_test!(dtype, fills, mark_block(bytes, shape, keep, &mut out));
+    Ok((out, out_shape))
+}
+
+/// [`mark`] over a whole block, in parallel parts along its first axis when that is kept.
+fn mark_block<F: Fn(&[u8]) -> bool + Sync>(
+    bytes: &[u8],
+    shape: &[usize],
+    keep: &[bool],
+    out: &mut [bool],
+    es: usize,
+    test: F,
+) {
+    if shape.len() > 1 && keep[0] && shape[0] > 1 {
+        let n: usize = shape.iter().product();
+        let (inner, kept) = (n / shape[0] * es, out.len() / shape[0]);
+        out.par_chunks_mut(kept.max(1))
+            .zip(bytes.par_chunks(inner.max(1)))
+            .for_each(|(o, b)| mark(b, es, &shape[1..], &keep[1..], o, &test));
+    } else {
+        mark(bytes, es, shape, keep, out, &test);
+    }
+}
+
+/// ORs into `out` (the map over the kept axes) whether each element of the C-order block
+/// `bytes` of `shape` is missing, row by row along the last axis.
+fn mark<F: Fn(&[u8]) -> bool>(
+    bytes: &[u8],
+    es: usize,
+    shape: &[usize],
+    keep: &[bool],
+    out: &mut [bool],
+    test: &F,
+) {
+    let last = shape.len() - 1;
     let mut out_stride = vec![0usize; shape.len()];
     let mut s = 1usize;
     for d in (0..shape.len()).rev() {
@@ -101,22 +158,18 @@ pub fn missing_map(
             s *= shape[d];
         }
     }
-    let last = shape.len() - 1;
     let mut idx = vec![0usize; shape.len()];
     let mut at = 0usize;
-    // Row by row (the last axis), so the per-element flags never exist for the whole block.
-    let mut chunk = Vec::with_capacity(shape[last]);
     for row in bytes.chunks(shape[last].max(1) * es) {
-        chunk.clear();
-        missing(row, dtype, fills, &mut chunk);
+        let flags = row.chunks_exact(es).map(test);
         if keep[last] {
-            for (o, &f) in out[at..at + chunk.len()].iter_mut().zip(&chunk) {
+            for (o, f) in out[at..at + shape[last]].iter_mut().zip(flags) {
                 *o |= f;
             }
-        } else if chunk.iter().any(|&f| f) {
+        } else if flags.fold(false, |a, f| a | f) {
             out[at] = true;
         }
-        // The next row.
+        // The next row, advanced like an odometer (no divisions).
         let mut d = last;
         while d > 0 {
             d -= 1;
@@ -129,7 +182,6 @@ pub fn missing_map(
             idx[d] = 0;
         }
     }
-    Ok((out, out_shape))
 }
 
 /// Whether each window of `windows[d]` elements along every axis `d` (starting at each index
@@ -149,48 +201,100 @@ pub fn window_any(map: &[bool], shape: &[usize], windows: &[usize]) -> (Vec<bool
         let mut next = vec![false; outer * m * inner];
         if m > 0 && inner == 1 {
             // Along contiguous lines: a running count of true elements in the window.
-            for (src, dst) in cur.chunks_exact(n).zip(next.chunks_exact_mut(m)) {
-                let mut count = 0u32;
-                for k in 0..n {
-                    count += u32::from(src[k]);
-                    if k >= w {
-                        count -= u32::from(src[k - w]);
-                    }
-                    if k + 1 >= w {
-                        dst[k + 1 - w] = count > 0;
-                    }
-                }
-            }
+            cur.par_chunks_exact(n)
+                .zip(next.par_chunks_exact_mut(m))
+                .with_min_len(64)
+                .for_each_init(
+                    || (Vec::new(), Vec::new()),
+                    |scratch, (src, dst)| window_line(src, w, dst, scratch),
+                );
         } else if m > 0 {
-            let mut count = vec![0u32; inner];
-            for o in 0..outer {
-                let src = &cur[o * n * inner..(o + 1) * n * inner];
-                let dst = &mut next[o * m * inner..(o + 1) * m * inner];
-                count.fill(0);
-                for k in 0..n {
-                    let row = &src[k * inner..(k + 1) * inner];
-                    for (c, &v) in count.iter_mut().zip(row) {
-                        *c += u32::from(v);
-                    }
-                    if k >= w {
-                        let gone = &src[(k - w) * inner..(k - w + 1) * inner];
-                        for (c, &v) in count.iter_mut().zip(gone) {
-                            *c -= u32::from(v);
-                        }
-                    }
-                    if k + 1 >= w {
-                        let out = &mut dst[(k + 1 - w) * inner..(k + 2 - w) * inner];
-                        for (o, &c) in out.iter_mut().zip(&count) {
-                            *o = c > 0;
-                        }
-                    }
-                }
-            }
+            // Along a strided axis: running counts for a whole row of `inner` lines at once,
+            // each block of the outer axes in parallel.
+            cur.par_chunks_exact(n * inner)
+                .zip(next.par_chunks_exact_mut(m * inner))
+                .for_each(|(src, dst)| window_rows(src, n, inner, w, dst));
         }
         cur = next;
         cur_shape[d] = m;
     }
     (cur, cur_shape)
+}
+
+/// `dst[i]`: whether `src[i .. i + w]` holds a true element. By doubling: after step `j`,
+/// `a[i]` covers `src[i .. i + 2^j]`; two overlapping spans then cover the window. Every step
+/// is an elementwise OR of two buffers, which vectorizes (a running count would not).
+/// `scratch` holds the two buffers between lines.
+fn window_line(src: &[bool], w: usize, dst: &mut [bool], scratch: &mut (Vec<bool>, Vec<bool>)) {
+    let (a, b) = scratch;
+    a.clear();
+    a.extend_from_slice(src);
+    let mut span = 1;
+    while span * 2 <= w {
+        let len = a.len() - span;
+        b.clear();
+        b.extend(a[..len].iter().zip(&a[span..]).map(|(&x, &y)| x | y));
+        std::mem::swap(a, b);
+        span *= 2;
+    }
+    let shift = w - span;
+    for ((o, &x), &y) in dst.iter_mut().zip(a.iter()).zip(&a[shift..]) {
+        *o = x | y;
+    }
+}
+
+/// The runs of true elements of `flags` as sorted `[start, end)` ranges. Eight flags at a
+/// time where they do not change, so long stretches cost a load and a compare per eight.
+pub fn runs(flags: &[bool]) -> Vec<(u64, u64)> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let mut out = Vec::new();
+    let mut start: Option<usize> = None;
+    let mut i = 0;
+    while i < flags.len() {
+        if i + 8 <= flags.len() {
+            let word = u64::from_ne_bytes(std::array::from_fn(|k| u8::from(flags[i + k])));
+            if word == if start.is_some() { ONES } else { 0 } {
+                i += 8;
+                continue;
+            }
+        }
+        match (flags[i], start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                out.push((s as u64, i as u64));
+                start = None;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    if let Some(s) = start {
+        out.push((s as u64, flags.len() as u64));
+    }
+    out
+}
+
+/// [`window_line`] along the first axis of an `(n, inner)` block, for all `inner` columns.
+fn window_rows(src: &[bool], n: usize, inner: usize, w: usize, dst: &mut [bool]) {
+    let mut count = vec![0u32; inner];
+    for k in 0..n {
+        let row = &src[k * inner..(k + 1) * inner];
+        for (c, &v) in count.iter_mut().zip(row) {
+            *c += u32::from(v);
+        }
+        if k >= w {
+            let gone = &src[(k - w) * inner..(k - w + 1) * inner];
+            for (c, &v) in count.iter_mut().zip(gone) {
+                *c -= u32::from(v);
+            }
+        }
+        if k + 1 >= w {
+            let out = &mut dst[(k + 1 - w) * inner..(k + 2 - w) * inner];
+            for (o, &c) in out.iter_mut().zip(&count) {
+                *o = c > 0;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -242,9 +346,9 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn window_any_matches_brute_force(
-            shape in proptest::collection::vec(1usize..7, 1..4),
+            shape in proptest::collection::vec(1usize..20, 1..4),
             seed in 0u64..1000,
-            w in proptest::collection::vec(1usize..5, 3),
+            w in proptest::collection::vec(1usize..13, 3),
         ) {
             let n: usize = shape.iter().product();
             let map: Vec<bool> = (0..n).map(|i| ((i as u64 * 2_654_435_761) ^ seed).is_multiple_of(7)).collect();
@@ -253,6 +357,38 @@ mod tests {
             let want_shape: Vec<usize> = shape.iter().zip(w).map(|(&n, &w)| (n + 1).saturating_sub(w)).collect();
             proptest::prop_assert_eq!(&got_shape, &want_shape);
             proptest::prop_assert_eq!(got, brute(&map, &shape, w));
+        }
+
+        #[test]
+        fn runs_are_the_stretches_of_true(
+            flags in proptest::collection::vec(proptest::bool::weighted(0.8), 0..200),
+            long in 0usize..40,
+        ) {
+            // Long stretches exercise the eight-at-a-time skip.
+            let mut flags = flags;
+            flags.splice(0..0, std::iter::repeat_n(true, long));
+            let got = runs(&flags);
+            let mut rebuilt = vec![false; flags.len()];
+            for &(a, b) in &got {
+                proptest::prop_assert!(a < b);
+                rebuilt[a as usize..b as usize].fill(true);
+            }
+            proptest::prop_assert_eq!(rebuilt, flags);
+            proptest::prop_assert!(got.windows(2).all(|w| w[0].1 < w[1].0));
+        }
+
+        #[test]
+        fn integer_fills_match_by_value(
+            n in 1usize..300,
+            seed in 0u64..1000,
+            nfills in 0usize..4,
+        ) {
+            let vals: Vec<u16> = (0..n).map(|i| (((i as u64 * 40_503) ^ seed) % 6) as u16).collect();
+            let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            let fills: Vec<f64> = [0.0, 3.0, 5.0, 70_000.0][..nfills].to_vec();
+            let (got, _) = missing_map(&bytes, "uint16", &[n], &fills, &[true]).unwrap();
+            let want: Vec<bool> = vals.iter().map(|&v| fills.contains(&f64::from(v))).collect();
+            proptest::prop_assert_eq!(got, want);
         }
 
         #[test]

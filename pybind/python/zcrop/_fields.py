@@ -91,10 +91,12 @@ class ValidMask:
 
 
 def _runs(flat: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """The ``[start, end)`` runs of ``True`` in a flat boolean array, as ``(n, 2)`` uint64."""
-    padded = np.concatenate(([False], flat, [False])).view(np.int8)
-    change = np.flatnonzero(np.diff(padded))
-    return change.reshape(-1, 2).astype(np.uint64)
+    """The ``[start, end)`` runs of ``True`` in a flat boolean array, as ``(n, 2)`` uint64
+    (the Rust kernel, without the GIL)."""
+    from zcrop import _zcrop
+
+    runs: np.ndarray[Any, Any] = _zcrop.bool_runs(np.ascontiguousarray(flat, dtype=bool).ravel())
+    return runs
 
 
 def _is_dataarray(obj: Any) -> bool:

@@ -240,7 +240,9 @@ class _Reader:
         lead = self._lead_index()
         if self.rows is not None and row > self.lo:
             cut = min(row - self.lo, self.rows.shape[lead])
-            self.rows = np.take(self.rows, np.arange(cut, self.rows.shape[lead]), axis=lead)
+            keep: list[slice] = [slice(None)] * self.rows.ndim
+            keep[lead] = slice(cut, None)
+            self.rows = self.rows[tuple(keep)]  # a view; the next extend copies once
             self.lo += cut
 
     def _lead_index(self) -> int:
@@ -324,27 +326,29 @@ def _source_valid(
         if ax.wrap:
             starts = np.where(starts > -(1 << 61), starts % ax.size, starts)
         take.append(starts)
-    ok = ~bad
     # Positions whose window falls outside the held rows or the array are not valid. Where
-    # positions map one to one onto consecutive windows, a slice (a view) does the gather.
-    index: list[Any] = []
-    inside = []
+    # positions map one to one onto consecutive windows (the usual case), the inside ones are
+    # a block of positions and their windows a block of ``bad``: one slice each, no gather.
+    dest: list[slice] = []
+    src: list[slice] = []
     for k, starts in enumerate(take):
-        n = ok.shape[k]
-        inside.append((starts >= 0) & (starts < n))
-        if len(starts) and inside[-1].all() and (np.diff(starts) == 1).all():
-            index.append(slice(int(starts[0]), int(starts[0]) + len(starts)))
-        else:
-            index.append(np.clip(starts, 0, max(n - 1, 0)))
-    if any(s == 0 for s in ok.shape):
+        n = bad.shape[k]
+        if not (len(starts) and (np.diff(starts) == 1).all()):
+            break
+        lo = int(min(max(-starts[0], 0), len(starts)))
+        hi = int(max(min(n - starts[0], len(starts)), lo))
+        dest.append(slice(lo, hi))
+        src.append(slice(int(starts[0]) + lo, int(starts[0]) + hi))
+    if len(dest) == len(take):
         valid = np.zeros([len(t) for t in take], dtype=bool)
-    elif all(isinstance(i, slice) for i in index):
-        valid = ok[tuple(index)]
+        valid[tuple(dest)] = ~bad[tuple(src)]
     else:
-        as_arrays = [
-            np.arange(i.start, i.stop) if isinstance(i, slice) else i for i in index
-        ]
-        valid = ok[np.ix_(*as_arrays)] & _outer_and(inside)
+        inside = [(t >= 0) & (t < bad.shape[k]) for k, t in enumerate(take)]
+        if any(n == 0 for n in bad.shape):
+            valid = np.zeros([len(t) for t in take], dtype=bool)
+        else:
+            clipped = [np.clip(t, 0, bad.shape[k] - 1) for k, t in enumerate(take)]
+            valid = ~bad[np.ix_(*clipped)] & _outer_and(inside)
     # Arrange the source's aligned axes in position order, broadcast the others.
     order = sorted(range(len(p.aligned)), key=lambda k: p.aligned[k].position)
     valid = valid.transpose(order)
@@ -480,13 +484,15 @@ def valid_windows(
             assert pending is not None
             got = pending.result()
             pending = pool.submit(reads_for, i + 1) if i + 1 < len(slabs) else None
-            ok = np.ones([p1 - p0, *grid[1:]], dtype=bool)
+            ok: np.ndarray[Any, Any] | None = None
             for r, (a, b, rows) in zip(readers, got):
                 if r.plan.lead is not None:
                     if rows is not None:
                         r.extend(a, b, rows)
                     r.drop_before(_rows_for(r.plan, p0, p1)[0])
-                ok &= _source_valid(r.plan, r, grid, p0, p1)
+                this = _source_valid(r.plan, r, grid, p0, p1)
+                ok = this if ok is None else ok & this
+            assert ok is not None
             slab_runs = _runs(ok.ravel()) + np.uint64(p0 * rest)
             if runs and len(slab_runs) and runs[-1][-1, 1] == slab_runs[0, 0]:
                 runs[-1][-1, 1] = slab_runs[0, 1]

@@ -331,3 +331,6 @@ def window_any(
     map: npt.NDArray[np.bool_], shape: list[int], windows: list[int]
 ) -> tuple[npt.NDArray[np.bool_], list[int]]:
     """Whether each window of a boolean map holds a True."""
+
+def bool_runs(flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint64]:
+    """The ``[start, end)`` runs of True of a flat boolean array, shape ``(n, 2)``."""
