@@ -1030,8 +1030,11 @@ impl Sampler {
     }
 
     /// The positions of global samples `first .. first + n`, `n * ndim` numbers in sample
-    /// order: the sampler alone, without origins or reads (as [`Sampler::plan`] draws them).
+    /// order: the sampler alone, without origins or reads (as [`Sampler::plan`] draws them),
+    /// drawn in parallel parts.
     pub fn sample_positions(&self, first: u64, n: u64) -> Result<Vec<u64>> {
+        use rayon::prelude::*;
+        const PART: usize = 1 << 14;
         let npos = self.inner.positions.len();
         let total = usize::try_from(n)
             .ok()
@@ -1039,12 +1042,18 @@ impl Sampler {
             .filter(|_| first.checked_add(n).is_some())
             .ok_or_else(|| spec_err(format!("{n} samples from {first} is too many")))?;
         let mut out = vec![0u64; total];
-        let mut perm = None;
-        for (i, pos) in out.chunks_exact_mut(npos).enumerate() {
-            let global = first + i as u64;
-            let mut rng = SampleRng::new(self.inner.seed, global);
-            self.draw_position(global, &mut rng, &mut perm, pos);
-        }
+        // Draws are independent (each a function of the seed and its global index): parts of
+        // the range run in parallel, each with its own permutation cache.
+        out.par_chunks_mut(PART * npos)
+            .enumerate()
+            .for_each(|(part, block)| {
+                let mut perm = None;
+                for (i, pos) in block.chunks_exact_mut(npos).enumerate() {
+                    let global = first + (part * PART + i) as u64;
+                    let mut rng = SampleRng::new(self.inner.seed, global);
+                    self.draw_position(global, &mut rng, &mut perm, pos);
+                }
+            });
         Ok(out)
     }
 

@@ -376,3 +376,38 @@ fn invalid_specs_are_rejected_with_reasons() {
         Err(SamplerError::EmptyRegion { .. })
     ));
 }
+
+/// The bulk draw (in parallel parts) gives each global sample the position its batch plan
+/// gives, across part boundaries, in uniform and epoch mode, with a mask.
+#[test]
+fn bulk_positions_equal_the_plans_positions() {
+    let (sat, _, _) = fixture("v3_workload_4d_u2");
+    let mask = Mask::from_fn(vec![6, 14, 18], vec![1, 5, 5], |c| {
+        (c[0] + c[1] * 3 + c[2]) % 4 != 0
+    })
+    .unwrap();
+    for mode in [
+        Mode::Uniform,
+        Mode::Epoch {
+            stride: vec![1, 3, 2],
+        },
+    ] {
+        let spec = SampleSpec::new(["t", "y", "x"])
+            .source(Source::new("s", sat.clone(), [1, 3, 8, 8]))
+            .mask(mask.clone())
+            .mode(mode)
+            .seed(17);
+        let sampler = Sampler::new(spec).unwrap();
+        let (first, n) = (1000u64, 40_000u64);
+        let bulk = sampler.sample_positions(first, n).unwrap();
+        for i in (0..n).step_by(997).chain([16_383, 16_384, 32_768, n - 1]) {
+            let plan = sampler.plan(first + i, Shard::SINGLE).unwrap();
+            assert_eq!(
+                &bulk[i as usize * 3..][..3],
+                plan.position(0),
+                "sample {}",
+                first + i
+            );
+        }
+    }
+}
