@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use zcrop_sampler::{
-    Dim, Loader, LoaderConfig, PinOptions, PinState, SampleSpec, Sampler, Shard, Source, Transform,
+    Cells, Dim, Loader, LoaderConfig, Mask, PinOptions, PinState, SampleSpec, Sampler, Shard,
+    Source, Transform,
 };
 use zcrop_zarr::Array;
 
@@ -35,6 +36,10 @@ pub struct LoaderBenchOptions {
     pub to_f32: bool,
     /// Seed.
     pub seed: u64,
+    /// The share of positions a full-resolution mask keeps (1: no mask).
+    pub mask_keep: f64,
+    /// Add a second source aligned by label tables (see [`LoaderBench::aligned`]).
+    pub aligned: bool,
 }
 
 /// What the loader benchmark measured (stable field names).
@@ -62,6 +67,12 @@ pub struct LoaderBenchJson {
     pub time_ratio: f64,
     /// Seconds the consumer waited for data over the loader's timed batches.
     pub loader_wait_s: f64,
+    /// The share of positions the mask kept (1: no mask).
+    pub mask_keep: f64,
+    /// The runs the mask was stored as (0: no mask).
+    pub mask_runs: usize,
+    /// Whether a second source aligned by label tables was read.
+    pub aligned: bool,
     /// Whether the loader's buffers are page-locked.
     pub page_locked: bool,
     /// Whether they are registered with CUDA.
@@ -130,6 +141,13 @@ pub struct LoaderBench {
     pub pin: PinOptions,
     /// The seed.
     pub seed: u64,
+    /// The share of positions a full-resolution mask keeps (1: no mask): in each (t, y) row
+    /// one stretch of x, placed by a hash, as a NaN-free region of real data would be.
+    pub mask_keep: f64,
+    /// A second source aligned by label tables, as coordinate alignment builds them: the
+    /// frame at or before each position's on a 4x coarser time axis, and rows and columns
+    /// looked up on a 4x coarser grid (crops of a quarter the size in y and x).
+    pub aligned: bool,
 }
 
 impl Default for LoaderBench {
@@ -146,6 +164,8 @@ impl Default for LoaderBench {
             transform: Transform::none(),
             pin: PinOptions::default(),
             seed: 0,
+            mask_keep: 1.0,
+            aligned: false,
         }
     }
 }
@@ -194,7 +214,8 @@ impl LoaderBench {
                 array.ndim()
             );
         }
-        let source = Source::new("data", array, self.crop)
+        let shape = array.shape().to_vec();
+        let source = Source::new("data", array.clone(), self.crop)
             .dims([
                 Dim::along("t"),
                 Dim::fixed(0),
@@ -202,11 +223,53 @@ impl LoaderBench {
                 Dim::along("x"),
             ])
             .transform(self.transform.clone());
-        Ok(Sampler::new(
-            SampleSpec::new(["t", "y", "x"])
-                .source(source)
-                .seed(self.seed)
-                .batch_size(self.batch_size),
+        let mut spec = SampleSpec::new(["t", "y", "x"])
+            .source(source)
+            .seed(self.seed)
+            .batch_size(self.batch_size);
+        if self.aligned {
+            // Tables as `align="previous"` (time) and `"nearest"` (space) give them.
+            let [_, cc, cy, cx] = self.crop;
+            let coarse = [1, cc, (cy / 4).max(1), (cx / 4).max(1)];
+            let t: Vec<i64> = (0..shape[0] as i64).map(|p| p - p % 4).collect();
+            let quarter = |n: u64| -> Vec<i64> { (0..n as i64).map(|p| (p + 2) / 4).collect() };
+            spec = spec.source(
+                Source::new("aligned", array, coarse)
+                    .dims([
+                        Dim::lookup("t", t),
+                        Dim::fixed(0),
+                        Dim::lookup("y", quarter(shape[2])),
+                        Dim::lookup("x", quarter(shape[3])),
+                    ])
+                    .transform(self.transform.clone()),
+            );
+        }
+        if self.mask_keep < 1.0 {
+            spec = spec.mask(self.mask(&shape)?);
+        }
+        Ok(Sampler::new(spec)?)
+    }
+
+    /// The benchmark's mask over the (t, y, x) positions of an array of `shape`.
+    pub fn mask(&self, shape: &[u64]) -> Result<Mask> {
+        if !(self.mask_keep > 0.0 && self.mask_keep <= 1.0) {
+            bail!(
+                "the mask must keep a share in (0, 1], got {}",
+                self.mask_keep
+            );
+        }
+        let (t, y, x) = (shape[0], shape[2], shape[3]);
+        let width = ((x as f64 * self.mask_keep).round() as u64).clamp(1, x);
+        let runs = (0..t * y)
+            .map(|row| {
+                let start = row.wrapping_mul(0x9E37_79B9_7F4A_7C15) % (x - width + 1);
+                (row * x + start, row * x + start + width)
+            })
+            .collect();
+        Ok(Mask::from_runs(
+            vec![t, y, x],
+            Cells::Size(vec![1, 1, 1]),
+            runs,
         )?)
     }
 
@@ -326,7 +389,15 @@ pub fn run_loader(path: &Path, opts: &LoaderBenchOptions) -> Result<LoaderBenchJ
             Transform::none()
         },
         seed: opts.seed,
+        mask_keep: opts.mask_keep,
+        aligned: opts.aligned,
         ..LoaderBench::default()
+    };
+    let shape = Array::open(path)?.shape().to_vec();
+    let mask_runs = if opts.mask_keep < 1.0 && shape.len() == 4 {
+        bench.mask(&shape)?.runs().len()
+    } else {
+        0
     };
     let r = bench.run(path)?;
     let (d, p, pin) = (r.direct, r.pipeline, r.pin_state);
@@ -342,6 +413,9 @@ pub fn run_loader(path: &Path, opts: &LoaderBenchOptions) -> Result<LoaderBenchJ
         loader_gbps: p.gb_per_s,
         time_ratio: p.seconds / d.seconds,
         loader_wait_s: p.wait_seconds,
+        mask_keep: opts.mask_keep,
+        mask_runs,
+        aligned: opts.aligned,
         page_locked: pin.page_locked,
         cuda_registered: pin.cuda_registered,
         pin_note: pin.reason,
@@ -377,5 +451,45 @@ mod tests {
         }
         assert!((r.time_ratio - r.pipeline.seconds / r.direct.seconds).abs() < 1e-12);
         assert!(r.to_string().contains("loader / direct time"));
+    }
+
+    #[test]
+    fn a_mask_and_an_aligned_source_shape_the_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = Spec::new([8, 3, 64, 64], Codec::Zstd, Layout::Sharded)
+            .chunked([4, 3, 32, 32], [1, 1, 16, 16]);
+        let path = super::super::synth::ensure(&spec, dir.path(), &|_, _| {}).unwrap();
+        let bench = LoaderBench {
+            crop: [2, 3, 16, 16],
+            batch_size: 4,
+            batches: 3,
+            warmup: 0,
+            rounds: 1,
+            pin: PinOptions::pageable(),
+            mask_keep: 0.25,
+            aligned: true,
+            ..LoaderBench::default()
+        };
+        let sampler = bench.sampler(&path).unwrap();
+        let mask = bench.mask(&[8, 3, 64, 64]).unwrap();
+        assert_eq!(mask.runs().len(), 8 * 64);
+        for step in 0..5 {
+            let plan = sampler.plan(step, Shard::SINGLE).unwrap();
+            for i in 0..plan.len() {
+                let p = plan.position(i);
+                assert_eq!(mask.allows(p), Some(true), "{p:?}");
+                let a = plan.origin(1, i);
+                assert_eq!(a, &[p[0] - p[0] % 4, 0, (p[1] + 2) / 4, (p[2] + 2) / 4]);
+            }
+        }
+        let r = bench.run(&path).unwrap();
+        let per_batch = 4 * (2 * 3 * 16 * 16 + 3 * 4 * 4) * 2;
+        assert_eq!(r.direct.bytes, 3 * per_batch);
+        assert_eq!(r.pipeline.bytes, 3 * per_batch);
+        let bad = LoaderBench {
+            mask_keep: 0.0,
+            ..bench
+        };
+        assert!(bad.sampler(&path).is_err());
     }
 }

@@ -90,6 +90,14 @@ pub(crate) struct LoaderBenchArgs {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+    /// Sample only a share of the positions, by a full-resolution mask (one stretch of x per
+    /// (t, y) row, as runs); 1 is no mask.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) mask_keep: f64,
+    /// Read a second source aligned by label tables (a 4x coarser time step and grid, as
+    /// `align="previous"`/`"nearest"` build them).
+    #[arg(long)]
+    pub(crate) aligned: bool,
     /// Size of the generated dataset.
     #[arg(long, value_parser = parse_size, default_value = "2G")]
     pub(crate) dataset_size: u64,

@@ -337,6 +337,8 @@ pub(crate) fn bench_loader(args: &LoaderBenchArgs) -> Result<()> {
         consume: Duration::from_millis(args.consume_ms),
         to_f32: args.to_f32,
         seed: args.seed,
+        mask_keep: args.mask_keep,
+        aligned: args.aligned,
     };
     let r = run_loader(&path, &opts)?;
     if args.json {
@@ -347,6 +349,15 @@ pub(crate) fn bench_loader(args: &LoaderBenchArgs) -> Result<()> {
         let _ = std::fmt::Write::write_fmt(&mut t, format_args!("{k:<22} {v}\n"));
     };
     row("array", r.path.clone());
+    if r.mask_runs > 0 {
+        row(
+            "mask",
+            format!("keeps {} of positions in {} runs", r.mask_keep, r.mask_runs),
+        );
+    }
+    if r.aligned {
+        row("aligned source", "a second source by label tables".into());
+    }
     row(
         "crop x batch",
         format!("{:?} x {}", r.crop_shape, r.batch_size),
