@@ -225,7 +225,10 @@ class _Reader:
                 sel.append(slice(a, b))
             else:
                 sel.append(slice(0, size))
-        block = p.array.oindex[tuple(sel)]
+        if all(isinstance(x, slice) for x in sel):
+            block = p.array[tuple(sel)]
+        else:
+            block = p.array.oindex[tuple(sel)]  # picked indices
         return _missing(block, p.fills, [axis not in p.fixed for axis in range(block.ndim)])
 
     def extend(self, a: int, b: int, rows: np.ndarray[Any, Any]) -> None:
