@@ -44,7 +44,9 @@ pub(crate) fn window_any<'py>(
             shape.len()
         )));
     }
-    let (out, shape) = py.detach(|| valid::window_any(flags, &shape, &windows));
+    let (out, shape) = py
+        .detach(|| valid::window_any(flags, &shape, &windows))
+        .map_err(|e| blocking::sampler_err(py, &e))?;
     Ok((PyArray1::from_vec(py, out), shape))
 }
 

@@ -571,8 +571,26 @@ def scenario_leak(p: dict) -> dict:
     return in_fork(child, timeout=120)
 
 
+def scenario_sampling(p: dict) -> dict:
+    """The parallel kernels of sampling (valid_windows' tests, bulk position draws) in a child
+    forked after the parent ran them: they must run on the child's own threads."""
+    import zcrop
+
+    src = zcrop.Source(_path(p, "sharded"), (2, 3, 16, 16), name="s", dims=["t", 0, "y", "x"])
+    pos = ["t", "y", "x"]
+
+    def work() -> tuple:
+        mask = zcrop.valid_windows(src, pos, invalid=[7], cache=False)
+        samples = zcrop.Samples(src, positions=pos, valid=mask, mode="epoch", stride=[1, 1, 1])
+        return mask.runs.tolist(), samples._native.positions(0, 50_000).tolist()
+
+    parent = work()
+    return {"parent": parent, "child": in_fork(work, timeout=60)}
+
+
 SCENARIOS = {
     "reads": scenario_reads,
+    "sampling": scenario_sampling,
     "dataloader": scenario_dataloader,
     "dataloader_options": scenario_dataloader_options,
     "loader_continues": scenario_loader_continues,
@@ -863,6 +881,12 @@ def test_a_worker_killed_by_sigkill_fails_the_dataloader_as_torch_does(data, tmp
 
 
 # --- (g) -------------------------------------------------------------------------------------
+
+
+def test_sampling_kernels_run_in_a_forked_child(data, tmp_path):
+    res = run("sampling", data, tmp_path, timeout=120)
+    assert res["child"] == res["parent"]
+    assert len(res["parent"][1]) == 50_000 * 3
 
 
 def test_a_forked_child_shares_the_parents_memory(data, tmp_path):

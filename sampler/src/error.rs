@@ -41,6 +41,12 @@ pub enum SamplerError {
         #[source]
         error: ZarrError,
     },
+    /// zcrop's worker threads could not be started.
+    #[error("cannot start zcrop's threads: {reason}")]
+    Threads {
+        /// What the OS said.
+        reason: String,
+    },
     /// A pinned host buffer could not be allocated (`mmap` failed).
     #[error("cannot allocate a {bytes}-byte host buffer: {reason}")]
     Alloc {
@@ -81,4 +87,11 @@ pub(crate) fn spec_err(reason: impl Into<String>) -> SamplerError {
     SamplerError::Spec {
         reason: reason.into(),
     }
+}
+
+/// Runs `op`, whose rayon parallel iterators then run on zcrop's decode pool (fork-safe).
+pub(crate) fn parallel<R: Send>(op: impl FnOnce() -> R + Send) -> Result<R> {
+    zcrop_zarr::on_decode_pool(op).map_err(|e| SamplerError::Threads {
+        reason: e.to_string(),
+    })
 }

@@ -1044,16 +1044,18 @@ impl Sampler {
         let mut out = vec![0u64; total];
         // Draws are independent (each a function of the seed and its global index): parts of
         // the range run in parallel, each with its own permutation cache.
-        out.par_chunks_mut(PART * npos)
-            .enumerate()
-            .for_each(|(part, block)| {
-                let mut perm = None;
-                for (i, pos) in block.chunks_exact_mut(npos).enumerate() {
-                    let global = first + (part * PART + i) as u64;
-                    let mut rng = SampleRng::new(self.inner.seed, global);
-                    self.draw_position(global, &mut rng, &mut perm, pos);
-                }
-            });
+        crate::error::parallel(|| {
+            out.par_chunks_mut(PART * npos)
+                .enumerate()
+                .for_each(|(part, block)| {
+                    let mut perm = None;
+                    for (i, pos) in block.chunks_exact_mut(npos).enumerate() {
+                        let global = first + (part * PART + i) as u64;
+                        let mut rng = SampleRng::new(self.inner.seed, global);
+                        self.draw_position(global, &mut rng, &mut perm, pos);
+                    }
+                });
+        })?;
         Ok(out)
     }
 

@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use crate::error::{Result, spec_err};
+use crate::error::{Result, parallel, spec_err};
 
 /// Element types the kernels read, by their v3 names (native byte order).
 fn element_size(dtype: &str) -> Option<usize> {
@@ -115,7 +115,7 @@ pub fn missing_map(
     if n == 0 {
         return Ok((out, out_shape));
     }
-    with_test!(dtype, fills, mark_block(bytes, shape, keep, &mut out));
+    with_test!(dtype, fills, mark_block(bytes, shape, keep, &mut out))?;
     Ok((out, out_shape))
 }
 
@@ -127,15 +127,19 @@ fn mark_block<F: Fn(&[u8]) -> bool + Sync>(
     out: &mut [bool],
     es: usize,
     test: F,
-) {
+) -> Result<()> {
     if shape.len() > 1 && keep[0] && shape[0] > 1 {
         let n: usize = shape.iter().product();
         let (inner, kept) = (n / shape[0] * es, out.len() / shape[0]);
-        out.par_chunks_mut(kept.max(1))
-            .zip(bytes.par_chunks(inner.max(1)))
-            .for_each(|(o, b)| mark(b, es, &shape[1..], &keep[1..], o, &test));
+        let split = || {
+            out.par_chunks_mut(kept.max(1))
+                .zip(bytes.par_chunks(inner.max(1)))
+                .for_each(|(o, b)| mark(b, es, &shape[1..], &keep[1..], o, &test));
+        };
+        parallel(split)
     } else {
         mark(bytes, es, shape, keep, out, &test);
+        Ok(())
     }
 }
 
@@ -187,7 +191,19 @@ fn mark<F: Fn(&[u8]) -> bool>(
 /// Whether each window of `windows[d]` elements along every axis `d` (starting at each index
 /// where it fits) holds a true element of `map` (C order, `shape`). Returns the result and its
 /// shape, `shape[d] - windows[d] + 1` per axis (zero where the window does not fit).
-pub fn window_any(map: &[bool], shape: &[usize], windows: &[usize]) -> (Vec<bool>, Vec<usize>) {
+///
+/// # Errors
+/// [`SamplerError::Threads`](crate::SamplerError::Threads) if zcrop's threads cannot start.
+pub fn window_any(
+    map: &[bool],
+    shape: &[usize],
+    windows: &[usize],
+) -> Result<(Vec<bool>, Vec<usize>)> {
+    parallel(|| window_any_here(map, shape, windows))
+}
+
+/// [`window_any`] on the current rayon pool.
+fn window_any_here(map: &[bool], shape: &[usize], windows: &[usize]) -> (Vec<bool>, Vec<usize>) {
     let mut cur = map.to_vec();
     let mut cur_shape = shape.to_vec();
     for (d, &w) in windows.iter().enumerate() {
@@ -200,7 +216,7 @@ pub fn window_any(map: &[bool], shape: &[usize], windows: &[usize]) -> (Vec<bool
         let inner: usize = cur_shape[d + 1..].iter().product();
         let mut next = vec![false; outer * m * inner];
         if m > 0 && inner == 1 {
-            // Along contiguous lines: a running count of true elements in the window.
+            // Along contiguous lines, each by doubling.
             cur.par_chunks_exact(n)
                 .zip(next.par_chunks_exact_mut(m))
                 .with_min_len(64)
@@ -353,7 +369,7 @@ mod tests {
             let n: usize = shape.iter().product();
             let map: Vec<bool> = (0..n).map(|i| ((i as u64 * 2_654_435_761) ^ seed).is_multiple_of(7)).collect();
             let w = &w[..shape.len()];
-            let (got, got_shape) = window_any(&map, &shape, w);
+            let (got, got_shape) = window_any(&map, &shape, w).unwrap();
             let want_shape: Vec<usize> = shape.iter().zip(w).map(|(&n, &w)| (n + 1).saturating_sub(w)).collect();
             proptest::prop_assert_eq!(&got_shape, &want_shape);
             proptest::prop_assert_eq!(got, brute(&map, &shape, w));

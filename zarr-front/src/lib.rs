@@ -56,5 +56,5 @@ pub use array::{
 pub use error::{Location, Result, ZarrError};
 pub use hierarchy::{Group, Node, NodeKind, open, open_with};
 pub use plan::{DimSelection, Plan, PlanError};
-pub use throttle::decode_threads;
+pub use throttle::{decode_threads, on_decode_pool};
 pub use transform::StitchTransform;

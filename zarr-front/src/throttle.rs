@@ -40,6 +40,17 @@ pub fn decode_threads() -> usize {
     }
 }
 
+/// Runs `op` on the pool decode tasks from this thread run on (see the module), so rayon's
+/// parallel iterators inside it use zcrop's threads: never rayon's global pool, which a child
+/// of `fork` inherits without its threads.
+pub fn on_decode_pool<R: Send>(op: impl FnOnce() -> R + Send) -> Result<R, EngineError> {
+    if rayon::current_thread_index().is_some() {
+        Ok(op())
+    } else {
+        Ok(own_pool()?.install(op))
+    }
+}
+
 /// `rayon::in_place_scope` on the pool decode tasks spawned from this thread run on (see the
 /// module): `op` runs on this thread, its spawns on that pool.
 pub(crate) fn decode_scope<'scope, R>(
