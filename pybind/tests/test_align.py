@@ -407,3 +407,27 @@ def test_longitude_wraps_around(tmp_path):
             want[:, y, x] = ~np.isnan(raw[:, y : y + 2][..., cols]).any(axis=(1, 2))
     np.testing.assert_array_equal(mask, want)
     assert not want[1, 3, 32] and want[1, 3, 29]
+
+
+def test_windows_on_fixed_dimensions_start_where_they_say(ocf):
+    _, nwp, _ = ocf
+    sat = ocf[0]
+    ref = zcrop.Source(sat["ir"], crop={"time": 1, "y": 8, "x": 8})
+    # Steps 2..5 of the forecast: a window in steps on a dimension that follows no position.
+    src = zcrop.Source(nwp["t2m"], crop={"init_time": 1, "y": 2, "x": 2},
+                       window={"step": (2, 6)}, dims=["time", 0, "y", "x"],
+                       align={"init_time": "previous", "y": "nearest", "x": "nearest"})
+    s = zcrop.Samples([ref, src], positions=["time", "y", "x"], seed=1, length=4)
+    for i in range(4):
+        o = [int(v) for v in s[i]["meta"]["origin"]["t2m"]]
+        assert o[1] == 2 and s[i]["t2m"].shape == (1, 4, 2, 2)
+        want = nwp["t2m"].isel(init_time=slice(o[0], o[0] + 1), step=slice(2, 6),
+                               y=slice(o[2], o[2] + 2), x=slice(o[3], o[3] + 2))
+        np.testing.assert_array_equal(s[i]["t2m"], want.values)
+    with pytest.raises(ValueError, match="follows no position"):
+        zcrop.Samples([ref, zcrop.Source(nwp["t2m"], crop={"init_time": 1, "y": 2, "x": 2},
+                                         window={"step": (1.0, 3.0)},
+                                         dims=["time", 0, "y", "x"],
+                                         align={"init_time": "previous", "y": "nearest",
+                                                "x": "nearest"})],
+                      positions=["time", "y", "x"], length=1)

@@ -164,10 +164,11 @@ def source_windows(
     out: dict[str, Alignment] = {}
     for d in dims:
         if d not in labels:
-            if d in window and not all(isinstance(x, (int, np.integer)) for x in window[d]):
+            if d in window:
                 raise ValueError(
-                    f"source {name!r}: a window along {d!r} in label units needs a {d!r} "
-                    "coordinate"
+                    f"source {name!r}: a window along {d!r} needs a {d!r} coordinate; without "
+                    "one give the crop size by crop= and the start by dims= (an int, or "
+                    "zcrop.Dim.along(...).offset(k))"
                 )
             continue
         what = f"source {name!r} dimension {d!r}"
@@ -311,6 +312,9 @@ def lookup_dims(
         new = []
         for axis, spec in enumerate(dims):
             pos = str(spec[1])
+            if spec[0] == "fixed":
+                new.append(_fixed_window(src, axis, spec))
+                continue
             if spec[0] != "along" or pos not in labels:
                 new.append(spec)
                 continue
@@ -346,6 +350,24 @@ def lookup_dims(
             new.append(("lookup", pos, table, int(offset) + how.offset, int(jitter), int(every)))
         out.append(new)
     return out
+
+
+def _fixed_window(src: Source, axis: int, spec: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A fixed dimension's spec with its window's start (in steps) added to its origin."""
+    dim = src._dim_names[axis] if src._dim_names is not None else None
+    how = src._align.get(dim) if dim is not None else None
+    if how is None or (how.shift is None and how.offset == 0):
+        return spec
+    what = f"source {src.name!r} dimension {dim!r}"
+    if how.shift is not None:
+        raise ValueError(
+            f"{what} follows no position, so a window in label units has nothing to be "
+            "relative to: give it in steps (ints from the first element)"
+        )
+    start = int(spec[1]) + how.offset
+    if start < 0:
+        raise ValueError(f"{what}: the window starts at {start}, before the array")
+    return ("fixed", start, *spec[2:])
 
 
 def _by_index(name: str, pos: str) -> ValueError:
