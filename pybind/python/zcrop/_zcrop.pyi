@@ -22,6 +22,7 @@ __all__ = [
     "Pending",
     "SourceView",
     "__version__",
+    "bool_runs",
     "cli_main",
     "missing_map",
     "open_node",
