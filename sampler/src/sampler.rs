@@ -471,8 +471,8 @@ struct SourceRt {
     wrap: Option<usize>,
 }
 
-/// A crop that takes every `k`-th element along some dimensions, read as contiguous sub-crops:
-/// one element along each stepped dimension, the whole crop along the others.
+/// A crop that takes every `k`-th (or picked) elements along some dimensions, read as
+/// contiguous sub-crops: one element along each such dimension, the whole crop along the others.
 struct SubCrops {
     /// The shape of one sub-crop.
     shape: Vec<u64>,
