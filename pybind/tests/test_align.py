@@ -431,3 +431,27 @@ def test_windows_on_fixed_dimensions_start_where_they_say(ocf):
                                          align={"init_time": "previous", "y": "nearest",
                                                 "x": "nearest"})],
                       positions=["time", "y", "x"], length=1)
+
+
+def test_periodic_sources_align_across_longitude_conventions(tmp_path):
+    """Positions labelled -180..180 (a satellite grid) align with a 0..360 analysis that
+    wraps, nearest across the seam included, as xarray would after converting the labels."""
+    t = pd.date_range("2024-01-01", periods=2, freq="6h")
+    pos_lon = np.arange(-180.0, 180.0, 2.5)
+    sat = write(tmp_path / "s.zarr", "s", ["time", "lon"], {"time": t, "lon": pos_lon}, (2, 36))
+    era_lon = np.arange(0.0, 360.0, 10.0)
+    era = write(tmp_path / "e.zarr", "e", ["time", "lon"], {"time": t, "lon": era_lon}, (2, 36))
+    s_ds = xr.open_dataset(sat, engine="zcrop")
+    e_ds = xr.open_dataset(era, engine="zcrop")
+    srcs = [
+        zcrop.Source(s_ds["s"], crop={"time": 1, "lon": 4}, wrap="lon"),
+        zcrop.Source(e_ds["e"], crop={"time": 1, "lon": 3}, wrap="lon", align={"lon": "nearest"}),
+    ]
+    s = zcrop.Samples(srcs, positions=["time", "lon"], mode="epoch", stride=[1, 1])
+    assert len(s) == 2 * len(pos_lon)
+    idx = pd.Index(np.append(era_lon, 360.0))
+    for i in range(len(s)):
+        plan = s._native.plan(i)[0]
+        p = plan["position"][1]
+        want = idx.get_indexer([pos_lon[p] % 360.0], method="nearest")[0] % 36
+        assert plan["sources"]["e"]["origin"][1] == want, (pos_lon[p], want)

@@ -339,7 +339,10 @@ def lookup_dims(
                 raise TypeError(f"{what}: its labels and the positions' {pos!r} labels differ in kind")
             if how.shift is not None:
                 target = target + how.shift
-            table = align_index(coord, target, how.rule, how.tolerance, what)
+            if src._wrap == axis:
+                table = _periodic_index(coord, target, how, what)
+            else:
+                table = align_index(coord, target, how.rule, how.tolerance, what)
             if (table < 0).all():
                 tol = "" if how.tolerance is None else f" within tolerance {how.tolerance}"
                 raise ValueError(
@@ -350,6 +353,25 @@ def lookup_dims(
             new.append(("lookup", pos, table, int(offset) + how.offset, int(jitter), int(every)))
         out.append(new)
     return out
+
+
+def _periodic_index(
+    coord: np.ndarray[Any, Any], target: np.ndarray[Any, Any], how: Alignment, what: str
+) -> np.ndarray[Any, Any]:
+    """:func:`align_index` along a periodic coordinate (longitude): targets are taken modulo
+    the period (the spacing times the length), so labels in -180..180 find their place in
+    0..360 and back, and the label after the last is the first again (for "nearest" across
+    the seam)."""
+    c = keys(coord, what)
+    if c.dtype.kind != "f" or len(c) < 2 or c[1] < c[0]:
+        raise ValueError(f"{what}: a periodic coordinate must be numeric and ascending")
+    period = regular_step(coord, what) * len(c)
+    wrapped = (np.asarray(target, dtype=np.float64) - c[0]) % period + c[0]
+    # Snap values a rounding error below a label's period image back onto it.
+    wrapped = np.where(np.isclose(wrapped, c[0] + period), c[0], wrapped)
+    extended = np.append(c, c[0] + period)
+    idx = align_index(extended, wrapped, how.rule, how.tolerance, what)
+    return np.where(idx == len(c), 0, idx)
 
 
 def _fixed_window(src: Source, axis: int, spec: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -202,7 +202,8 @@ class Source:
     wrap:
         The name of a dimension along which the array is periodic (longitude on a global
         grid): positions take every index along it, and a crop across the array's end
-        continues at index 0 (e.g. 350..10 degrees). One per source.
+        continues at index 0 (e.g. 350..10 degrees). Its labels align modulo the period
+        (-180..180 positions against a 0..360 grid). One per source.
     storage_options:
         For a URL: the object store's options (``endpoint_url``, ``region``, ``anon``, ``key``,
         ``secret``, ...), as for :func:`zcrop.open`.
