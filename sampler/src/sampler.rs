@@ -596,16 +596,54 @@ fn aligned_interval(
     ))
 }
 
-/// The runs `[start, end)` of positions at which a looked-up dimension has an origin and keeps
-/// a crop spanning `span` elements inside `[0, size)` whatever the jitter.
-fn lookup_runs(table: &[i64], size: u64, span: u64, offset: i64, jitter: u64) -> Vec<(u64, u64)> {
-    let (size, span, jitter) = (i128::from(size), i128::from(span), i128::from(jitter));
-    let fits = |&t: &i64| {
-        let o = i128::from(t) + i128::from(offset);
-        t >= 0 && o - jitter >= 0 && o + jitter + span <= size
-    };
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for (p, t) in table.iter().enumerate() {
+/// Sorted, disjoint `[start, end)` ranges of positions.
+type Runs = Vec<(u64, u64)>;
+
+/// For a dimension that follows a position: that position's index, the runs `[start, end)`
+/// of positions at which the crop (spanning `span` elements) stays inside `[0, size)` whatever
+/// the jitter, and the grid extent masks are fitted to. A periodic dimension (`wrap`) admits
+/// every origin (taken modulo the size); a table admits only its entries.
+fn position_runs(dim: &DimRt, size: u64, span: u64, wrap: bool) -> Option<(usize, Runs, u64)> {
+    Some(match *dim {
+        DimRt::Aligned {
+            pos,
+            offset,
+            num,
+            den,
+            jitter,
+        } => {
+            if wrap {
+                let extent = grid_extent(size, 0, num, den);
+                (pos, vec![(0, extent)], extent)
+            } else {
+                let runs = aligned_interval(size, span, offset, num, den, jitter)
+                    .map(|(l, h)| (l, h + 1))
+                    .into_iter()
+                    .collect();
+                (pos, runs, grid_extent(size, offset, num, den))
+            }
+        }
+        DimRt::Lookup {
+            pos,
+            ref table,
+            offset,
+            jitter,
+        } => {
+            let (size, span, jitter) = (i128::from(size), i128::from(span), i128::from(jitter));
+            let fits = |t: i64| {
+                let o = i128::from(t) + i128::from(offset);
+                t >= 0 && (wrap || (o - jitter >= 0 && o + jitter + span <= size))
+            };
+            (pos, table_runs(table, fits), table.len() as u64)
+        }
+        DimRt::Fixed(_) => return None,
+    })
+}
+
+/// The runs `[start, end)` of indices of `table` whose entries `fits` admits.
+fn table_runs(table: &[i64], fits: impl Fn(i64) -> bool) -> Runs {
+    let mut runs = Runs::new();
+    for (p, &t) in table.iter().enumerate() {
         if !fits(t) {
             continue;
         }
@@ -671,85 +709,37 @@ impl Sampler {
             let shape = src.array.shape();
             for (d, dim) in rt.dims.iter().enumerate() {
                 let span = (src.crop[d] - 1) * rt.info.every[d] + 1;
-                if rt.wrap == Some(d) {
-                    // Periodic: every origin is valid (taken modulo the size), so positions
-                    // are bounded by the grid (and a table's entries) only.
-                    let (pos, extent) = match dim {
-                        &DimRt::Aligned { pos, num, den, .. } => {
-                            (pos, grid_extent(shape[d], 0, num, den))
-                        }
-                        DimRt::Lookup { pos, table, .. } => (*pos, table.len() as u64),
-                        DimRt::Fixed(_) => continue,
-                    };
-                    if let DimRt::Lookup { table, .. } = dim {
-                        let runs = lookup_runs(table, u64::MAX / 4, 1, 0, 0);
-                        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
-                            return Err(SamplerError::EmptyRegion {
-                                reason: format!(
-                                    "source {:?} dimension {d} aligns with no position of {:?}",
-                                    src.name, spec.positions[pos]
-                                ),
-                            });
-                        };
-                        lo[pos] = lo[pos].max(first.0);
-                        end[pos] = end[pos].min(last.1);
-                        if runs.len() > 1 {
-                            masks.push(Mask::along_one(npos, pos, &runs)?);
-                        }
-                    }
-                    end[pos] = end[pos].min(extent);
-                    constrained[pos] = true;
-                    grid[pos].get_or_insert(extent);
+                let Some((pos, runs, extent)) =
+                    position_runs(dim, shape[d], span, rt.wrap == Some(d))
+                else {
                     continue;
-                }
-                match dim {
-                    &DimRt::Aligned {
-                        pos,
-                        offset,
-                        num,
-                        den,
-                        jitter,
-                    } => {
-                        let Some((l, h)) =
-                            aligned_interval(shape[d], span, offset, num, den, jitter)
-                        else {
-                            return Err(SamplerError::EmptyRegion {
-                                reason: format!(
-                                    "source {:?} dimension {d} (size {}, crop {}, offset {offset}, scale {num}/{den}, jitter {jitter}) admits no position",
-                                    src.name, shape[d], src.crop[d]
-                                ),
-                            });
-                        };
-                        lo[pos] = lo[pos].max(l);
-                        end[pos] = end[pos].min(h + 1);
-                        constrained[pos] = true;
-                        grid[pos].get_or_insert(grid_extent(shape[d], offset, num, den));
-                    }
-                    DimRt::Lookup {
-                        pos,
-                        table,
-                        offset,
-                        jitter,
-                    } => {
-                        let pos = *pos;
-                        let runs = lookup_runs(table, shape[d], span, *offset, *jitter);
-                        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
-                            return Err(SamplerError::EmptyRegion {
-                                reason: format!(
-                                    "source {:?} dimension {d} (size {}, crop {}) aligns with no position of {:?}: every position's origin is missing or puts the crop outside the array",
-                                    src.name, shape[d], src.crop[d], spec.positions[pos]
-                                ),
-                            });
-                        };
-                        lo[pos] = lo[pos].max(first.0);
-                        end[pos] = end[pos].min(last.1);
-                        constrained[pos] = true;
-                        grid[pos].get_or_insert(table.len() as u64);
-                        if runs.len() > 1 {
-                            masks.push(Mask::along_one(npos, pos, &runs)?);
-                        }
-                    }
-                    DimRt::Fixed(_) => continue,
+                };
+                let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+                    let (size, crop) = (shape[d], src.crop[d]);
+                    let reason = match *dim {
+                        DimRt::Aligned {
+                            offset,
+                            num,
+                            den,
+                            jitter,
+                            ..
+                        } => format!(
+                            "source {:?} dimension {d} (size {size}, crop {crop}, offset {offset}, scale {num}/{den}, jitter {jitter}) admits no position",
+                            src.name
+                        ),
+                        _ => format!(
+                            "source {:?} dimension {d} (size {size}, crop {crop}) aligns with no position of {:?}: every position's origin is missing or puts the crop outside the array",
+                            src.name, spec.positions[pos]
+                        ),
+                    };
+                    return Err(SamplerError::EmptyRegion { reason });
+                };
+                lo[pos] = lo[pos].max(first.0);
+                end[pos] = end[pos].min(last.1);
+                constrained[pos] = true;
+                grid[pos].get_or_insert(extent);
+                if runs.len() > 1 {
+                    masks.push(Mask::along_one(npos, pos, &runs)?);
                 }
                 if let Some(pos) = rt.dims[d].position()
                     && lo[pos] >= end[pos]
@@ -971,7 +961,7 @@ impl Sampler {
                             jitter,
                         } => {
                             let j = rng.jitter(jitter);
-                            // Only positions whose entry fits are drawn (`lookup_runs`).
+                            // Only positions whose entry fits are drawn (`position_runs`).
                             let o = i128::from(table[pos[p] as usize])
                                 + i128::from(offset)
                                 + i128::from(j);
