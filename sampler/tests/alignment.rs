@@ -6,42 +6,9 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::fixture;
+use common::{fixture, strided};
 use proptest::prelude::*;
 use zcrop_sampler::{Dim, Mode, SampleSpec, Sampler, SamplerError, Shard, Source, Transform};
-
-/// `data[origin + i * every]` for `i` over `crop`, of a C-order array of `shape`.
-fn strided(
-    data: &[u8],
-    shape: &[u64],
-    es: usize,
-    origin: &[u64],
-    crop: &[u64],
-    every: &[u64],
-) -> Vec<u8> {
-    let nd = shape.len();
-    let mut strides = vec![1u64; nd];
-    for d in (0..nd - 1).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1];
-    }
-    let n: u64 = crop.iter().product();
-    let mut idx = vec![0u64; nd];
-    let mut out = Vec::with_capacity(n as usize * es);
-    for _ in 0..n {
-        let lin: u64 = (0..nd)
-            .map(|d| (origin[d] + idx[d] * every[d]) * strides[d])
-            .sum();
-        out.extend_from_slice(&data[lin as usize * es..(lin as usize + 1) * es]);
-        for d in (0..nd).rev() {
-            idx[d] += 1;
-            if idx[d] < crop[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
-    out
-}
 
 /// Whether a looked-up origin `t` keeps a crop spanning `span` inside `size` with `jitter`.
 fn fits(t: i64, size: u64, span: u64, jitter: u64) -> bool {

@@ -24,21 +24,36 @@ pub fn fixture(name: &str) -> (Array, Vec<u8>, Vec<u64>) {
 
 /// The region of `rshape` at `origin` of a C-order array of `shape` with `es`-byte elements.
 pub fn region(data: &[u8], shape: &[u64], es: usize, origin: &[u64], rshape: &[u64]) -> Vec<u8> {
+    strided(data, shape, es, origin, rshape, &vec![1; shape.len()])
+}
+
+/// `data[origin + i * every]` for `i` over `crop`, of a C-order array of `shape` with `es`-byte
+/// elements.
+pub fn strided(
+    data: &[u8],
+    shape: &[u64],
+    es: usize,
+    origin: &[u64],
+    crop: &[u64],
+    every: &[u64],
+) -> Vec<u8> {
     let nd = shape.len();
     let mut strides = vec![1u64; nd];
     for d in (0..nd.saturating_sub(1)).rev() {
         strides[d] = strides[d + 1] * shape[d + 1];
     }
-    let n: u64 = rshape.iter().product();
+    let n: u64 = crop.iter().product();
     let mut out = Vec::with_capacity(n as usize * es);
     let mut idx = vec![0u64; nd];
     for _ in 0..n {
-        let lin: u64 = (0..nd).map(|d| (origin[d] + idx[d]) * strides[d]).sum();
+        let lin: u64 = (0..nd)
+            .map(|d| (origin[d] + idx[d] * every[d]) * strides[d])
+            .sum();
         let lin = lin as usize;
         out.extend_from_slice(&data[lin * es..(lin + 1) * es]);
         for d in (0..nd).rev() {
             idx[d] += 1;
-            if idx[d] < rshape[d] {
+            if idx[d] < crop[d] {
                 break;
             }
             idx[d] = 0;
