@@ -269,19 +269,14 @@ def position_labels(
 
 def _slice_range(coord: np.ndarray[Any, Any], s: slice, d: str) -> tuple[int, int]:
     """The index range of the labels in ``[s.start, s.stop]`` (inclusive, as ``sel``)."""
-    c = keys(coord, f"positions[{d!r}]")
+    what = f"positions[{d!r}]"
+    c = keys(coord, what)
     kind = np.asarray(coord).dtype
     flip = len(c) > 1 and c[1] < c[0]
-    lo_i, hi_i = 0, len(c)
     asc = c[::-1] if flip else c
-    bounds: list[float | None] = []
-    for v in (s.start, s.stop):
-        if v is None:
-            bounds.append(None)
-        elif kind.kind == "M":
-            bounds.append(float(np.datetime64(v, "ns").astype(np.int64)))
-        else:
-            bounds.append(float(v))
+    # Bounds as the same numbers as the labels (exact nanoseconds for times).
+    bounds = [None if v is None else keys(np.asarray([v]).astype(kind), what)[0]
+              for v in (s.start, s.stop)]
     lo_v, hi_v = bounds
     if flip:
         # sel on a descending coordinate takes slice(high, low).
