@@ -5,18 +5,21 @@ worker costs in memory.
     python3 benches/loader_fork.py                        # the defaults
     python3 benches/loader_fork.py --workers 0,2,4,8 --methods fork --timed 200 --repeats 5
     python3 benches/loader_fork.py --skip-throughput --parent-gb 8
+    python3 benches/loader_fork.py --array "$(zcrop bench --prepare-only --codec blosc-lz4)" \
+        --crop 4,12,128,128 --batch-size 8 --methods fork --skip-memory   # 12.6 MB batches
 
 Needs torch and zarr-python next to zcrop (the test virtualenv has both). The dataset, one uint16
 array of --shape in chunks of --chunks (zarr-python 3's default codecs), is written into a
-temporary directory (or --data, kept and reused).
+temporary directory (or --data, kept and reused); --array reads an existing array instead.
 
 (i) Throughput: batches/s of the in-process ``zcrop.Loader`` against
 ``DataLoader(ZcropDataset(...), batch_size=None, num_workers=N)`` for each N of --workers and each
 start method of --methods (N=0 runs in the main process: one row). Every configuration runs in a
 process of its own that has used zcrop first (opened and read the array, as a training script
 does before it makes its DataLoader); each of --repeats runs starts new workers and times
---timed batches from the first batch on (worker start-up excluded; it is the "first batch"
-column); the median run counts. The ratio column is to the in-process Loader's median.
+--timed batches once every worker has delivered its first batch (worker start-up excluded; the
+"first batch" column is the time to the first); the median run counts. The ratio column is to
+the in-process Loader's median.
 
 (ii) Memory: a process holding --parent-gb GB of resident numpy arrays, after using zcrop, starts
 2 workers with each start method and iterates 20 batches; each worker's VmRSS (which counts pages
@@ -123,16 +126,18 @@ def child_loader(args) -> dict:
     return time_stream(start, args)
 
 
-def time_stream(start, args) -> dict:
-    """Batches/s of the iterator ``start()`` returns (with its closer), from its first batch
-    on, over ``--repeats`` fresh iterators; and how long each took to its first batch."""
+def time_stream(start, args, warm: int = 1) -> dict:
+    """Batches/s of the iterator ``start()`` returns (with its closer) after its first ``warm``
+    batches, over ``--repeats`` fresh iterators; and how long each took to its first batch."""
     runs, first = [], []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         it, close = start()
         next(it)
+        first.append(time.perf_counter() - t0)
+        for _ in range(warm - 1):
+            next(it)
         t = time.perf_counter()
-        first.append(t - t0)
         for _ in range(args.timed):
             next(it)
         runs.append(args.timed / (time.perf_counter() - t))
@@ -160,7 +165,9 @@ def child_dataloader(args) -> dict:
         it = iter(torch.utils.data.DataLoader(dataset(args), batch_size=None, **kw))
         return it, lambda: None  # its workers stop when the next repeat drops it
 
-    return time_stream(start, args)
+    # The DataLoader asks its workers in turn: once batch n - 1 is in, every worker has started
+    # (spawned workers import torch one after another, for seconds).
+    return time_stream(start, args, warm=max(1, args.n))
 
 
 def child_memory(args) -> dict:
@@ -212,7 +219,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--array", help=argparse.SUPPRESS)
+    ap.add_argument("--array", help="read this existing array instead of writing one (such as "
+                    "`zcrop bench --prepare-only` writes); --shape and --chunks are then ignored")
     ap.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--method", default="fork", help=argparse.SUPPRESS)
     ap.add_argument("--data", help="where the dataset goes (kept and reused; default: a temporary "
@@ -244,19 +252,24 @@ def main() -> None:
 
     print(f"zcrop {zcrop.__version__} from {os.path.dirname(zcrop.__file__)}")
     tmp = None
-    if args.data:
-        root = args.data
+    if args.array:
+        a = zcrop.open_array(args.array)
+        described = f"{args.array}: {a.dtype} {a.shape}, chunks {a.chunks}"
     else:
-        tmp = tempfile.mkdtemp(prefix="zcrop-loader-fork-")
-        root = tmp
-    args.array = os.path.join(root, "bench.zarr")
+        if args.data:
+            root = args.data
+        else:
+            tmp = tempfile.mkdtemp(prefix="zcrop-loader-fork-")
+            root = tmp
+        args.array = os.path.join(root, "bench.zarr")
+        described = f"uint16 {tuple(ints(args.shape))}, chunks {tuple(ints(args.chunks))}"
     try:
         if not os.path.exists(os.path.join(args.array, "zarr.json")):
             t = time.perf_counter()
             make_dataset(args.array, ints(args.shape), ints(args.chunks))
             print(f"dataset: wrote {args.array} in {time.perf_counter() - t:.1f} s")
-        print(f"dataset: uint16 {tuple(ints(args.shape))}, chunks {tuple(ints(args.chunks))}; "
-              f"batches of {args.batch_size} crops {tuple(ints(args.crop))}")
+        print(f"dataset: {described}; batches of {args.batch_size} crops "
+              f"{tuple(ints(args.crop))}")
         print()
         if not args.skip_throughput:
             throughput(args)
@@ -277,8 +290,9 @@ def throughput(args) -> None:
                          run_child(args, "dataloader", **extra)))
             print(f"  measured: {rows[-1][0]} {method} workers={n}", file=sys.stderr)
     base = statistics.median(rows[0][3]["runs"]) if "runs" in rows[0][3] else None
-    print(f"(i) throughput: {args.timed} timed batches per run from the first batch on, "
-          f"median of {args.repeats} runs (new workers each run); ratio to the in-process Loader")
+    print(f"(i) throughput: {args.timed} timed batches per run once every worker has delivered "
+          f"a batch, median of {args.repeats} runs (new workers each run); ratio to the "
+          "in-process Loader")
     print()
     print("| reader | start method | workers | batches/s | range | vs Loader | first batch s |")
     print("|---|---|---|---|---|---|---|")

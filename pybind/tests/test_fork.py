@@ -3,8 +3,10 @@ gets fresh runtime state on its first zcrop call, and everything opened in the p
 working in the child: arrays, groups, chunk caches, asyncio, and a half-iterated Loader, which
 continues exactly where its consumer was. torch DataLoader workers started by fork, forkserver
 or spawn, before or after the parent used zcrop, from local files or S3, give the batches of
-``num_workers=0``; shutdown, Ctrl-C and a killed worker behave as torch says; a forked child's
-private memory stays small (copy-on-write intact) and a long run does not leak.
+``num_workers=0``, lock none of their memory, and (on a CUDA machine) serve a process that
+initialised CUDA and registered its ring buffers; shutdown, Ctrl-C and a killed worker behave
+as torch says; a forked child's private memory stays small (copy-on-write intact) and a long
+run does not leak.
 
 Every scenario runs in its own process (this file, run as a script: ``python test_fork.py
 <scenario> <json params>``), started in a new session and killed with its whole process group
@@ -205,11 +207,12 @@ def _private_kb() -> dict[str, int]:
     }
 
 
-def _vmrss_kb() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
+def _status_kb(field: str, pid: int | str = "self") -> int:
+    """A kB field of /proc/PID/status (VmRSS, VmLck, ...)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise AssertionError("no VmRSS in /proc/self/status")
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
 # --- (a) arrays and groups across fork ---------------------------------------------------------
@@ -292,12 +295,20 @@ def _context(method: str):
     return ctx
 
 
-def _collect(ds, **kw) -> list:
+def _collect(ds, locked: list | None = None, **kw) -> list:
+    """The DataLoader's batches as snapshots; with workers and ``locked``, each worker's locked
+    memory (kB) is appended to it after the second batch, while the workers' loaders are open."""
     import torch.utils.data
 
     if kw.get("num_workers", 0) > 0:
         kw.setdefault("timeout", 60)
-    return [_snapshot(b) for b in torch.utils.data.DataLoader(ds, batch_size=None, **kw)]
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=None, **kw))
+    out = []
+    for b in it:
+        out.append(_snapshot(b))
+        if locked is not None and len(out) == 2:
+            locked.extend(_status_kb("VmLck", w.pid) for w in it._workers)
+    return out
 
 
 def _use_zcrop(p: dict) -> None:
@@ -318,15 +329,51 @@ _KEEP: list = []
 
 def scenario_dataloader(p: dict) -> dict:
     """num_workers=2 workers with start method ``method``: first before this process has used
-    zcrop, then after; and the num_workers=0 reference."""
+    zcrop, then after; and the num_workers=0 reference. Also the locked memory of this process
+    (its loader's ring buffers) and of the workers."""
     import warnings
 
     warnings.filterwarnings("ignore", message=".*os.fork.*")
     ctx = _context(p["method"])
     out = {"before": _collect(_dataset(p), num_workers=2, multiprocessing_context=ctx)}
     _use_zcrop(p)
-    out["after"] = _collect(_dataset(p), num_workers=2, multiprocessing_context=ctx)
+    out["parent_pin"] = _KEEP[-1][0].pin_state
+    out["parent_locked_kb"] = _status_kb("VmLck")
+    out["worker_locked_kb"] = []
+    out["after"] = _collect(_dataset(p), out["worker_locked_kb"], num_workers=2,
+                            multiprocessing_context=ctx)
     out["zero"] = _collect(_dataset(p))
+    return out
+
+
+def scenario_cuda_parent(p: dict) -> dict:
+    """A training script's order: CUDA initialised by torch and zcrop's ring buffers registered
+    with it in this process, then DataLoader workers with start method ``method`` and
+    ``pin_memory=True``, their batches copied to the GPU with ``non_blocking=True``."""
+    import warnings
+
+    import torch
+    import torch.utils.data
+
+    warnings.filterwarnings("ignore", message=".*os.fork.*")
+    torch.cuda.init()
+    weights = torch.ones(4, device="cuda")
+    _use_zcrop(p)
+    out = {"parent_pin": _KEEP[-1][0].pin_state, "zero": _collect(_dataset(p))}
+    dl = torch.utils.data.DataLoader(
+        _dataset(p), batch_size=None, num_workers=2, pin_memory=True, timeout=60,
+        multiprocessing_context=_context(p["method"]),
+    )
+    got, on_gpu, pinned = [], [], []
+    for b in dl:
+        got.append(_snapshot(b))
+        pinned.append(all(b[n].is_pinned() for n in NAMES))
+        on_gpu.append({n: b[n].to("cuda", non_blocking=True) for n in NAMES})
+    torch.cuda.synchronize()
+    out["workers"] = got
+    out["pinned"] = pinned
+    out["gpu"] = [{n: t.cpu().numpy() for n, t in d.items()} for d in on_gpu]
+    out["weights"] = float(weights.sum())
     return out
 
 
@@ -564,8 +611,8 @@ def scenario_leak(p: dict) -> dict:
         rss, t = {}, time.monotonic()
         for i, _ in enumerate(ld, 1):
             if i in (1, 1000):
-                rss[i] = _vmrss_kb()
-        rss["last"] = _vmrss_kb()
+                rss[i] = _status_kb("VmRSS")
+        rss["last"] = _status_kb("VmRSS")
         return {"rss": rss, "batches": i, "seconds": time.monotonic() - t}
 
     return in_fork(child, timeout=120)
@@ -593,6 +640,7 @@ SCENARIOS = {
     "sampling": scenario_sampling,
     "dataloader": scenario_dataloader,
     "dataloader_options": scenario_dataloader_options,
+    "cuda_parent": scenario_cuda_parent,
     "loader_continues": scenario_loader_continues,
     "shutdown": scenario_shutdown,
     "sigint": scenario_sigint,
@@ -767,6 +815,35 @@ def test_dataloader_workers_give_the_batches_of_num_workers_0(store, tmp_path, m
     assert_crops_of_the_arrays(zero)
     assert_batches_equal(res["before"], zero, f"{method} workers, parent had not used zcrop")
     assert_batches_equal(res["after"], zero, f"{method} workers, parent had used zcrop")
+    # Workers lock none of their memory (their batches reach the main process through shared
+    # memory, and registering them with CUDA would start a context per worker); the parent's
+    # own loader shows that locked ring buffers are counted.
+    assert res["worker_locked_kb"] == [0, 0], res["worker_locked_kb"]
+    if res["parent_pin"]["page_locked"]:
+        assert res["parent_locked_kb"] > 0, res["parent_pin"]
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_workers_of_a_process_that_uses_cuda(data, tmp_path, method):
+    if not _cuda_available():
+        pytest.skip("needs a CUDA GPU")
+    res = run("cuda_parent", {**data, "method": method}, tmp_path, timeout=150)
+    assert res["parent_pin"]["cuda_registered"], res["parent_pin"]
+    assert res["weights"] == 4.0
+    zero = res["zero"]
+    assert [b[0] for b in zero] == list(range(STEPS))
+    assert_crops_of_the_arrays(zero)
+    assert_batches_equal(res["workers"], zero, f"{method} workers of a CUDA process")
+    assert all(res["pinned"]), res["pinned"]
+    for (i, arrays, _), gpu in zip(zero, res["gpu"]):
+        for n in NAMES:
+            assert np.array_equal(gpu[n], arrays[n]), f"batch {i}, {n!r}: copy to the GPU differs"
 
 
 # --- (c) -------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ ring buffers (no copy); do not modify them in place (``copy=True`` gives writabl
 With workers, each worker copies its batches into shared memory once (the copy torch would
 make to send them to the main process), so its ring buffers are free again at once, however
 far ahead ``prefetch_factor`` lets it read. ``pin_memory=True`` works as usual (torch copies
-into its own pinned memory).
+into its own pinned memory). A worker's ring buffers are not page-locked or registered with
+CUDA (``pin=True`` asks for it), so no worker starts a CUDA context of its own.
 
 Start methods: workers may start by ``fork`` (Linux's default before Python 3.14), ``spawn``
 or ``forkserver``, whether or not this process used zcrop first; a forked worker starts its
@@ -268,6 +269,12 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             return
         count = None if self.steps is None else -(-(self.steps - first) // workers)
         copier = None if self.device is None else _DeviceCopier(self.device)
+        kwargs = dict(self.loader_kwargs)
+        if info is not None:
+            # A worker's batches leave through shared memory, never from its ring buffers:
+            # locking them would only spend RLIMIT_MEMLOCK, and registering them would start
+            # a CUDA context (GPU memory) in every worker.
+            kwargs.setdefault("pin", False)
         loader = Loader(
             self.sources,
             batch_size=self.batch_size,
@@ -276,7 +283,7 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             start_step=first // workers,
             steps=count,
             copy=self.copy and info is None,
-            **self.loader_kwargs,
+            **kwargs,
         )
         guard = None
         if copier is None and info is None and not self.copy:
