@@ -15,8 +15,12 @@
 //! otherwise fault in and zero every page of every batch, a visible share of a read's CPU
 //! (more on VMs, where fresh pages are also faulted in by the host).
 //!
+//! **Shared counters:** [`counter_add`] counts, atomically, in memory that DataLoader workers
+//! share with the main process (see `zcrop.torch`'s batch slots).
+//!
 //! This is the package's only module with `unsafe` code: filling in a `Py_buffer` is a C API,
-//! and so is giving a numpy array memory that another object owns.
+//! and so is giving a numpy array memory that another object owns, or counting atomically in
+//! an array's memory.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void};
@@ -133,6 +137,41 @@ pub(crate) fn take_spare(words: usize) -> Option<Vec<u64>> {
 pub(crate) fn spare_outputs() -> (usize, usize) {
     let spares = spares().lock();
     (spares.len(), spares.iter().map(|v| v.len() * 8).sum())
+}
+
+/// Adds `delta` to `counters[index]` as one atomic step (acquire and release) and returns
+/// the new value; `delta = 0` reads it. The counters live in memory that several processes
+/// map (a DataLoader worker's batch slots and the main process): the release orders this
+/// process's reads of a slot before its "done" count, the acquire orders the worker's reuse
+/// of a slot after the count it saw.
+#[pyfunction]
+pub(crate) fn counter_add(
+    counters: &Bound<'_, PyArray1<i64>>,
+    index: usize,
+    delta: i64,
+) -> PyResult<i64> {
+    use numpy::PyArrayMethods;
+    use pyo3::exceptions::{PyIndexError, PyValueError};
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    let mut counters = counters
+        .try_readwrite()
+        .map_err(|e| PyValueError::new_err(format!("counters must be writable: {e}")))?;
+    let words = counters
+        .as_slice_mut()
+        .map_err(|_| PyValueError::new_err("counters must be a contiguous int64 array"))?;
+    let len = words.len();
+    let word = words
+        .get_mut(index)
+        .ok_or_else(|| PyIndexError::new_err(format!("counter {index} of {len}")))?;
+    let ptr: *mut i64 = word;
+    if !ptr.cast::<AtomicI64>().is_aligned() {
+        return Err(PyValueError::new_err("counters must be 8-byte aligned"));
+    }
+    // SAFETY: `ptr` comes from a live `&mut i64` and is aligned for `AtomicI64`; every access to
+    // these counters, in any process that maps them, goes through this atomic.
+    let atomic = unsafe { AtomicI64::from_ptr(ptr) };
+    Ok(atomic.fetch_add(delta, Ordering::AcqRel) + delta)
 }
 
 /// Keeps `words` for [`take_spare`], within the bounds.

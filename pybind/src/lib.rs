@@ -47,6 +47,7 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(group::open_node, m)?)?;
     m.add_function(wrap_pyfunction!(group::submit_open, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::spare_outputs, m)?)?;
+    m.add_function(wrap_pyfunction!(buffer::counter_add, m)?)?;
     m.add_function(wrap_pyfunction!(array::read_crops_many, m)?)?;
     m.add_function(wrap_pyfunction!(valid::missing_map, m)?)?;
     m.add_function(wrap_pyfunction!(valid::window_any, m)?)?;

@@ -277,3 +277,106 @@ def test_bfloat16_batches_are_torch_bfloat16_with_and_without_workers():
         assert torch.isfinite(got[0].float().mean())  # ordinary torch ops work
         for x, y in zip(got, expected):
             assert torch.equal(x, y)
+
+
+class _ViewsOfTheBatch(torch.utils.data.IterableDataset):
+    """A worker-side wrapper that yields views of zcrop's tensors, besides the tensors."""
+
+    def __init__(self, ds) -> None:
+        self.ds = ds
+
+    def __iter__(self):
+        for b in self.ds:
+            yield {"img": b["img"], "first": b["img"][:, :1], "batch": b["batch"]}
+
+
+def test_workers_reuse_their_batch_slots_and_never_overwrite_a_held_batch():
+    steps = 24
+    zero = [b[1] for b in collect(dataset(steps=steps))]
+
+    def loader(ds=None):
+        return torch.utils.data.DataLoader(dataset(steps=steps) if ds is None else ds,
+                                           batch_size=None, num_workers=2, timeout=60)
+
+    # A consumer that lets go of each batch: every batch comes through a reused slot (an
+    # ordinary tensor over the worker's segment; torch's own way gives shared storage).
+    dropped = []
+    for b in loader():
+        dropped.append((b["img"].is_shared(), b["img"].clone()))
+    assert [shared for shared, _ in dropped] == [False] * steps
+    for (_, got), want in zip(dropped, zero):
+        assert torch.equal(got, want)
+    # A consumer that holds every batch: once the slots run out batches go torch's way, and no
+    # held batch is overwritten by a later one.
+    held = list(loader())
+    assert any(b["img"].is_shared() for b in held) and not held[0]["img"].is_shared()
+    for b, want in zip(held, zero):
+        assert torch.equal(b["img"], want)
+    # Views made in the worker are pickled the ordinary way, with the values they saw.
+    views = [(b["first"].clone(), b["img"].clone()) for b in loader(_ViewsOfTheBatch(
+        dataset(steps=steps)))]
+    for (first, img), want in zip(views, zero):
+        assert torch.equal(first, want[:, :1]) and torch.equal(img, want)
+
+
+def test_counter_add_counts_atomically_in_a_writable_int64_array():
+    from zcrop._zcrop import counter_add
+
+    words = np.zeros(2, dtype=np.int64)
+    assert counter_add(words, 1, 3) == 3
+    assert counter_add(words, 1, 0) == 3
+    assert counter_add(words, 0, -2) == -2
+    assert words.tolist() == [-2, 3]
+    with pytest.raises(IndexError, match="counter 2 of 2"):
+        counter_add(words, 2, 1)
+    words.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        counter_add(words, 0, 1)
+    with pytest.raises(ValueError, match="contiguous"):
+        counter_add(np.zeros(4, dtype=np.int64)[::2], 0, 1)
+    with pytest.raises(TypeError):
+        counter_add(np.zeros(2, dtype=np.int32), 0, 1)
+
+
+def test_a_worker_slot_is_reused_once_the_main_process_lets_go():
+    import gc
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    arrays = {"x": np.arange(1000, dtype=np.float32)}
+    want = torch.arange(1000, dtype=torch.float32)
+    pool = zt._SlotPool(max_slots=2)
+    # Freed memory of the slot's size, dirty: a new slot's counts must not start from it.
+    dirty = torch.full((zt._SLOT_HEADER + 4000,), 255, dtype=torch.uint8)
+    del dirty
+    first = pool.put(arrays)
+    assert zt._slot_counters(pool.slots[0][1]).tolist() == [0, 0]
+    sent = ForkingPickler.dumps(first)
+    del first
+    got = pickle.loads(sent)  # as the main process does; `got` holds slot 0
+    assert torch.equal(got["x"], want) and not got["x"].is_shared()
+    second = pool.put(arrays)
+    assert len(pool.slots) == 2 and second["x"]._zcrop_slot[0] is pool.slots[1][0]
+    assert pool.put(arrays) is None  # slot 0 held by the main process, slot 1 by the worker
+    view = got["x"][10:]
+    del got
+    gc.collect()
+    assert pool.put(arrays) is None, "slot 0 was freed while a view of its tensor lives"
+    assert torch.equal(view, want[10:])
+    del view
+    third = pool.put(arrays)
+    assert third is not None and third["x"]._zcrop_slot[0] is pool.slots[0][0]
+    assert torch.equal(third["x"], want)
+
+
+def test_a_slot_tensor_whose_storage_moved_pickles_the_ordinary_way():
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    pool = zt._SlotPool(max_slots=1)
+    out = pool.put({"x": np.arange(1000, dtype=np.float32)})
+    out["x"].share_memory_()  # moves its storage out of the slot (torch copies it)
+    got = pickle.loads(ForkingPickler.dumps(out))
+    assert got["x"].is_shared() and torch.equal(got["x"], torch.arange(1000, dtype=torch.float32))
+    assert zt._slot_counters(pool.slots[0][1]).tolist() == [0, 0]  # nothing sent from the slot
+

@@ -24,6 +24,7 @@ __all__ = [
     "__version__",
     "bool_runs",
     "cli_main",
+    "counter_add",
     "missing_map",
     "open_node",
     "read_crops_many",
@@ -62,6 +63,9 @@ def read_crops_many(
 ) -> list[_Words]:
     """Crops of several arrays read as one batch: per array, its ``(N, ndim)`` origins and
     crop shape; one result per array, as :meth:`NativeArray.read_crops` gives it."""
+
+def counter_add(counters: npt.NDArray[np.int64], index: int, delta: int) -> int:
+    """Adds ``delta`` to ``counters[index]`` atomically (acquire/release); the new value."""
 
 def spare_outputs() -> tuple[int, int]:
     """``(buffers, bytes)`` of the outputs of dropped arrays kept for reuse by later reads."""

@@ -15,9 +15,12 @@ Buffers: in the main process (``num_workers=0``) tensors share memory with zcrop
 ring buffers (no copy); do not modify them in place (``copy=True`` gives writable copies).
 With workers, each worker copies its batches into shared memory once (the copy torch would
 make to send them to the main process), so its ring buffers are free again at once, however
-far ahead ``prefetch_factor`` lets it read. ``pin_memory=True`` works as usual (torch copies
-into its own pinned memory). A worker's ring buffers are not page-locked or registered with
-CUDA (``pin=True`` asks for it), so no worker starts a CUDA context of its own.
+far ahead ``prefetch_factor`` lets it read. That memory is a few batch slots per worker, mapped
+once by both processes and reused once the main process has let go of every tensor over a
+slot (a consumer that holds many batches gets torch's fresh shared memory for the rest).
+``pin_memory=True`` works as usual (torch copies into its own pinned memory). A worker's ring
+buffers are not page-locked or registered with CUDA (``pin=True`` asks for it), so no worker
+starts a CUDA context of its own.
 
 Start methods: workers may start by ``fork`` (Linux's default before Python 3.14), ``spawn``
 or ``forkserver``, whether or not this process used zcrop first; a forked worker starts its
@@ -34,21 +37,26 @@ there: the CPU runs at most one step ahead of the GPU's work in this stream. Cop
 another stream are not covered. ``device="cuda"`` copies each batch itself instead, on a side
 stream, and hands over device tensors; the consumer's stream waits for the copy, and the ring
 buffer is held until the copy has completed. With workers, the tensors the main process gets
-are torch's own copies, and none of this applies.
+are copies in shared memory, never views of a ring buffer, and none of this applies.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
+from torch.multiprocessing.reductions import reduce_tensor
 
 from zcrop._loader import Loader, _sources
+from zcrop._zcrop import counter_add
 
 __all__ = ["ZcropDataset"]
 
@@ -78,6 +86,124 @@ def _shared_tensor(arr: np.ndarray) -> torch.Tensor:
     t.share_memory_()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
     t.copy_(_tensor(arr))
     return t
+
+
+# A slot's header: the count of tensors over it the worker sent (word 0) and the count the main
+# process has let go of (word 1), padded so that the data after it is aligned.
+_SLOT_HEADER = 64
+_SLOT_ALIGN = 64
+
+
+def _slot_counters(data: np.ndarray) -> np.ndarray:
+    return data[:16].view(np.int64)
+
+
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    """The numpy dtype of ``dtype``'s bytes (bfloat16's: uint16)."""
+    if dtype == torch.bfloat16:
+        return np.dtype(np.uint16)
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def _over(data: np.ndarray, dtype: torch.dtype,
+          shape: tuple[int, ...]) -> tuple[np.ndarray, torch.Tensor]:
+    """A tensor of ``dtype`` and ``shape`` over the bytes ``data``, and the array that its
+    storage holds (alive exactly as long as some tensor over it)."""
+    arr = data.view(_numpy_dtype(dtype)).reshape(shape)
+    t = torch.from_numpy(arr)
+    return arr, t.view(dtype) if dtype == torch.bfloat16 else t
+
+
+class _SlotTensor(torch.Tensor):
+    """A tensor over one of a DataLoader worker's batch slots (see :class:`_SlotPool`): it
+    pickles as a reference to the slot. Tensors derived from it are ordinary tensors."""
+
+    # Ordinary tensors come out of torch operations on it.
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    _zcrop_slot: tuple[torch.Tensor, int, int]
+
+
+def _reduce_slot(t: _SlotTensor) -> tuple[Any, tuple[Any, ...]]:
+    carrier, offset, nbytes = t._zcrop_slot
+    if (t.data_ptr() != carrier.data_ptr() + offset or not t.is_contiguous()
+            or t.nbytes != nbytes):
+        # Changed in place since (its storage moved, say): pickled the ordinary way.
+        ordinary: tuple[Any, tuple[Any, ...]] = reduce_tensor(  # type: ignore[no-untyped-call]
+            t.as_subclass(torch.Tensor)
+        )
+        return ordinary
+    counter_add(_slot_counters(carrier.numpy()), 0, 1)
+    return _rebuild_slot, (carrier, offset, nbytes, t.dtype, tuple(t.shape))
+
+
+def _rebuild_slot(carrier: torch.Tensor, offset: int, nbytes: int, dtype: torch.dtype,
+                  shape: tuple[int, ...]) -> torch.Tensor:
+    """In the main process: a tensor over a worker's slot. torch maps the slot once and keeps
+    the mapping while any tensor over it lives; when the last view of this one goes, the slot's
+    "done" count goes up."""
+    data = carrier.numpy()
+    arr, t = _over(data[offset:offset + nbytes], dtype, shape)
+    weakref.finalize(arr, counter_add, _slot_counters(data), 1, 1)
+    return t
+
+
+ForkingPickler.register(_SlotTensor, _reduce_slot)
+
+
+class _SlotPool:
+    """A DataLoader worker's batch slots in shared memory, reused from batch to batch.
+
+    torch sends a worker's tensors to the main process in a fresh shared-memory segment each,
+    whose pages both processes fault in anew every batch: on fast codecs more CPU than reading
+    the batch. Here the worker copies each batch into a free slot (one segment, mapped once by
+    both processes) and yields tensors over it that pickle as (slot, offset, shape). A slot is
+    free again once the worker holds no tensor over it and the main process has let go of as
+    many as the worker sent (its header's counts). With no slot free and ``max_slots`` made (a
+    consumer that holds many batches), :meth:`put` returns None and the batch goes the
+    ordinary way.
+    """
+
+    def __init__(self, max_slots: int = 8) -> None:
+        self.max_slots = max_slots
+        #: Per slot: the shared segment, its bytes, and the arrays the worker's tensors hold.
+        self.slots: list[tuple[torch.Tensor, np.ndarray, list[weakref.ref[np.ndarray]]]] = []
+
+    def _free(self, slot: int, size: int) -> bool:
+        carrier, data, held = self.slots[slot]
+        if carrier.numel() < size or any(r() is not None for r in held):
+            return False
+        counters = _slot_counters(data)
+        return counter_add(counters, 0, 0) == counter_add(counters, 1, 0)
+
+    def put(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor] | None:
+        """Tensors over a free slot holding copies of ``arrays``; None if there is none."""
+        offsets, size = [], _SLOT_HEADER
+        for a in arrays.values():
+            offsets.append(size)
+            size += -(-a.nbytes // _SLOT_ALIGN) * _SLOT_ALIGN
+        slot = next((i for i in range(len(self.slots)) if self._free(i, size)), None)
+        if slot is None:
+            if len(self.slots) >= self.max_slots:
+                return None
+            carrier = torch.empty(size, dtype=torch.uint8)
+            carrier.share_memory_()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+            data = carrier.numpy()
+            data[:_SLOT_HEADER] = 0  # both counts from 0: torch.empty left the bytes as found
+            self.slots.append((carrier, data, []))
+            slot = len(self.slots) - 1
+        carrier, data, held = self.slots[slot]
+        held.clear()
+        out: dict[str, torch.Tensor] = {}
+        for (name, a), offset in zip(arrays.items(), offsets):
+            source = _tensor(a)
+            arr, t = _over(data[offset:offset + a.nbytes], source.dtype, tuple(a.shape))
+            t.copy_(source)
+            held.append(weakref.ref(arr))
+            view = t.as_subclass(_SlotTensor)
+            view._zcrop_slot = (carrier, offset, a.nbytes)
+            out[name] = view
+        return out
 
 
 def _wait_all(held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]]) -> None:
@@ -285,6 +411,7 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             copy=self.copy and info is None,
             **kwargs,
         )
+        slots = _SlotPool()
         guard = None
         if copier is None and info is None and not self.copy:
             if loader.pin_state["cuda_registered"]:
@@ -299,26 +426,32 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     if batch is None:
                         break
                     k += 1
-                    convert = _tensor if info is None else _shared_tensor
-                    out: dict[str, Any] = {
-                        name: convert(value) for name, value in batch.items() if name != "meta"
-                    }
+                    arrays = {name: value for name, value in batch.items() if name != "meta"}
+                    slotted = None if info is None else slots.put(arrays)
+                    if slotted is not None:
+                        tensors = slotted
+                    else:
+                        convert = _tensor if info is None else _shared_tensor
+                        tensors = {name: convert(value) for name, value in arrays.items()}
+                    del arrays, slotted
                     if copier is not None:
                         # The last batch's ring buffer is freed here at the earliest, once its
                         # copy has completed.
                         copier.release()
-                        out = copier.copy(out)
+                        tensors = copier.copy(tensors)
                     elif guard is not None:
-                        guard.handed_over(out)
+                        guard.handed_over(tensors)
                     index = first + k * workers
                     for m in batch["meta"]:
                         m["step"] = index  # the batch's index in this rank's stream, whatever W
-                    out["meta"] = batch["meta"]
-                    out["batch"] = index
+                    out: dict[str, Any] = {**tensors, "meta": batch["meta"], "batch": index}
+                    del tensors
                     # Set before handing over: a checkpoint taken while the consumer holds
                     # this batch resumes after it.
                     self._next = index + workers
                     yield out
+                    # Not held here while the next batch is read: its ring buffer and slot.
+                    del out, batch
         finally:
             # Queued copies must not outlive the memory they read.
             if copier is not None:
