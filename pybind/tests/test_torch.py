@@ -380,3 +380,50 @@ def test_a_slot_tensor_whose_storage_moved_pickles_the_ordinary_way():
     assert got["x"].is_shared() and torch.equal(got["x"], torch.arange(1000, dtype=torch.float32))
     assert zt._slot_counters(pool.slots[0][1]).tolist() == [0, 0]  # nothing sent from the slot
 
+
+def test_batches_with_time_labels_pass_through_the_dataloader(tmp_path):
+    """torch's default_convert (DataLoader(batch_size=None)) made tensors of numpy values in
+    the metadata and failed on datetime64 labels; BatchMeta passes through it unchanged."""
+    import pandas as pd
+    import xarray as xr
+
+    times = pd.date_range("2024-01-01", periods=12, freq="h")
+    values = np.arange(12 * 8 * 8, dtype=np.float32).reshape(12, 8, 8)
+    xr.Dataset({"t2m": (("time", "y", "x"), values)}, coords={"time": times}).to_zarr(
+        tmp_path / "d.zarr", zarr_format=3)
+    ds = zcrop.open_dataset(tmp_path / "d.zarr")
+    src = zcrop.Source(ds["t2m"], crop={"time": 2, "y": 4, "x": 4})
+    want = list(zcrop.Loader(src, batch_size=3, seed=2, steps=4, copy=True))
+    for workers in (0, 2):
+        dl = torch.utils.data.DataLoader(zt.ZcropDataset(src, batch_size=3, seed=2, steps=4),
+                                         batch_size=None, num_workers=workers,
+                                         timeout=60 if workers else 0)
+        got = [{"meta": b["meta"], "t2m": b["t2m"].clone()} for b in dl]
+        assert len(got) == 4
+        for b, w in zip(got, want):
+            assert isinstance(b["meta"], zt.BatchMeta) and len(b["meta"]) == 3
+            for m, wm in zip(b["meta"], w["meta"]):
+                labels = m["sources"]["t2m"]["labels"]
+                assert labels.keys() == wm["sources"]["t2m"]["labels"].keys() == {"time"}
+                for name, v in labels.items():
+                    np.testing.assert_array_equal(v, wm["sources"]["t2m"]["labels"][name])
+                assert m["position"] == wm["position"]
+            assert b["meta"].tolist()[0] is b["meta"][0]
+            np.testing.assert_array_equal(b["t2m"].numpy(), w["t2m"])
+        assert got[0]["meta"][0]["sources"]["t2m"]["labels"]["time"].dtype.kind == "M"
+
+
+def test_batch_meta_reads_like_the_loaders_list():
+    samples = [{"step": 0, "index": i} for i in range(3)]
+    meta = zt.BatchMeta(samples)
+    assert meta == samples and meta == zt.BatchMeta(samples) and meta != samples[:2]
+    assert len(meta) == 3 and meta[1] == {"step": 0, "index": 1} and meta[1:] == samples[1:]
+    assert [m["index"] for m in meta] == [0, 1, 2]
+    assert meta.tolist() == samples and meta.tolist() is not samples
+    assert repr(meta).startswith("BatchMeta([{")
+    import pickle
+
+    assert pickle.loads(pickle.dumps(meta)) == samples
+    from torch.utils.data._utils.collate import default_convert
+
+    assert default_convert({"meta": meta})["meta"] is meta

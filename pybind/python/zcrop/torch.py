@@ -46,9 +46,9 @@ import collections
 import functools
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ from torch.multiprocessing.reductions import reduce_tensor
 from zcrop._loader import Loader, _sources
 from zcrop._zcrop import counter_add
 
-__all__ = ["ZcropDataset"]
+__all__ = ["BatchMeta", "ZcropDataset"]
 
 
 def _from_numpy(arr: np.ndarray) -> torch.Tensor:
@@ -295,6 +295,55 @@ def _cuda_device(device: Any) -> torch.device | None:
     return dev
 
 
+class BatchMeta:
+    """A batch's per-sample metadata, ``batch["meta"]`` of :class:`ZcropDataset`.
+
+    It reads like the list of dicts :class:`zcrop.Loader` gives (``len``, indexing, iteration,
+    ``==`` with such a list); :meth:`tolist` gives that list. It is not a
+    ``collections.abc.Sequence``, so torch's ``default_convert``, which
+    ``DataLoader(batch_size=None)`` applies to every batch, passes it through unchanged: it
+    would otherwise copy every dict of every sample and fail on time labels (numpy
+    datetime64), which torch cannot make tensors of.
+    """
+
+    __slots__ = ("_samples",)
+
+    def __init__(self, samples: Iterable[dict[str, Any]]) -> None:
+        self._samples = list(samples)
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._samples)
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        return self._samples[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BatchMeta):
+            return self._samples == other._samples
+        if isinstance(other, list):
+            return self._samples == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable contents, like a list
+
+    def __repr__(self) -> str:
+        return f"BatchMeta({self._samples!r})"
+
+    def __reduce__(self) -> tuple[type[BatchMeta], tuple[list[dict[str, Any]]]]:
+        return BatchMeta, (self._samples,)
+
+    def tolist(self) -> list[dict[str, Any]]:
+        """The samples' metadata as a list (a new list of the same dicts)."""
+        return list(self._samples)
+
+
 class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """Batches of random crops for ``torch.utils.data.DataLoader(ds, batch_size=None)``.
 
@@ -303,7 +352,8 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     ``torch.distributed``'s when it is initialised. ``steps`` is the number of batches of
     this rank (``len(dataset)``); ``start`` the index of the first batch, for resuming
     (:meth:`state_dict` / :meth:`load_state_dict` hold it). Each yielded batch's ``"batch"``
-    entry (and each sample's ``meta["step"]``) is its index in this rank's stream.
+    entry (and each sample's ``meta["step"]``) is its index in this rank's stream; its
+    ``"meta"`` is a :class:`BatchMeta`, the Loader's list of per-sample dicts.
 
     ``device`` (a CUDA device, ``num_workers=0`` only): yield tensors on that device, copied
     from the pinned ring buffers on a side stream, each ring buffer held until its copy has
@@ -444,7 +494,9 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     index = first + k * workers
                     for m in batch["meta"]:
                         m["step"] = index  # the batch's index in this rank's stream, whatever W
-                    out: dict[str, Any] = {**tensors, "meta": batch["meta"], "batch": index}
+                    out: dict[str, Any] = {
+                        **tensors, "meta": BatchMeta(batch["meta"]), "batch": index
+                    }
                     del tensors
                     # Set before handing over: a checkpoint taken while the consumer holds
                     # this batch resumes after it.
