@@ -319,6 +319,24 @@ def test_workers_reuse_their_batch_slots_and_never_overwrite_a_held_batch():
         assert torch.equal(first, want[:, :1]) and torch.equal(img, want)
 
 
+def test_batch_slots_work_with_the_file_system_sharing_strategy():
+    # Training scripts that run out of file descriptors switch torch to "file_system"; the
+    # slots then travel as named segments.
+    import torch.multiprocessing as tmp
+
+    before = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")
+    try:
+        zero = [b[1] for b in collect(dataset(steps=12))]
+        got = [(b["img"].is_shared(), b["img"].clone()) for b in torch.utils.data.DataLoader(
+            dataset(steps=12), batch_size=None, num_workers=2, timeout=60)]
+    finally:
+        tmp.set_sharing_strategy(before)
+    assert [shared for shared, _ in got] == [False] * 12
+    for (_, x), want in zip(got, zero):
+        assert torch.equal(x, want)
+
+
 def test_counter_add_counts_atomically_in_a_writable_int64_array():
     from zcrop._zcrop import counter_add
 
