@@ -252,22 +252,19 @@ def main() -> None:
 
     print(f"zcrop {zcrop.__version__} from {os.path.dirname(zcrop.__file__)}")
     tmp = None
-    if args.array:
-        a = zcrop.open_array(args.array)
-        described = f"{args.array}: {a.dtype} {a.shape}, chunks {a.chunks}"
-    else:
-        if args.data:
-            root = args.data
-        else:
-            tmp = tempfile.mkdtemp(prefix="zcrop-loader-fork-")
-            root = tmp
-        args.array = os.path.join(root, "bench.zarr")
-        described = f"uint16 {tuple(ints(args.shape))}, chunks {tuple(ints(args.chunks))}"
     try:
-        if not os.path.exists(os.path.join(args.array, "zarr.json")):
-            t = time.perf_counter()
-            make_dataset(args.array, ints(args.shape), ints(args.chunks))
-            print(f"dataset: wrote {args.array} in {time.perf_counter() - t:.1f} s")
+        if args.array:
+            # The user's array is only read, never written (a v2 array has no zarr.json).
+            a = zcrop.open_array(args.array)
+            described = f"{args.array}: {a.dtype} {a.shape}, chunks {a.chunks}"
+        else:
+            root = args.data or (tmp := tempfile.mkdtemp(prefix="zcrop-loader-fork-"))
+            args.array = os.path.join(root, "bench.zarr")
+            described = f"uint16 {tuple(ints(args.shape))}, chunks {tuple(ints(args.chunks))}"
+            if not os.path.exists(os.path.join(args.array, "zarr.json")):
+                t = time.perf_counter()
+                make_dataset(args.array, ints(args.shape), ints(args.chunks))
+                print(f"dataset: wrote {args.array} in {time.perf_counter() - t:.1f} s")
         print(f"dataset: {described}; batches of {args.batch_size} crops "
               f"{tuple(ints(args.crop))}")
         print()
