@@ -27,7 +27,7 @@ prepare)
     PYTHON="$PY" scripts/wheel.sh
     WHEEL="$(ls -t dist/zcrop-*-cp${PYVER/./}-*.whl | head -n 1)"
     "$PY" -m pip install -q --no-deps --target "$DEV/site" "$WHEEL"
-    # Debug info makes the module 30 MB; the check needs none of it.
+    # Debug info is most of the module's size, and the check needs none of it.
     strip --strip-unneeded "$DEV"/site/zcrop/_zcrop*.so
     REQ=pybind/requirements-test.txt
     pins=$(grep -E '^(zarr|numcodecs)==' "$REQ")
