@@ -18,7 +18,8 @@ ZCROP_IO_MMAP=always (every chunk read served from a mapping, cold pages faulted
 `zcrop (64 MiB chunk cache)` (`zcrop-cache`, in the S3 runs) has a decoded-chunk cache of the
 budget TensorStore's cache pool gets.
 TensorStore gets a 64 MiB cache pool (shard indexes and decoded chunks), batched reads and both cores;
-zarr-python reads crop by crop with its default async concurrency.
+zarr-python reads crop by crop with its default async concurrency (from an object store, a
+batch's crops gathered at once, with the same 64 requests in flight as zcrop and TensorStore).
 Each reader runs in its own process, --repeats times (order rotated), and the median run counts;
 crops/s count whole batches, after one untimed batch of other crops for warm runs. Before each warm
 run every file of the dataset is read once, so "warm" means the whole dataset is in the page cache
@@ -70,17 +71,19 @@ from machine import cpu_model
 from pagecache import ROOT, drop_caches, prewarm, zcrop_binary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-READERS = ["zcrop", "zcrop-mmap", "zcrop-cache", "tensorstore", "zarrs", "zarr", "zarr-obstore", "zarr-fsspec"]
+READERS = ["zcrop", "zcrop-mmap", "zcrop-cache", "zcrop-fixed", "tensorstore", "zarrs", "zarr", "zarrs-obstore", "zarr-obstore", "zarr-fsspec"]
 LOCAL_READERS = ["zcrop", "zcrop-mmap", "tensorstore", "zarrs", "zarr"]
 S3_READERS = ["zcrop", "zcrop-cache", "tensorstore", "zarr-obstore", "zarr-fsspec"]
 LABEL = {
     "zcrop": "zcrop",
     "zcrop-mmap": "zcrop (mmap)",
     "zcrop-cache": "zcrop (64 MiB chunk cache)",
+    "zcrop-fixed": "zcrop (64 GETs in flight, fixed)",
     "tensorstore": "TensorStore",
     "zarrs": "zarr-python + zarrs",
     "zarr": "zarr-python",
     "zarr-obstore": "zarr-python + obstore",
+    "zarrs-obstore": "zarr-python + zarrs + obstore",
     "zarr-fsspec": "zarr-python + fsspec (s3fs)",
 }
 S3_BUCKET = "zcrop-bench"
@@ -88,6 +91,8 @@ S3_BUCKET = "zcrop-bench"
 TS_CACHE_BYTES = 64 << 20
 S3_REGION = "us-east-1"
 S3_KEY = S3_SECRET = "testing"
+#: Requests in flight for every reader of an object store (zcrop's default).
+S3_CONCURRENCY = 64
 DATASETS = {
     "zstd": ["--codec", "zstd", "--layout", "sharded"],
     "blosc": ["--codec", "blosc-lz4", "--layout", "sharded"],
@@ -105,6 +110,27 @@ def crop_by_crop(arr):
         for i, o in enumerate(origins):
             out[i] = arr[tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape))]
         return out
+
+    return read
+
+
+def concurrent_crops(arr):
+    """A batch reader that reads a batch's crops at once, gathered on zarr-python's event
+    loop (zarr-python's best way from an object store: crop by crop would wait out every
+    round trip in turn)."""
+    import asyncio
+
+    import numpy as np
+    from zarr.core.sync import sync
+
+    async_arr = arr._async_array
+
+    async def gather(sels):
+        return await asyncio.gather(*(async_arr.getitem(sel) for sel in sels))
+
+    def read(origins, shape):
+        sels = [tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape)) for o in origins]
+        return np.stack(sync(gather(sels)))
 
     return read
 
@@ -139,7 +165,10 @@ def open_s3_reader(name: str, url: str, zarr_format: int):
     """:func:`open_reader` for an ``s3://`` URL on the endpoint in $ZCROP_BENCH_S3_ENDPOINT."""
     endpoint = os.environ["ZCROP_BENCH_S3_ENDPOINT"]
     bucket, _, key = url[len("s3://"):].partition("/")
-    if name in ("zcrop", "zcrop-cache"):
+    if name in ("zcrop", "zcrop-cache", "zcrop-fixed"):
+        if name == "zcrop-fixed":
+            # The object engine's old way: a fixed 64 GETs in flight.
+            os.environ.update(ZCROP_OBJECT_ADAPTIVE="0", ZCROP_OBJECT_CONCURRENCY=str(S3_CONCURRENCY))
         import zcrop
 
         # zcrop-cache: a decoded-chunk cache of the budget TensorStore's cache pool gets.
@@ -147,27 +176,32 @@ def open_s3_reader(name: str, url: str, zarr_format: int):
             "endpoint_url": endpoint, "region": S3_REGION, "key": S3_KEY, "secret": S3_SECRET},
             chunk_cache=TS_CACHE_BYTES if name == "zcrop-cache" else None)
         return lambda origins, shape: arr.read_crops(origins, shape)
-    if name == "zarr-obstore":
+    if name in ("zarr-obstore", "zarrs-obstore", "zarr-fsspec"):
         import zarr
+
+        # The same number of requests in flight as zcrop's and TensorStore's.
+        zarr.config.set({"async.concurrency": S3_CONCURRENCY})
+        if name == "zarrs-obstore":
+            import zarrs  # noqa: F401  (registers the pipeline)
+
+            zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+        if name == "zarr-fsspec":
+            return concurrent_crops(zarr.open_array(url, mode="r", storage_options={
+                "endpoint_url": endpoint, "key": S3_KEY, "secret": S3_SECRET,
+                "client_kwargs": {"region_name": S3_REGION}}))
         from obstore.store import S3Store
 
         store = S3Store(bucket, prefix=key, endpoint=endpoint, region=S3_REGION,
                         access_key_id=S3_KEY, secret_access_key=S3_SECRET,
                         client_options={"allow_http": True})
-        return crop_by_crop(zarr.open_array(zarr.storage.ObjectStore(store, read_only=True), mode="r"))
-    if name == "zarr-fsspec":
-        import zarr
-
-        return crop_by_crop(zarr.open_array(url, mode="r", storage_options={
-            "endpoint_url": endpoint, "key": S3_KEY, "secret": S3_SECRET,
-            "client_kwargs": {"region_name": S3_REGION}}))
+        return concurrent_crops(zarr.open_array(zarr.storage.ObjectStore(store, read_only=True), mode="r"))
     if name == "tensorstore":
         os.environ.update(AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET)
         return tensorstore_reader(
             "zarr3" if zarr_format == 3 else "zarr",
             {"driver": "s3", "bucket": bucket, "path": key.rstrip("/") + "/", "endpoint": endpoint,
              "aws_region": S3_REGION, "aws_credentials": {"type": "environment"}},
-            {"s3_request_concurrency": {"limit": 64}},
+            {"s3_request_concurrency": {"limit": S3_CONCURRENCY}},
         )
     raise SystemExit(f"reader {name} does not read from S3 here")
 
@@ -213,6 +247,7 @@ def worker(args) -> None:
         read(warmup, shape)
     # Only the reads are timed; hashing the output (for the identical-bytes check) is not.
     lat, cpu = [], 0.0
+    server0 = server_stats()
     for b in origins:
         c = time.process_time()
         t = time.perf_counter()
@@ -222,13 +257,31 @@ def worker(args) -> None:
         cpu += time.process_time() - c
         hashes.append(hashlib.sha256(np.ascontiguousarray(out).tobytes()).hexdigest())
         del out  # freed before the next read, like a training loop's batch
+    server1 = server_stats()
     wall = sum(lat)
     n = origins.shape[0] * origins.shape[1]
-    print(json.dumps({
+    report = {
         "reader": args.worker, "seconds": wall, "crops": int(n), "crops_per_s": n / wall,
         "output_bytes": int(n * np.prod(shape) * dtype.itemsize), "cpu_cores": cpu / wall,
-        "p50_ms": 1e3 * float(np.median(lat)), "hashes": hashes,
-    }))
+        "p50_ms": 1e3 * float(np.median(lat)), "p99_ms": 1e3 * float(np.percentile(lat, 99)), "hashes": hashes,
+    }
+    if server0 is not None:
+        # What the timed batches cost the server (requests, body bytes, connections).
+        report["server"] = {k: server1[k] - server0[k] for k in ("requests", "gets", "bytes_sent", "connections")}
+        report["server"]["max_open_connections"] = server1["max_open_connections"]
+    print(json.dumps(report))
+
+
+def server_stats() -> dict | None:
+    """The counters of the cloud simulator at $ZCROP_BENCH_STATS_URL (benches/cloud_compare.py),
+    or None when there is none."""
+    url = os.environ.get("ZCROP_BENCH_STATS_URL")
+    if not url:
+        return None
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
 
 
 # --------------------------------------------------------------------------- driver
@@ -405,23 +458,29 @@ def main() -> None:
                         res["gets"] = server.gets() - gets0
                     runs[r].append(res)
                     print(f"{ds} {mode} {r} run {rep + 1}: {res['crops_per_s']:.1f} crops/s", file=sys.stderr)
-            for r, rs in runs.items():
-                if not rs or "error" in row["readers"].get(r, {}):
-                    continue
-                rs.sort(key=lambda x: x["crops_per_s"])
-                med = dict(rs[len(rs) // 2])
-                med["runs_crops_per_s"] = [x["crops_per_s"] for x in rs]
-                med["hashes_stable"] = all(x["hashes"] == rs[0]["hashes"] for x in rs)
-                row["readers"][r] = med
-            ref = row["readers"].get("zcrop", {}).get("hashes")
-            for r, res in row["readers"].items():
-                if "hashes" in res:
-                    res["identical_to_zcrop"] = ref is not None and res["hashes"] == ref and res["hashes_stable"]
-                    del res["hashes"]
+            summarise(row, runs)
             results.append(row)
     if server is not None:
         server.stop()
     write_report(results, args, can_drop)
+
+
+def summarise(row: dict, runs: dict) -> None:
+    """The median run of each reader into ``row["readers"]``, and whether its bytes equal
+    zcrop's in every run."""
+    for r, rs in runs.items():
+        if not rs or "error" in row["readers"].get(r, {}):
+            continue
+        rs.sort(key=lambda x: x["crops_per_s"])
+        med = dict(rs[len(rs) // 2])
+        med["runs_crops_per_s"] = [x["crops_per_s"] for x in rs]
+        med["hashes_stable"] = all(x["hashes"] == rs[0]["hashes"] for x in rs)
+        row["readers"][r] = med
+    ref = row["readers"].get("zcrop", {}).get("hashes")
+    for res in row["readers"].values():
+        if "hashes" in res:
+            res["identical_to_zcrop"] = ref is not None and res["hashes"] == ref and res["hashes_stable"]
+            del res["hashes"]
 
 
 class S3Server:
