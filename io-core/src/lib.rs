@@ -70,7 +70,8 @@ pub use error::{EngineError, IoError};
 pub use files::mapping::{check_mapped, mapped_intact};
 pub use metrics::MetricsSnapshot;
 pub use object::{
-    ObjectBatch, ObjectConfig, ObjectEngine, ObjectMetrics, RetryPolicy, is_object_url,
+    DEFAULT_OBJECT_CONCURRENCY, INITIAL_OBJECT_CONCURRENCY, MIN_OBJECT_CONCURRENCY, ObjectBatch,
+    ObjectConfig, ObjectEngine, ObjectMetrics, RetryPolicy, is_object_url,
 };
 pub use request::{Completion, ReadRange, ReadRequest, RequestId};
 

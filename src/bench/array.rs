@@ -53,18 +53,23 @@ pub struct ArrayBenchOptions {
 pub struct ObjectReport {
     /// The bucket (or container, or host) the engine reads.
     pub store: String,
-    /// Largest hole merged into one GET, bytes.
+    /// Largest hole merged into one GET at most, bytes (where the measured bandwidth and
+    /// latency make GETs cheaper than holes, the engine merges smaller ones only).
     pub coalesce_max_gap: u64,
     /// Longest merged GET, bytes.
     pub coalesce_max_len: u64,
-    /// GETs in flight at most.
+    /// GETs in flight at most (the adaptive limit's ceiling).
     pub max_concurrency: usize,
+    /// GETs in flight at most at the end of the run (the adaptive limit then).
+    pub concurrency: usize,
     /// GETs the engine issued (after coalescing).
     pub gets: u64,
-    /// GET requests sent over HTTP (retries included).
+    /// GET requests sent over HTTP (retries and hedges included).
     pub http_gets: u64,
     /// HTTP requests that failed and were retried (or gave up).
     pub http_failures: u64,
+    /// GETs sent a second time because their answer was late.
+    pub hedged: u64,
     /// Bytes the GETs received (coalescing holes included).
     pub bytes_received: u64,
     /// GETs per batch.
@@ -691,9 +696,11 @@ pub fn run_array(
             coalesce_max_gap: limits.max_gap,
             coalesce_max_len: limits.max_merged_len,
             max_concurrency: e.max_concurrency(),
+            concurrency: e.concurrency(),
             gets: m.gets,
             http_gets: m.http_gets,
             http_failures: m.http_failures,
+            hedged: m.hedged,
             bytes_received: m.bytes_read,
             gets_per_batch: m.gets as f64 / latencies.len().max(1) as f64,
         }

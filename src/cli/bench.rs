@@ -230,8 +230,10 @@ pub(crate) fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
                 &mut t,
                 "object store",
                 format!(
-                    "{}, {} GETs in flight at most, merging holes up to {} into GETs up to {}",
+                    "{}, {} GETs in flight at the end (at most {}), merging holes up to {} into \
+                     GETs up to {}",
                     o.store,
+                    o.concurrency,
                     o.max_concurrency,
                     info::human_bytes_binary(o.coalesce_max_gap),
                     info::human_bytes_binary(o.coalesce_max_len)
@@ -241,10 +243,12 @@ pub(crate) fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
                 &mut t,
                 "GETs",
                 format!(
-                    "{} ({:.1} per batch), {} sent over HTTP, {} failed and retried; {} received",
+                    "{} ({:.1} per batch), {} sent over HTTP, {} hedged, {} failed and retried; \
+                     {} received",
                     o.gets,
                     o.gets_per_batch,
                     o.http_gets,
+                    o.hedged,
                     o.http_failures,
                     info::human_bytes_binary(o.bytes_received)
                 ),

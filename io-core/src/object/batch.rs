@@ -6,9 +6,11 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
+use futures_util::future::{Either, select};
 use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
@@ -25,6 +27,8 @@ use super::{ObjectEngine, Shared};
 pub(crate) struct Delivery {
     done: Vec<(usize, Result<Bytes, IoError>)>,
     permit: Option<Permit>,
+    /// How long the GET's answer took to start (its headers), when it succeeded.
+    first_byte: Option<Duration>,
 }
 
 /// Issues a batch's GETs, each once the budget and a concurrency slot allow, until done or
@@ -56,14 +60,28 @@ pub(crate) async fn drive(
                 }
             }
         };
-        let Ok(slot) = Arc::clone(&shared.slots).acquire_owned().await else {
+        let Some(slot) = shared.limiter.acquire().await else {
             return;
         };
         let shared = Arc::clone(&shared);
         let tx = tx.clone();
         tokio::spawn(async move {
+            let started = Instant::now();
             let done = run_op(&shared, &op, Some(permit)).await;
-            drop(slot);
+            // A GET's time says how loaded the store is only when it succeeded.
+            let ok = done.done.iter().all(|(_, r)| r.is_ok());
+            let throttled = shared.counters.http_throttled.load(Ordering::Relaxed);
+            let bytes = match op.range {
+                ReadRange::Bounded { len, .. } => len,
+                ReadRange::Suffix(n) => n,
+                ReadRange::Whole => done
+                    .done
+                    .first()
+                    .and_then(|(_, r)| r.as_ref().ok())
+                    .map_or(0, |b| b.len() as u64),
+            };
+            let took = ok.then(|| started.elapsed());
+            slot.finish(took, done.first_byte, bytes, throttled);
             // A dropped batch no longer listens; the permit is released right here then.
             let _ = tx.send(done);
         });
@@ -95,6 +113,7 @@ async fn run_op(shared: &Shared, op: &Op, mut permit: Option<Permit>) -> Deliver
                 .map(|p| (p.index, Err(err.with_range(p.range))))
                 .collect(),
             permit,
+            first_byte: None,
         }
     };
     let get_range = match op.range {
@@ -103,6 +122,7 @@ async fn run_op(shared: &Shared, op: &Op, mut permit: Option<Permit>) -> Deliver
             return Delivery {
                 done: serve(&Bytes::new(), &op.parts),
                 permit: None,
+                first_byte: None,
             };
         }
         ReadRange::Bounded { offset, len } => Some(GetRange::Bounded(offset..offset + len)),
@@ -121,19 +141,36 @@ async fn run_op(shared: &Shared, op: &Op, mut permit: Option<Permit>) -> Deliver
         return fail(&err, permit);
     };
     Counters::add(&shared.counters.gets, 1);
-    let options = GetOptions::default().with_range(get_range);
-    let got = match shared.store.get_opts(&location, options).await {
-        Ok(r) => {
-            let size = r.meta.size;
-            r.bytes().await.map(|b| (b, size))
+    let retry = shared.config.retry;
+    let first_try = Instant::now();
+    let mut tries = 0;
+    let mut first_byte = None;
+    let (data, object_len) = loop {
+        let asked = Instant::now();
+        let got = match get_hedged(shared, &location, get_range.as_ref()).await {
+            Ok(r) => {
+                first_byte = Some(asked.elapsed());
+                let size = r.meta.size;
+                r.bytes().await.map(|b| (b, size))
+            }
+            Err(e) => Err(e),
+        };
+        let short = got.as_ref().is_err_and(is_unexpected_range);
+        if short && tries < retry.max_retries && first_try.elapsed() < retry.retry_timeout {
+            // An answer with fewer bytes than asked, of an object that has them: the HTTP
+            // client does not retry it; try again as it would after a failure.
+            Counters::add(&shared.counters.short_answers, 1);
+            let wait = retry.initial_backoff.as_secs_f64() * retry.backoff_base.powi(tries as i32);
+            tokio::time::sleep(Duration::from_secs_f64(wait).min(retry.max_backoff)).await;
+            tries += 1;
+            continue;
         }
-        Err(e) => Err(e),
-    };
-    let (data, object_len) = match got {
-        Ok(got) => got,
-        Err(e) => {
-            let err = classify(shared, &location, op.range, url(), e).await;
-            return fail(&err, permit);
+        match got {
+            Ok(got) => break got,
+            Err(e) => {
+                let err = classify(shared, &location, op.range, url(), e).await;
+                return fail(&err, permit);
+            }
         }
     };
     Counters::add(&shared.counters.bytes_read, data.len() as u64);
@@ -157,6 +194,7 @@ async fn run_op(shared: &Shared, op: &Op, mut permit: Option<Permit>) -> Deliver
         return Delivery {
             done: serve(&data, &op.parts),
             permit,
+            first_byte,
         };
     }
     // The object ended before the range did: requests inside the bytes obtained succeed, the
@@ -188,7 +226,55 @@ async fn run_op(shared: &Shared, op: &Op, mut permit: Option<Permit>) -> Deliver
         })
         .collect();
     Counters::add(&shared.counters.errors, errors);
-    Delivery { done, permit }
+    Delivery {
+        done,
+        permit,
+        first_byte,
+    }
+}
+
+/// Sends a GET and waits for its answer to start (its headers). If none has come after the
+/// hedging delay (the slowest recent first bytes', see [`Limiter::hedge_delay`]), sends the
+/// same GET again: the first answer wins, the other request is dropped. A straggler (a slow
+/// server, a lost packet) then costs about that delay instead of its whole time.
+///
+/// [`Limiter::hedge_delay`]: super::limit::Limiter::hedge_delay
+async fn get_hedged(
+    shared: &Shared,
+    location: &ObjectPath,
+    range: Option<&GetRange>,
+) -> object_store::Result<object_store::GetResult> {
+    let get = || {
+        let options = GetOptions::default().with_range(range.cloned());
+        shared.store.get_opts(location, options)
+    };
+    let Some(delay) = shared.limiter.hedge_delay() else {
+        return get().await;
+    };
+    let first = std::pin::pin!(get());
+    let wait = std::pin::pin!(tokio::time::sleep(delay));
+    let first = match select(first, wait).await {
+        Either::Left((answer, _)) => return answer,
+        Either::Right(((), first)) => first,
+    };
+    Counters::add(&shared.counters.hedged, 1);
+    let second = std::pin::pin!(get());
+    match select(first, second).await {
+        Either::Left((answer, _)) | Either::Right((answer, _)) => answer,
+    }
+}
+
+/// Whether `object_store` refused an answer because its `Content-Range` is not the range
+/// asked for (its `UnexpectedRange`, which it does not export: recognised by its message,
+/// `Requested {expected:?}, got {actual:?}`; io-core/tests/cloudsim.rs pins it).
+fn is_unexpected_range(e: &object_store::Error) -> bool {
+    match e {
+        object_store::Error::Generic { source, .. } => {
+            let msg = source.to_string();
+            msg.starts_with("Requested ") && msg.contains(", got ")
+        }
+        _ => false,
+    }
 }
 
 /// Maps a failed GET to an [`IoError`]. A ranged GET that failed otherwise than "not found" or

@@ -41,6 +41,12 @@ pub struct ObjectMetrics {
     /// HTTP requests that got no response (refused or dropped connection, timeout) or were
     /// answered with a server error (5xx) or 429: the ones the client retries.
     pub http_failures: u64,
+    /// Among them, the store's requests to slow down (503, 429).
+    pub http_throttled: u64,
+    /// Answers with fewer bytes than asked (of an object that has them), tried again.
+    pub short_answers: u64,
+    /// GETs sent a second time because their answer was late (hedged).
+    pub hedged: u64,
 }
 
 impl std::ops::Sub for ObjectMetrics {
@@ -54,6 +60,9 @@ impl std::ops::Sub for ObjectMetrics {
             http_gets: self.http_gets - o.http_gets,
             http_other: self.http_other - o.http_other,
             http_failures: self.http_failures - o.http_failures,
+            http_throttled: self.http_throttled - o.http_throttled,
+            short_answers: self.short_answers - o.short_answers,
+            hedged: self.hedged - o.hedged,
         }
     }
 }
@@ -67,6 +76,9 @@ pub(crate) struct Counters {
     http_gets: AtomicU64,
     http_other: AtomicU64,
     http_failures: AtomicU64,
+    pub(crate) http_throttled: AtomicU64,
+    pub(crate) short_answers: AtomicU64,
+    pub(crate) hedged: AtomicU64,
 }
 
 impl Counters {
@@ -84,6 +96,9 @@ impl Counters {
             http_gets: l(&self.http_gets),
             http_other: l(&self.http_other),
             http_failures: l(&self.http_failures),
+            http_throttled: l(&self.http_throttled),
+            short_answers: l(&self.short_answers),
+            hedged: l(&self.hedged),
         }
     }
 }
@@ -121,12 +136,13 @@ impl HttpService for CountingService {
             Counters::add(&c.http_other, 1);
         }
         let res = self.inner.execute(req).await;
-        let failed = match &res {
-            Err(_) => true,
-            Ok(r) => r.status().is_server_error() || r.status().as_u16() == 429,
-        };
-        if failed {
+        let status = res.as_ref().ok().map(|r| r.status().as_u16());
+        let throttled = matches!(status, Some(503 | 429));
+        if throttled || status.is_none_or(|s| s >= 500) {
             Counters::add(&c.http_failures, 1);
+        }
+        if throttled {
+            Counters::add(&c.http_throttled, 1);
         }
         res
     }

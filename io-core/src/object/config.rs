@@ -11,8 +11,14 @@ use crate::budget::Budget;
 use crate::coalesce::CoalesceLimits;
 use crate::error::EngineError;
 
-/// Default number of GETs one engine keeps in flight.
-pub const DEFAULT_OBJECT_CONCURRENCY: usize = 64;
+/// Default cap of the GETs one engine keeps in flight (the adaptive limit's ceiling).
+pub const DEFAULT_OBJECT_CONCURRENCY: usize = 512;
+
+/// GETs in flight when an engine starts, before its limit adapts.
+pub const INITIAL_OBJECT_CONCURRENCY: usize = 64;
+
+/// The adaptive limit's floor.
+pub const MIN_OBJECT_CONCURRENCY: usize = 16;
 
 /// Default budget charge of a whole-object read, whose size is unknown until the response
 /// arrives (the permit is re-charged with the real size then).
@@ -67,8 +73,14 @@ impl RetryPolicy {
 pub struct ObjectConfig {
     /// When nearby ranges of one object merge into one GET.
     pub coalesce: CoalesceLimits,
-    /// GETs in flight per engine at most.
+    /// GETs in flight per engine at most: the adaptive limit's ceiling, or the fixed limit.
     pub max_concurrency: usize,
+    /// Whether the number of GETs in flight adapts to the store's answers (from
+    /// [`INITIAL_OBJECT_CONCURRENCY`], between [`MIN_OBJECT_CONCURRENCY`] and
+    /// `max_concurrency`: growing while GETs stay as quick as the quickest recent ones,
+    /// falling when they slow down or the store answers 503/429), or stays at
+    /// `max_concurrency`.
+    pub adaptive_concurrency: bool,
     /// The in-flight budget; `None` uses the process-wide [`Budget::global`].
     pub budget: Option<Arc<Budget>>,
     /// Retries of failed requests.
@@ -83,6 +95,7 @@ impl Default for ObjectConfig {
         ObjectConfig {
             coalesce: CoalesceLimits::OBJECT,
             max_concurrency: DEFAULT_OBJECT_CONCURRENCY,
+            adaptive_concurrency: true,
             budget: None,
             retry: RetryPolicy::default(),
             whole_object_charge: DEFAULT_WHOLE_OBJECT_CHARGE,
@@ -91,8 +104,9 @@ impl Default for ObjectConfig {
 }
 
 impl ObjectConfig {
-    /// The defaults, overridden by `ZCROP_OBJECT_CONCURRENCY` and `ZCROP_OBJECT_MAX_RETRIES`.
-    /// Unparsable values are reported as errors, not ignored.
+    /// The defaults, overridden by `ZCROP_OBJECT_CONCURRENCY` (the cap),
+    /// `ZCROP_OBJECT_ADAPTIVE` (`0` fixes the GETs in flight at the cap) and
+    /// `ZCROP_OBJECT_MAX_RETRIES`. Unparsable values are reported as errors, not ignored.
     pub fn from_env() -> Result<Self, EngineError> {
         let mut c = ObjectConfig::default();
         let num = |name: &str| -> Result<Option<usize>, EngineError> {
@@ -107,6 +121,9 @@ impl ObjectConfig {
         };
         if let Some(n) = num("ZCROP_OBJECT_CONCURRENCY")? {
             c.max_concurrency = n;
+        }
+        if let Some(n) = num("ZCROP_OBJECT_ADAPTIVE")? {
+            c.adaptive_concurrency = n != 0;
         }
         if let Some(n) = num("ZCROP_OBJECT_MAX_RETRIES")? {
             c.retry.max_retries = n;

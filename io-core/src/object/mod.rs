@@ -29,6 +29,7 @@
 mod batch;
 mod client;
 mod config;
+mod limit;
 pub(crate) mod plan;
 
 use std::collections::{HashMap, VecDeque};
@@ -42,7 +43,6 @@ use bytes::Bytes;
 use futures_util::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreScheme};
-use tokio::sync::Semaphore;
 
 use crate::budget::Budget;
 use crate::coalesce::CoalesceLimits;
@@ -53,12 +53,13 @@ use crate::request::ReadRequest;
 use self::batch::drive;
 use self::client::{Counters, build_store, runtime};
 use self::config::{Options, translate_options};
+use self::limit::Limiter;
 
 pub use self::batch::ObjectBatch;
 pub use self::client::ObjectMetrics;
 pub use self::config::{
-    DEFAULT_OBJECT_CONCURRENCY, DEFAULT_WHOLE_OBJECT_CHARGE, ObjectConfig, RetryPolicy,
-    is_object_url,
+    DEFAULT_OBJECT_CONCURRENCY, DEFAULT_WHOLE_OBJECT_CHARGE, INITIAL_OBJECT_CONCURRENCY,
+    MIN_OBJECT_CONCURRENCY, ObjectConfig, RetryPolicy, is_object_url,
 };
 
 /// What every request of an engine shares.
@@ -69,8 +70,7 @@ struct Shared {
     url: String,
     coalesce: CoalesceLimits,
     budget: Arc<Budget>,
-    slots: Arc<Semaphore>,
-    max_concurrency: usize,
+    limiter: Arc<Limiter>,
     whole_object_charge: u64,
     counters: Arc<Counters>,
     runtime: &'static tokio::runtime::Runtime,
@@ -120,7 +120,7 @@ impl fmt::Debug for ObjectEngine {
         f.debug_struct("ObjectEngine")
             .field("url", &self.live().url)
             .field("coalesce", &self.live().coalesce)
-            .field("max_concurrency", &self.live().max_concurrency)
+            .field("max_concurrency", &self.live().limiter.max())
             .finish_non_exhaustive()
     }
 }
@@ -327,8 +327,12 @@ impl ObjectEngine {
                     .budget
                     .clone()
                     .unwrap_or_else(|| Arc::clone(Budget::global())),
-                slots: Arc::new(Semaphore::new(config.max_concurrency)),
-                max_concurrency: config.max_concurrency,
+                limiter: Limiter::new(
+                    INITIAL_OBJECT_CONCURRENCY,
+                    MIN_OBJECT_CONCURRENCY,
+                    config.max_concurrency,
+                    config.adaptive_concurrency,
+                ),
                 whole_object_charge: config.whole_object_charge,
                 counters,
                 runtime,
@@ -354,9 +358,15 @@ impl ObjectEngine {
         self.live().coalesce
     }
 
-    /// GETs in flight at most.
+    /// GETs in flight at most: the cap of the adaptive limit, or the fixed limit.
     pub fn max_concurrency(&self) -> usize {
-        self.live().max_concurrency
+        self.live().limiter.max()
+    }
+
+    /// GETs in flight at most right now (the adaptive limit's current value; see
+    /// [`ObjectConfig::adaptive_concurrency`]).
+    pub fn concurrency(&self) -> usize {
+        self.live().limiter.limit()
     }
 
     /// The engine's counters now.
@@ -441,7 +451,12 @@ impl ObjectEngine {
         Counters::add(&shared.counters.requests, requests.len() as u64);
         let (tx, rx) = crossbeam_channel::unbounded();
         let cancel = Arc::new(AtomicBool::new(false));
-        let ops = plan::plan(&requests, shared.coalesce);
+        // Holes merge while cheaper than a GET at the measured bandwidth and latency.
+        let limits = CoalesceLimits {
+            max_gap: shared.limiter.max_gap(shared.coalesce.max_gap),
+            ..shared.coalesce
+        };
+        let ops = plan::plan(&requests, limits);
         if !ops.is_empty() {
             shared
                 .runtime
