@@ -20,12 +20,15 @@ pub enum IoError {
         range: ReadRange,
     },
     /// The process may not open or read the file.
-    #[error("{path}: permission denied (reading {range})", path = .path.display())]
+    #[error("{path}: permission denied (reading {range}){}", reason_suffix(.reason.as_deref()), path = .path.display())]
     PermissionDenied {
         /// The file.
         path: Arc<Path>,
         /// The requested range.
         range: ReadRange,
+        /// Why, where more is known than the denial (an object store's error code, missing
+        /// credentials).
+        reason: Option<Arc<str>>,
     },
     /// The requested range ends after the end of the file.
     #[error("{path}: {range} is past the end of the file ({file_len} bytes)", path = .path.display())]
@@ -117,7 +120,11 @@ impl IoError {
         }
         match err.kind() {
             io::ErrorKind::NotFound => IoError::NotFound { path, range },
-            io::ErrorKind::PermissionDenied => IoError::PermissionDenied { path, range },
+            io::ErrorKind::PermissionDenied => IoError::PermissionDenied {
+                path,
+                range,
+                reason: None,
+            },
             _ => IoError::Io {
                 path,
                 range,
@@ -179,6 +186,11 @@ impl IoError {
         }
         e
     }
+}
+
+/// `": reason"`, or nothing.
+fn reason_suffix(reason: Option<&str>) -> String {
+    reason.map(|r| format!(": {r}")).unwrap_or_default()
 }
 
 impl From<IoError> for io::Error {

@@ -176,6 +176,39 @@ fn an_answer_with_fewer_bytes_than_asked_is_tried_again_and_never_taken_as_data(
 }
 
 #[test]
+fn missing_credentials_are_an_error_that_says_so() {
+    if std::env::vars().any(|(k, _)| k == "AWS_ACCESS_KEY_ID" || k == "AWS_WEB_IDENTITY_TOKEN_FILE")
+    {
+        eprintln!("skipped: this environment has AWS credentials");
+        return;
+    }
+    let (server, _dir) = serve(&[("x", data(1000))], Shaping::default());
+    // No key or secret: the client asks the instance metadata service, here the simulator
+    // (which refuses the token request).
+    let options: Vec<(String, String)> = [
+        ("endpoint", server.endpoint()),
+        ("region", "us-east-1".to_string()),
+        ("metadata_endpoint", server.endpoint()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let e = ObjectEngine::open(&format!("s3://{BUCKET}/store"), &options, quick()).unwrap();
+    let t = Instant::now();
+    match &read(&e, "x", 0, 100) {
+        Err(err @ IoError::PermissionDenied { path, .. }) => {
+            assert_eq!(path.to_str(), Some("s3://sim-bucket/store/x"));
+            let msg = err.to_string();
+            assert!(msg.contains("no credentials found"), "{msg}");
+            assert!(msg.contains("anon=True"), "{msg}");
+        }
+        other => panic!("expected PermissionDenied, got {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    assert_eq!(server.stats().gets, 0, "no unsigned GET went out");
+}
+
+#[test]
 fn denied_and_expired_credentials_fail_at_once() {
     let (server, _dir) = serve(&[("x", data(1000))], Shaping::default());
     for kind in [FaultKind::AccessDenied, FaultKind::ExpiredToken] {
@@ -186,7 +219,13 @@ fn denied_and_expired_credentials_fail_at_once() {
         match &got {
             Err(err @ IoError::PermissionDenied { path, .. }) => {
                 assert_eq!(path.to_str(), Some("s3://sim-bucket/store/x"));
-                assert!(err.to_string().contains("s3://sim-bucket/store/x"), "{err}");
+                let msg = err.to_string();
+                assert!(msg.contains("s3://sim-bucket/store/x"), "{msg}");
+                let (code, meaning) = match kind {
+                    FaultKind::ExpiredToken => ("ExpiredToken", "have expired"),
+                    _ => ("AccessDenied", "may not read it"),
+                };
+                assert!(msg.contains(code) && msg.contains(meaning), "{msg}");
             }
             other => panic!("{kind:?}: expected PermissionDenied, got {other:?}"),
         }

@@ -208,7 +208,7 @@ fn anonymous_requests_to_a_private_bucket_are_denied() {
         ReadRequest::new(1, Path::new("a/b"), ReadRange::Whole),
     ]);
     match &got[0] {
-        Err(err @ IoError::PermissionDenied { path, range }) => {
+        Err(err @ IoError::PermissionDenied { path, range, .. }) => {
             assert_eq!(path.to_str(), Some("s3://io-private/store/a/b"));
             assert_eq!(*range, ReadRange::new(5, 10));
             assert!(err.to_string().contains("permission denied"), "{err}");

@@ -292,8 +292,17 @@ async fn classify(
         object_store::Error::PermissionDenied { .. }
         | object_store::Error::Unauthenticated { .. } => {
             log::debug!("zcrop-io: {}: {e}", path.display());
-            IoError::PermissionDenied { path, range }
+            IoError::PermissionDenied {
+                path,
+                range,
+                reason: Some(denial_reason(&e.to_string()).into()),
+            }
         }
+        e if is_credential_fetch(&e.to_string()) => IoError::PermissionDenied {
+            path,
+            range,
+            reason: Some(no_credentials_reason(&e.to_string()).into()),
+        },
         e => {
             if range != ReadRange::Whole {
                 match shared.store.head(location).await {
@@ -316,6 +325,52 @@ async fn classify(
                 source: Arc::new(std::io::Error::other(e)),
             }
         }
+    }
+}
+
+/// Whether an error is the S3 client's failure to fetch credentials from the instance
+/// metadata service (what it tries when none were given or found in the environment).
+fn is_credential_fetch(msg: &str) -> bool {
+    msg.contains("/latest/api/token") || msg.contains("/latest/meta-data")
+}
+
+/// What to say when no credentials were found (`msg`: the metadata service's failure).
+fn no_credentials_reason(msg: &str) -> String {
+    let first = msg.lines().next().unwrap_or(msg);
+    // Without the XML error document the service's answer may start on that line.
+    let first = first
+        .split("<?xml")
+        .next()
+        .unwrap_or(first)
+        .trim_end_matches([' ', ':']);
+    format!(
+        "no credentials found: none in storage_options (key and secret), none in the \
+         environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a web identity or container \
+         credentials), and the instance metadata service gave none ({first}); pass them, or \
+         anon=True for a public bucket"
+    )
+}
+
+/// What a denial means, from the S3 error code in the store's answer (`msg`), when there is
+/// one: expired or wrong credentials, or credentials that may not read the object.
+fn denial_reason(msg: &str) -> String {
+    let code = msg
+        .split("<Code>")
+        .nth(1)
+        .and_then(|rest| rest.split("</Code>").next())
+        .unwrap_or("");
+    match code {
+        "ExpiredToken" | "TokenRefreshRequired" => {
+            "the store answered ExpiredToken: the credentials have expired; refresh them".into()
+        }
+        "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "InvalidToken" => {
+            format!("the store answered {code}: the key, secret or session token is wrong")
+        }
+        "" => "the store refused the request".into(),
+        code => format!(
+            "the store answered {code}: the credentials may not read it (for a public bucket, \
+             anon=True sends unsigned requests)"
+        ),
     }
 }
 
