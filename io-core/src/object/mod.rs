@@ -6,14 +6,16 @@
 //! - **Addressing.** An engine is opened on a URL (`s3://bucket/data.zarr`,
 //!   `https://host/data.zarr`, `gs://...`, `az://...`); a request's `path` is an object key
 //!   relative to that root, `/`-separated (`temp/c/0/3`). Errors name the object's full URL.
-//! - **Planning.** Requests for one object are merged with [`CoalesceLimits::OBJECT`] (a larger
-//!   gap than for local files: a GET costs a round trip, a hole only bandwidth): one GET per
-//!   merged range, one suffix-range GET (`Range: bytes=-n`) per distinct suffix length (shard
-//!   indexes), one GET for all whole-object requests of an object.
-//! - **Concurrency.** At most [`ObjectConfig::max_concurrency`] GETs are in flight per engine,
-//!   and every GET holds a permit of the in-flight [`Budget`] (the process-wide one unless
-//!   told otherwise, shared with the local engines) from when it is issued until its results
-//!   are taken by the consumer.
+//! - **Planning.** Requests for one object are merged within [`CoalesceLimits::OBJECT`] (a
+//!   larger gap than for local files: a GET costs a round trip, a hole only bandwidth), and
+//!   within the gap the engine's measured bandwidth and latency make worth it (see `limit`):
+//!   one GET per merged range, one suffix-range GET (`Range: bytes=-n`) per distinct suffix
+//!   length (shard indexes), one GET for all whole-object requests of an object.
+//! - **Concurrency.** The GETs in flight per engine adapt to the store's answers, up to
+//!   [`ObjectConfig::max_concurrency`] (see `limit`); a GET whose answer is late is sent again
+//!   (hedged). Every GET holds a permit of the in-flight [`Budget`] (the process-wide one
+//!   unless told otherwise, shared with the local engines) from when it is issued until its
+//!   results are taken by the consumer.
 //! - **Retries.** Transient failures (refused or dropped connections, timeouts, 5xx, 429, a body
 //!   cut short) are retried by the HTTP client with exponential backoff, per [`RetryPolicy`];
 //!   a body cut short resumes where it stopped. Missing objects and denied requests are not
