@@ -42,10 +42,10 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
-from compare import LABEL, S3_BUCKET, chunks_needed, summarise, venv_python
+from compare import LABEL, S3_BUCKET, best_peer, chunks_needed, summarise, venv_python
+from corpus import parse_size
 from machine import cpu_model
 from pagecache import ROOT, zcrop_binary
 
@@ -181,11 +181,6 @@ def needed_bytes(path: str, origins_file: str, shape: list[int]) -> list[int]:
     return out
 
 
-def parse_size(s: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write-era5", help=argparse.SUPPRESS)
@@ -312,8 +307,7 @@ def write_report(results: list[dict], args) -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results:
-        peers = [v["crops_per_s"] for k, v in row["readers"].items() if not k.startswith("zcrop") and "crops_per_s" in v]
-        best = max(peers) if peers else None
+        best = best_peer(row)
         for r, v in row["readers"].items():
             head = f"| {row['latency_ms']:g} ms | {row['dataset']} | {LABEL[r]} |"
             if "error" in v or "skipped" in v:

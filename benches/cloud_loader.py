@@ -65,13 +65,12 @@ def main() -> None:
         spec = json.loads(args.worker)
         return print(json.dumps(run_loader(**spec)))
 
-    from cloud_compare import DATASETS, CloudSim
+    from cloud_compare import CloudSim, prepare
     from compare import S3_BUCKET, venv_python
     from pagecache import zcrop_binary
 
-    py, zcrop = venv_python(), zcrop_binary()
-    path = subprocess.run([zcrop, "bench", "--prepare-only", "--no-progress", "--dataset-size", args.dataset_size,
-                           *DATASETS[args.dataset]], check=True, text=True, capture_output=True).stdout.strip()
+    py = venv_python()
+    path = prepare(args.dataset, args.dataset_size, py, zcrop_binary(), tempfile.gettempdir(), seed=1)
     root = tempfile.mkdtemp(prefix="zcrop-cloud-loader-")
     os.makedirs(os.path.join(root, S3_BUCKET))
     os.symlink(path, os.path.join(root, S3_BUCKET, f"{args.dataset}.zarr"))

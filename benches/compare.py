@@ -483,6 +483,12 @@ def summarise(row: dict, runs: dict) -> None:
             del res["hashes"]
 
 
+def best_peer(row: dict) -> float | None:
+    """The most crops/s any reader but zcrop's reached in ``row``, or None."""
+    peers = [v["crops_per_s"] for k, v in row["readers"].items() if not k.startswith("zcrop") and "crops_per_s" in v]
+    return max(peers) if peers else None
+
+
 class S3Server:
     """moto's S3 server on a free loopback port, behind a proxy that counts GET requests."""
 
@@ -600,8 +606,7 @@ def write_report(results, args, can_drop) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results:
-        peers = [v["crops_per_s"] for k, v in row["readers"].items() if not k.startswith("zcrop") and "crops_per_s" in v]
-        best = max(peers) if peers else None
+        best = best_peer(row)
         for r in READERS:
             v = row["readers"].get(r)
             if v is None:
@@ -652,9 +657,9 @@ def decode_table(results) -> list[str]:
         ratios = []
         for row in rows:
             z = row["readers"].get("zcrop", {}).get("crops_per_s")
-            peers = [v["crops_per_s"] for k, v in row["readers"].items() if not k.startswith("zcrop") and "crops_per_s" in v]
-            if z and peers:
-                ratios.append(f"{row['mode']} {z / max(peers):.2f}x")
+            best = best_peer(row)
+            if z and best:
+                ratios.append(f"{row['mode']} {z / best:.2f}x")
         d = rows[0].get("zcrop_decode") or {}
         shape = "x".join(map(str, rows[0]["shape"]))
         chunk = "x".join(map(str, rows[0].get("chunks") or []))
