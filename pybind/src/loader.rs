@@ -215,6 +215,16 @@ fn parse_source(s: &Bound<'_, PyDict>) -> PyResult<Source> {
     if !coords {
         source = source.without_coordinates();
     }
+    if s.contains("pad")? {
+        for axis in item::<Vec<usize>>(s, "pad")? {
+            source = source.pad(axis);
+        }
+    }
+    if s.contains("fill")?
+        && let Some(fill) = item::<Option<f64>>(s, "fill")?
+    {
+        source = source.fill(fill);
+    }
     Ok(source)
 }
 
@@ -537,6 +547,7 @@ fn source_dicts<'py>(py: Python<'py>, sampler: &Sampler) -> PyResult<Vec<Bound<'
                 .collect();
             d.set_item("picks", picks)?;
             d.set_item("wrap", s.wrap)?;
+            d.set_item("pad", s.pad.clone())?;
             Ok(d)
         })
         .collect()

@@ -455,3 +455,42 @@ def test_periodic_sources_align_across_longitude_conventions(tmp_path):
         p = plan["position"][1]
         want = idx.get_indexer([pos_lon[p] % 360.0], method="nearest")[0] % 36
         assert plan["sources"]["e"]["origin"][1] == want, (pos_lon[p], want)
+
+
+@pytest.mark.parametrize("budget", [1, 1 << 20])
+def test_valid_windows_stream_along_a_periodic_first_position(tmp_path, budget):
+    """Longitude listed first: valid_windows streams along it, reading rows past its end from
+    its start, for a source that follows it one to one and one aligned by labels (-180..180
+    positions on a 0..360 grid, whose table crosses the seam)."""
+    t = pd.date_range("2024-01-01", periods=3, freq="6h")
+    pos_lon = np.arange(-180.0, 180.0, 5.0)
+    era_lon = np.arange(0.0, 360.0, 5.0)
+    sat = write(tmp_path / "s.zarr", "s", ["time", "lon"], {"time": t, "lon": pos_lon}, (3, 8))
+    era = write(tmp_path / "e.zarr", "e", ["time", "lon"], {"time": t, "lon": era_lon}, (3, 8))
+    import zarr
+
+    rng = np.random.default_rng(3)
+    raw = {}
+    for name, path in (("s", sat), ("e", era)):
+        data = zcrop.open(path + "/" + name)[...]
+        data[rng.random(data.shape) < 0.04] = np.nan
+        zarr.open_array(path + "/" + name)[...] = data
+        raw[name] = data
+    s_ds = xr.open_dataset(sat, engine="zcrop")
+    e_ds = xr.open_dataset(era, engine="zcrop")
+    srcs = [
+        zcrop.Source(s_ds["s"], crop={"time": 2, "lon": 5}, wrap="lon"),
+        zcrop.Source(e_ds["e"], crop={"time": 1, "lon": 7}, wrap="lon",
+                     window={"lon": (-3, 4)}),
+    ]
+    mask = zcrop.valid_windows(srcs, ["lon", "time"], budget=budget, cache=False).to_numpy()
+    n = len(pos_lon)
+    want = np.zeros((n, 3), dtype=bool)
+    for x in range(n):
+        e0 = int(np.flatnonzero(np.isclose(era_lon, pos_lon[x] % 360.0))[0])
+        for ti in range(2):  # the satellite window takes 2 steps
+            sat_ok = ~np.isnan(raw["s"][ti : ti + 2, (x + np.arange(5)) % n]).any()
+            era_ok = ~np.isnan(raw["e"][ti, (e0 - 3 + np.arange(7)) % n]).any()
+            want[x, ti] = sat_ok and era_ok
+    np.testing.assert_array_equal(mask, want)
+    assert want.any() and not want.all()

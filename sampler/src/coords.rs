@@ -61,6 +61,15 @@ enum Values {
 }
 
 impl Values {
+    fn len(&self) -> usize {
+        match self {
+            Values::Int(v) => v.len(),
+            Values::UInt(v) => v.len(),
+            Values::Float(v) => v.len(),
+            Values::Bool(v) => v.len(),
+        }
+    }
+
     fn get(&self, i: usize) -> CoordValue {
         match self {
             Values::Int(v) => CoordValue::Int(v[i]),
@@ -81,20 +90,51 @@ pub(crate) struct Coord {
 }
 
 impl Coord {
-    /// The label of a crop of `len` elements starting at `origin` along this coordinate's axis.
-    pub(crate) fn label(&self, origin: u64, len: u64) -> CoordLabel {
-        self.label_of(origin, origin + len.max(1) - 1)
-    }
-
-    /// The label of a window whose first and last elements are at `first` and `last`.
-    pub(crate) fn label_of(&self, first: u64, last: u64) -> CoordLabel {
-        let (first, last) = (first as usize, last as usize);
+    /// The label of a window whose first and last elements are at `first` and `last`. An
+    /// index outside the coordinate (a padded crop) is labelled by extending the spacing of
+    /// the two labels nearest to it; a boolean coordinate, or one of a single label, repeats
+    /// its end label.
+    pub(crate) fn label_of(&self, first: i64, last: i64) -> CoordLabel {
         CoordLabel {
             dim: Arc::clone(&self.name),
             axis: self.axis,
-            first: self.values.get(first),
-            last: self.values.get(last),
+            first: self.value_at(first),
+            last: self.value_at(last),
             units: self.units.clone(),
+        }
+    }
+
+    fn value_at(&self, i: i64) -> CoordValue {
+        let len = self.values.len() as i64;
+        if (0..len).contains(&i) {
+            return self.values.get(i as usize);
+        }
+        // The end label, and how many steps of the end spacing lie beyond it.
+        let (end, next, steps) = if i < 0 {
+            (0, 1, -i)
+        } else {
+            (len - 1, len - 2, i - len + 1)
+        };
+        let at = self.values.get(end as usize);
+        if len < 2 {
+            return at;
+        }
+        let before = self.values.get(next as usize);
+        match (at, before) {
+            (CoordValue::Int(a), CoordValue::Int(b)) => {
+                CoordValue::Int(a.saturating_add((a - b).saturating_mul(steps)))
+            }
+            (CoordValue::UInt(a), CoordValue::UInt(b)) => {
+                let v = i128::from(a) + (i128::from(a) - i128::from(b)) * i128::from(steps);
+                u64::try_from(v).map_or_else(
+                    |_| CoordValue::Int(i64::try_from(v).unwrap_or(i64::MIN)),
+                    CoordValue::UInt,
+                )
+            }
+            (CoordValue::Float(a), CoordValue::Float(b)) => {
+                CoordValue::Float(a + (a - b) * steps as f64)
+            }
+            _ => at,
         }
     }
 
@@ -223,4 +263,39 @@ pub(crate) fn discover(array: &Array) -> Result<Vec<Coord>> {
         coords.push(Coord::load(array, axis, name, &c)?);
     }
     Ok(coords)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn coord(values: Values) -> Coord {
+        Coord {
+            axis: 0,
+            name: Arc::from("lat"),
+            units: None,
+            values,
+        }
+    }
+
+    #[test]
+    fn labels_past_the_ends_continue_the_nearest_spacing() {
+        let c = coord(Values::Float(vec![10.0, 10.5, 11.0, 12.0]));
+        let l = c.label_of(-2, 5);
+        assert_eq!(
+            (l.first, l.last),
+            (CoordValue::Float(9.0), CoordValue::Float(14.0))
+        );
+        let c = coord(Values::UInt(vec![3, 5, 7]));
+        assert_eq!(c.label_of(-1, 4).first, CoordValue::UInt(1));
+        assert_eq!(c.label_of(-2, 4).first, CoordValue::Int(-1));
+        assert_eq!(c.label_of(-2, 4).last, CoordValue::UInt(11));
+        let c = coord(Values::Int(vec![-4, -8]));
+        assert_eq!(c.label_of(-1, 3).first, CoordValue::Int(0));
+        assert_eq!(c.label_of(-1, 3).last, CoordValue::Int(-16));
+        let c = coord(Values::Bool(vec![true, false]));
+        assert_eq!(c.label_of(-1, 2).first, CoordValue::Bool(true));
+        let c = coord(Values::Float(vec![1.0]));
+        assert_eq!(c.label_of(-3, 3).last, CoordValue::Float(1.0));
+    }
 }

@@ -59,6 +59,7 @@ mod coords;
 pub mod error;
 pub mod fft;
 mod loader;
+mod pad;
 pub mod permutation;
 pub mod pinned;
 mod rng;

@@ -12,6 +12,7 @@ use zcrop_zarr::{Array, ReadOptions, ReadStats, StitchTransform};
 
 use crate::coords::{self, Coord, CoordLabel};
 use crate::error::{Result, SamplerError, spec_err};
+use crate::pad::Clip;
 use crate::permutation::Permutation;
 use crate::rng::SampleRng;
 use crate::space::{Fields, Mask, PositionSpace, Weights};
@@ -165,6 +166,8 @@ pub struct Source {
     dims: Option<Vec<Dim>>,
     transform: Transform,
     coordinates: Coordinates,
+    pad: Vec<usize>,
+    fill: Option<f64>,
 }
 
 impl Source {
@@ -181,6 +184,8 @@ impl Source {
             dims: None,
             transform: Transform::none(),
             coordinates: Coordinates::Discover,
+            pad: Vec::new(),
+            fill: None,
         }
     }
 
@@ -232,6 +237,24 @@ impl Source {
             Coordinates::Given(v) => v.push(entry),
             c => *c = Coordinates::Given(vec![entry]),
         }
+        self
+    }
+
+    /// Pads along dimension `axis`, which must follow a position: positions range over the
+    /// array's own indices along it (scaled, or every entry of a lookup table), and a crop
+    /// may pass either end of the array; what lies outside is [`Source::fill`]. Call once per
+    /// padded dimension.
+    #[must_use]
+    pub fn pad(mut self, axis: usize) -> Source {
+        self.pad.push(axis);
+        self
+    }
+
+    /// The value of padded elements, in the delivered type (after the transform). By default
+    /// NaN where that type is a float type, and the array's fill value otherwise.
+    #[must_use]
+    pub fn fill(mut self, value: f64) -> Source {
+        self.fill = Some(value);
         self
     }
 
@@ -422,6 +445,8 @@ pub struct SourceInfo {
     pub picks: Vec<Option<Arc<[u64]>>>,
     /// The dimension along which the array is periodic, if any.
     pub wrap: Option<usize>,
+    /// Per dimension, whether crops may pass the array's ends (filled outside).
+    pub pad: Vec<bool>,
 }
 
 /// How one dimension of a source's crop origin is placed, as the sampler resolved it.
@@ -469,6 +494,10 @@ struct SourceRt {
     transform: Transform,
     /// The dimension along which the array is periodic, if any.
     wrap: Option<usize>,
+    /// Per dimension, whether crops may pass the array's ends.
+    pad: Vec<bool>,
+    /// One element of the delivered type: the value of padded elements.
+    fill: Vec<u8>,
 }
 
 /// A crop that takes every `k`-th (or picked) elements along some dimensions, read as
@@ -601,9 +630,10 @@ type Runs = Vec<(u64, u64)>;
 
 /// For a dimension that follows a position: that position's index, the runs `[start, end)`
 /// of positions at which the crop (spanning `span` elements) stays inside `[0, size)` whatever
-/// the jitter, and the grid extent masks are fitted to. A periodic dimension (`wrap`) admits
-/// every origin (taken modulo the size); a table admits only its entries.
-fn position_runs(dim: &DimRt, size: u64, span: u64, wrap: bool) -> Option<(usize, Runs, u64)> {
+/// the jitter, and the grid extent masks are fitted to. A periodic or padded dimension
+/// (`free`) admits every position whose scaled index lies in the array; a table admits only
+/// its entries.
+fn position_runs(dim: &DimRt, size: u64, span: u64, free: bool) -> Option<(usize, Runs, u64)> {
     Some(match *dim {
         DimRt::Aligned {
             pos,
@@ -612,7 +642,7 @@ fn position_runs(dim: &DimRt, size: u64, span: u64, wrap: bool) -> Option<(usize
             den,
             jitter,
         } => {
-            if wrap {
+            if free {
                 let extent = grid_extent(size, 0, num, den);
                 (pos, vec![(0, extent)], extent)
             } else {
@@ -632,7 +662,7 @@ fn position_runs(dim: &DimRt, size: u64, span: u64, wrap: bool) -> Option<(usize
             let (size, span, jitter) = (i128::from(size), i128::from(span), i128::from(jitter));
             let fits = |t: i64| {
                 let o = i128::from(t) + i128::from(offset);
-                t >= 0 && (wrap || (o - jitter >= 0 && o + jitter + span <= size))
+                t >= 0 && (free || (o - jitter >= 0 && o + jitter + span <= size))
             };
             (pos, table_runs(table, fits), table.len() as u64)
         }
@@ -710,7 +740,7 @@ impl Sampler {
             for (d, dim) in rt.dims.iter().enumerate() {
                 let span = (src.crop[d] - 1) * rt.info.every[d] + 1;
                 let Some((pos, runs, extent)) =
-                    position_runs(dim, shape[d], span, rt.wrap == Some(d))
+                    position_runs(dim, shape[d], span, rt.wrap == Some(d) || rt.pad[d])
                 else {
                     continue;
                 };
@@ -916,7 +946,7 @@ impl Sampler {
             - per_rank;
         let npos = inner.positions.len();
         let mut positions = vec![0u64; inner.batch_size * npos];
-        let mut origins: Vec<Vec<u64>> = inner
+        let mut origins: Vec<Vec<i64>> = inner
             .sources
             .iter()
             .map(|s| Vec::with_capacity(inner.batch_size * s.dims.len()))
@@ -936,7 +966,7 @@ impl Sampler {
             for (s, out) in inner.sources.iter().zip(&mut origins) {
                 for (d, dim) in s.dims.iter().enumerate() {
                     let o = match *dim {
-                        DimRt::Fixed(o) => o,
+                        DimRt::Fixed(o) => o as i64,
                         DimRt::Aligned {
                             pos: p,
                             offset,
@@ -948,10 +978,11 @@ impl Sampler {
                             let j = rng.jitter(jitter);
                             let o = scaled as i128 + i128::from(offset) + i128::from(j);
                             if s.wrap == Some(d) {
-                                o.rem_euclid(i128::from(s.array.shape()[d])) as u64
+                                o.rem_euclid(i128::from(s.array.shape()[d])) as i64
                             } else {
-                                // The valid region guarantees 0 <= o <= size - crop.
-                                o as u64
+                                // The valid region guarantees 0 <= o <= size - crop unless the
+                                // dimension is padded.
+                                o as i64
                             }
                         }
                         DimRt::Lookup {
@@ -966,9 +997,9 @@ impl Sampler {
                                 + i128::from(offset)
                                 + i128::from(j);
                             if s.wrap == Some(d) {
-                                o.rem_euclid(i128::from(s.array.shape()[d])) as u64
+                                o.rem_euclid(i128::from(s.array.shape()[d])) as i64
                             } else {
-                                o as u64
+                                o as i64
                             }
                         }
                     };
@@ -1064,41 +1095,44 @@ impl Sampler {
             transform: s.fused.as_ref().map(|f| f as &dyn StitchTransform),
             cancel,
         };
-        let origins = &plan.origins[source];
         let nd = s.info.crop.len();
+        let (origins, clipped) = read_origins(s, &plan.origins[source]);
         let size = s.array.shape();
         let wraps = |axis: usize| {
             origins
                 .chunks_exact(nd)
                 .any(|o| o[axis] + s.info.crop[axis] > size[axis])
         };
-        if let Some(axis) = s.wrap.filter(|&a| wraps(a)) {
-            return read_wrapped(s, axis, origins, out, cancel).map_err(|e| match e {
-                SamplerError::Read { error, .. } => SamplerError::Read {
-                    step: plan.step,
-                    source_index: source,
-                    source_name: s.info.name.to_string(),
-                    error,
-                },
-                other => other,
-            });
-        }
-        let es = s.info.element_size;
-        read_crops(
-            &s.array,
-            &s.info.crop,
-            s.sub.as_ref(),
-            es,
-            origins,
-            out,
-            options,
-        )
-        .map_err(|error| SamplerError::Read {
+        let read_err = |error| SamplerError::Read {
             step: plan.step,
             source_index: source,
             source_name: s.info.name.to_string(),
             error,
-        })
+        };
+        let stats = if let Some(axis) = s.wrap.filter(|&a| wraps(a)) {
+            read_wrapped(s, axis, &origins, out, cancel).map_err(|e| match e {
+                SamplerError::Read { error, .. } => read_err(error),
+                other => other,
+            })?
+        } else {
+            let es = s.info.element_size;
+            read_crops(
+                &s.array,
+                &s.info.crop,
+                s.sub.as_ref(),
+                es,
+                &origins,
+                out,
+                options,
+            )
+            .map_err(read_err)?
+        };
+        let cb = s.info.crop_bytes;
+        for (i, clips) in clipped {
+            let dest = &mut out[i * cb..(i + 1) * cb];
+            crate::pad::place_inside(dest, &s.info.crop, s.info.element_size, &clips, &s.fill);
+        }
+        Ok(stats)
     }
 
     /// Reads every source of `plan` into new (unpinned) buffers, one per source.
@@ -1119,6 +1153,33 @@ impl Sampler {
     pub fn array(&self, i: usize) -> &Array {
         &self.inner.sources[i].array
     }
+}
+
+/// The origins at which `s` reads the crops at `origins`, and the crops that pass the ends of
+/// padded dimensions (by index, with how each dimension is placed afterwards).
+fn read_origins(s: &SourceRt, origins: &[i64]) -> (Vec<u64>, Vec<(usize, Vec<Clip>)>) {
+    let nd = s.info.crop.len();
+    let size = s.array.shape();
+    let mut read = Vec::with_capacity(origins.len());
+    let mut clipped = Vec::new();
+    for (i, o) in origins.chunks_exact(nd).enumerate() {
+        let mut clips: Option<Vec<Clip>> = None;
+        for d in 0..nd {
+            let (n, k) = (s.info.crop[d], s.info.every[d]);
+            let clip = s.pad[d].then(|| Clip::of(o[d], n, k, size[d])).flatten();
+            if let Some(c) = clip {
+                let all = clips
+                    .get_or_insert_with(|| (0..nd).map(|a| Clip::inside(s.info.crop[a])).collect());
+                all[d] = c;
+            }
+            // Every origin of an unpadded dimension, or of a crop that stays inside, is >= 0.
+            read.push(clip.map_or(o[d] as u64, |c| c.read_origin));
+        }
+        if let Some(c) = clips {
+            clipped.push((i, c));
+        }
+    }
+    (read, clipped)
 }
 
 /// Reads crops of `crop` at `origins` into `out` (one crop after another), through `sub`
@@ -1406,6 +1467,35 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
             )));
         }
     }
+    let mut pad = vec![false; nd];
+    for &d in &src.pad {
+        let why = if d >= nd {
+            Some(format!("the array has {nd} dimensions"))
+        } else if dims[d].position.is_none() {
+            Some("it follows no position".to_string())
+        } else if wrap == Some(d) {
+            Some("it is periodic".to_string())
+        } else if spans[d] + every[d] - 1 > shape[d] {
+            Some(format!(
+                "a crop of {} taking every {}th element needs {} elements of it to be placed, \
+                 and it has {}",
+                src.crop[d],
+                every[d],
+                spans[d] + every[d] - 1,
+                shape[d]
+            ))
+        } else if src.transform.fft.is_some() {
+            Some("the transform has an FFT, which padded values would enter".to_string())
+        } else if src.transform.axes().contains(&d) {
+            Some("the transform's normalize runs along it".to_string())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(err(format!("dimension {d} cannot be padded: {why}")));
+        }
+        pad[d] = true;
+    }
     let sub = SubCrops::new(&src.crop, &offsets);
     if let Some(sub) = &sub {
         let stepped = |axis: usize| sub.shape[axis] != src.crop[axis];
@@ -1431,6 +1521,21 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
         Some(f) => (f.output_dtype().to_string(), f.output_element_size()),
         None => (a.data_type(), a.element_size()),
     };
+    let float = matches!(
+        dtype.as_str(),
+        "float16" | "bfloat16" | "float32" | "float64" | "complex64" | "complex128"
+    );
+    let fill = match src.fill {
+        Some(v) => crate::pad::element_bytes(&dtype, v).map_err(err)?,
+        None if float => crate::pad::element_bytes(&dtype, f64::NAN).map_err(err)?,
+        None => a.fill_value_bytes().to_vec(),
+    };
+    if fill.len() != element_size {
+        return Err(err(format!(
+            "the fill value has {} bytes, an element {element_size}",
+            fill.len()
+        )));
+    }
     let crop_bytes = src
         .crop
         .iter()
@@ -1494,6 +1599,7 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
             every,
             picks: dims.iter().map(|d| d.picks.clone()).collect(),
             wrap,
+            pad: pad.clone(),
         },
         array: a.clone(),
         dims: rt,
@@ -1503,6 +1609,8 @@ fn compile_source(src: &Source, positions: &[String]) -> Result<SourceRt> {
         offsets,
         transform: src.transform.clone(),
         wrap,
+        pad,
+        fill,
     })
 }
 
@@ -1546,8 +1654,9 @@ pub struct SourceSample {
     pub source: Arc<str>,
     /// The array's directory.
     pub array: Arc<str>,
-    /// The crop's origin in the array.
-    pub origin: Vec<u64>,
+    /// The crop's origin in the array (negative, or past its end, where a padded crop passes
+    /// an end).
+    pub origin: Vec<i64>,
     /// The crop's shape.
     pub shape: Vec<u64>,
     /// Coordinate labels along the dimensions that have coordinate arrays.
@@ -1563,7 +1672,7 @@ pub struct BatchPlan {
     shard: Shard,
     first: u64,
     positions: Vec<u64>,
-    origins: Vec<Vec<u64>>,
+    origins: Vec<Vec<i64>>,
     epochs: Option<Vec<u64>>,
 }
 
@@ -1627,13 +1736,14 @@ impl BatchPlan {
         &self.positions
     }
 
-    /// The crop origins of `source`, flattened (`len * ndim`), as `read_batch` takes them.
-    pub fn origins(&self, source: usize) -> &[u64] {
+    /// The crop origins of `source`, flattened (`len * ndim`): what `read_batch` takes, except
+    /// along padded dimensions, where a crop may start before 0 or end past the array.
+    pub fn origins(&self, source: usize) -> &[i64] {
         &self.origins[source]
     }
 
     /// The origin of sample `i` in `source`.
-    pub fn origin(&self, source: usize, i: usize) -> &[u64] {
+    pub fn origin(&self, source: usize, i: usize) -> &[i64] {
         let nd = self.sampler.inner.sources[source].dims.len();
         &self.origins[source][i * nd..(i + 1) * nd]
     }
@@ -1659,14 +1769,15 @@ impl BatchPlan {
                     .map(|c| {
                         let axis = c.axis();
                         if let Some(p) = &src.info.picks[axis] {
-                            return c.label_of(p[0], p[p.len() - 1]);
+                            return c.label_of(p[0] as i64, p[p.len() - 1] as i64);
                         }
                         let span = (src.info.crop[axis] - 1) * src.info.every[axis] + 1;
+                        let (first, span) = (origin[axis], span as i64);
                         if src.wrap == Some(axis) {
-                            let size = src.array.shape()[axis];
-                            return c.label_of(origin[axis], (origin[axis] + span - 1) % size);
+                            let size = src.array.shape()[axis] as i64;
+                            return c.label_of(first, (first + span - 1) % size);
                         }
-                        c.label(origin[axis], span)
+                        c.label_of(first, first + span - 1)
                     })
                     .collect();
                 SourceSample {

@@ -118,7 +118,7 @@ proptest! {
             for i in 0..plan.len() {
                 let p = plan.position(i);
                 prop_assert!(want.contains(&(p[0], p[1], p[2])));
-                let o = plan.origin(1, i);
+                let o = &common::unsigned(plan.origin(1, i));
                 prop_assert_eq!(o[0] as i64, c.table_t[p[0] as usize]);
                 prop_assert_eq!(o[1], 0);
                 prop_assert!((o[2] as i64 - c.table_y[p[1] as usize]).unsigned_abs() <= c.jitter_y);
@@ -127,7 +127,7 @@ proptest! {
                 let n = expect.len();
                 prop_assert_eq!(&bytes[1][i * n..(i + 1) * n], &expect[..], "sample {}", i);
                 let meta = plan.sample(i);
-                prop_assert_eq!(&meta.sources[1].origin, &o.to_vec());
+                prop_assert_eq!(&meta.sources[1].origin, plan.origin(1, i));
             }
         }
     }
@@ -150,7 +150,7 @@ fn stepped_crops_take_the_transform_along_other_axes() {
     let plan = sampler.plan(0, Shard::SINGLE).unwrap();
     let got = sampler.read(&plan).unwrap();
     for i in 0..3 {
-        let origin = plan.origin(0, i);
+        let origin = &common::unsigned(plan.origin(0, i));
         let raw = strided(&data, &shape, 2, origin, &[2, 3, 4, 5], &[3, 1, 5, 1]);
         let want: Vec<u8> = raw
             .chunks_exact(2)
@@ -221,7 +221,7 @@ fn picked_indices_are_gathered_in_order() {
         let plan = sampler.plan(1, Shard::SINGLE).unwrap();
         let got = sampler.read(&plan).unwrap();
         for i in 0..4 {
-            let o = plan.origin(0, i);
+            let o = &common::unsigned(plan.origin(0, i));
             let mut want = Vec::new();
             for t in 0..2 {
                 for &c in &picks {
@@ -282,7 +282,7 @@ fn periodic_dimensions_wrap_around() {
         let plan = sampler.plan(step, Shard::SINGLE).unwrap();
         let got = sampler.read(&plan).unwrap();
         for i in 0..16 {
-            let o = plan.origin(0, i);
+            let o = &common::unsigned(plan.origin(0, i));
             assert!(o[3] < 90);
             wrapped += usize::from(o[3] + 24 > 90);
             let mut want = Vec::new();
@@ -316,4 +316,183 @@ fn periodic_dimensions_wrap_around() {
         ),
     );
     assert!(bad.unwrap_err().to_string().contains("periodic"));
+}
+
+/// The crop wanted at `origin` (signed) built element by element: array elements where they
+/// exist (indices `origin + k * every`, periodic along `wrap`), `None` outside.
+fn padded_oracle(
+    data: &[u8],
+    shape: &[u64],
+    es: usize,
+    origin: &[i64],
+    crop: &[u64],
+    every: &[u64],
+    wrap: Option<usize>,
+) -> Vec<Option<Vec<u8>>> {
+    let n: u64 = crop.iter().product();
+    let mut idx = vec![0u64; crop.len()];
+    (0..n)
+        .map(|lin| {
+            let mut rem = lin;
+            for d in (0..crop.len()).rev() {
+                idx[d] = rem % crop[d];
+                rem /= crop[d];
+            }
+            let mut at = Vec::with_capacity(crop.len());
+            for d in 0..crop.len() {
+                let i = origin[d] + (idx[d] * every[d]) as i64;
+                let i = if wrap == Some(d) {
+                    i.rem_euclid(shape[d] as i64)
+                } else {
+                    i
+                };
+                if !(0..shape[d] as i64).contains(&i) {
+                    return None;
+                }
+                at.push(i as u64);
+            }
+            Some(strided(
+                data,
+                shape,
+                es,
+                &at,
+                &vec![1; crop.len()],
+                &vec![1; crop.len()],
+            ))
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Padded dimensions: positions cover every index, crops past either end hold the fill
+    /// value there and the array's elements elsewhere, with steps, jitter, a lookup table and a
+    /// periodic neighbour; origins are reported signed.
+    #[test]
+    fn padded_crops_hold_the_fill_outside_the_array(
+        (cy, cx) in (1u64..=12, 1u64..=30),
+        (ey, ex) in (1u64..=3, 1u64..=2),
+        (oy, jy) in (-12i64..=2, 0u64..=3),
+        wrap_x in any::<bool>(),
+        to_f32 in any::<bool>(),
+        fill in prop::option::of(0u16..=9),
+        table in prop::collection::vec(-1i64..90, 90),
+        seed in 0u64..1000,
+    ) {
+        let (sat, data, shape) = fixture("v3_workload_4d_u2");
+        // A periodic dimension takes contiguous crops.
+        let ex = if wrap_x { 1 } else { ex };
+        let x = if wrap_x {
+            Dim::along("x").wrap()
+        } else {
+            Dim::lookup("x", table.clone()).offset(-3).every(ex)
+        };
+        let mut src = Source::new("s", sat, [2, 1, cy, cx])
+            .dims([
+                Dim::along("t"),
+                Dim::fixed(1),
+                Dim::along("y").offset(oy).jitter(jy).every(ey),
+                x,
+            ])
+            .pad(2);
+        if !wrap_x {
+            src = src.pad(3);
+        }
+        if to_f32 {
+            src = src.transform(Transform::to_f32());
+        }
+        if let Some(f) = fill {
+            src = src.fill(f64::from(f));
+        }
+        let sampler = Sampler::new(SampleSpec::new(["t", "y", "x"]).source(src).seed(seed).batch_size(12))
+            .unwrap();
+        let (start, end) = sampler.position_box();
+        prop_assert_eq!((start[1], end[1]), (0, 70), "every row is a position");
+        let drawn_x: Vec<u64> = (0..90u64).filter(|&p| wrap_x || table[p as usize] >= 0).collect();
+        prop_assert_eq!((start[2], end[2]), (drawn_x[0], drawn_x[drawn_x.len() - 1] + 1));
+        let crop = [2, 1, cy, cx];
+        let every = [1, 1, ey, ex];
+        let es = if to_f32 { 4 } else { 2 };
+        let fill_bytes = match (fill, to_f32) {
+            (Some(f), false) => f.to_ne_bytes().to_vec(),
+            (Some(f), true) => f32::from(f).to_ne_bytes().to_vec(),
+            (None, false) => 0u16.to_ne_bytes().to_vec(),
+            (None, true) => f32::NAN.to_ne_bytes().to_vec(),
+        };
+        let mut outside = 0;
+        for step in 0..4 {
+            let plan = sampler.plan(step, Shard::SINGLE).unwrap();
+            let got = sampler.read(&plan).unwrap();
+            for i in 0..plan.len() {
+                let p = plan.position(i);
+                let o = plan.origin(0, i);
+                prop_assert!((o[2] - (p[1] as i64 + oy)).unsigned_abs() <= jy);
+                if !wrap_x {
+                    prop_assert!(table[p[2] as usize] >= 0);
+                    prop_assert_eq!(o[3], table[p[2] as usize] - 3);
+                }
+                let want = padded_oracle(&data, &shape, 2, o, &crop, &every, wrap_x.then_some(3));
+                let n = want.len() * es;
+                let got = &got[0][i * n..(i + 1) * n];
+                for (k, w) in want.iter().enumerate() {
+                    let g = &got[k * es..(k + 1) * es];
+                    match w {
+                        None => {
+                            outside += 1;
+                            prop_assert_eq!(g, &fill_bytes[..], "sample {} element {}", i, k);
+                        }
+                        Some(v) if to_f32 => {
+                            let v = f32::from(u16::from_ne_bytes([v[0], v[1]]));
+                            prop_assert_eq!(g, &v.to_ne_bytes()[..], "sample {} element {}", i, k);
+                        }
+                        Some(v) => prop_assert_eq!(g, &v[..], "sample {} element {}", i, k),
+                    }
+                }
+                prop_assert_eq!(&plan.sample(i).sources[0].origin, o);
+            }
+        }
+        if oy < -3 {
+            prop_assert!(outside > 0, "no crop passed an end");
+        }
+    }
+}
+
+#[test]
+fn padding_is_refused_where_it_cannot_apply() {
+    let bad = |src: Source| {
+        Sampler::new(SampleSpec::new(["t", "y", "x"]).source(src))
+            .unwrap_err()
+            .to_string()
+    };
+    let (sat, _, _) = fixture("v3_workload_4d_u2");
+    let s = || Source::new("s", sat.clone(), [1, 3, 4, 4]);
+    assert!(bad(s().pad(1)).contains("dimension 1 cannot be padded: it follows no position"));
+    assert!(bad(s().pad(7)).contains("the array has 4 dimensions"));
+    let fft = Transform::to_f32().fft(vec![3], zcrop_sampler::Spectrum::Power);
+    assert!(bad(s().pad(2).transform(fft)).contains("FFT"));
+    assert!(
+        bad(s()
+            .pad(2)
+            .transform(Transform::to_f32().normalize(2, vec![0.0; 4], vec![1.0; 4])))
+        .contains("normalize")
+    );
+    assert!(bad(s().pad(2).fill(-1.0)).contains("not a uint16 value"));
+    assert!(bad(s().pad(2).fill(f64::NAN)).contains("not a uint16 value"));
+    let wrapped = s().dims([
+        Dim::along("t"),
+        Dim::fixed(0),
+        Dim::along("y"),
+        Dim::along("x").wrap(),
+    ]);
+    assert!(bad(wrapped.pad(3)).contains("periodic"));
+    let stepped = Source::new("s", sat.clone(), [1, 3, 24, 4])
+        .dims([
+            Dim::along("t"),
+            Dim::fixed(0),
+            Dim::along("y").every(3),
+            Dim::along("x"),
+        ])
+        .pad(2);
+    assert!(bad(stepped).contains("needs 72 elements of it to be placed, and it has 70"));
 }

@@ -98,7 +98,7 @@ fn v3_coordinate_arrays_label_every_sample() {
         assert_eq!(&*s.source, "temp");
         assert!(s.array.ends_with("temp"), "{}", s.array);
         assert_eq!(s.shape, vec![2, 3, 4]);
-        let o = &s.origin;
+        let o = &common::unsigned(&s.origin);
         assert_eq!(s.coords.len(), 2, "{:?}", s.coords);
         let t = &s.coords[0];
         assert_eq!((&*t.dim, t.axis), ("time", 0));
@@ -199,7 +199,7 @@ fn v2_array_dimensions_attribute_finds_coordinates() {
     let plan = sampler.plan(0, Shard::SINGLE).unwrap();
     for i in 0..4 {
         let m = plan.sample(i);
-        let o = &m.sources[0].origin;
+        let o = &common::unsigned(&m.sources[0].origin);
         let c = &m.sources[0].coords;
         assert_eq!(c.len(), 1);
         assert_eq!(

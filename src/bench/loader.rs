@@ -479,7 +479,8 @@ mod tests {
                 let p = plan.position(i);
                 assert_eq!(mask.allows(p), Some(true), "{p:?}");
                 let a = plan.origin(1, i);
-                assert_eq!(a, &[p[0] - p[0] % 4, 0, (p[1] + 2) / 4, (p[2] + 2) / 4]);
+                let want = [p[0] - p[0] % 4, 0, (p[1] + 2) / 4, (p[2] + 2) / 4];
+                assert_eq!(a, want.map(|x| x as i64));
             }
         }
         let r = bench.run(&path).unwrap();

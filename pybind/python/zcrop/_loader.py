@@ -204,6 +204,18 @@ class Source:
         grid): positions take every index along it, and a crop across the array's end
         continues at index 0 (e.g. 350..10 degrees). Its labels align modulo the period
         (-180..180 positions against a 0..360 grid). One per source.
+    pad:
+        A dimension name (or a list of them; axis numbers for an array without names) along
+        which crops may pass the array's ends, e.g. windows centred on every pixel of a
+        regional grid, or latitude windows at the poles of a global one. Positions then take
+        every index along it (or every label an aligned source matches), and elements
+        outside the array are ``fill``. Meta origins are signed there, and labels past an
+        end continue the coordinate's spacing. Not with ``fft``, or with ``normalize`` along
+        a padded dimension.
+    fill:
+        The value of padded elements, in the delivered dtype (after ``decode`` and
+        ``normalize``): by default NaN where that dtype is a float type, and the array's
+        fill value for integers.
     storage_options:
         For a URL: the object store's options (``endpoint_url``, ``region``, ``anon``, ``key``,
         ``secret``, ...), as for :func:`zcrop.open`.
@@ -215,6 +227,7 @@ class Source:
         "_dim_names",
         "_every",
         "_labels",
+        "_pad",
         "_picks",
         "_spec",
         "_wrap",
@@ -240,6 +253,8 @@ class Source:
         every: Sequence[int] | Mapping[str, int] | None = None,
         select: Mapping[str, Sequence[Any]] | None = None,
         wrap: str | None = None,
+        pad: str | int | Sequence[str | int] | None = None,
+        fill: float | None = None,
     ) -> None:
         options = storage_option_pairs(storage_options)
         #: Per dimension name, the decoded coordinate labels (xarray sources).
@@ -267,7 +282,11 @@ class Source:
                         "xarray Dataset opened with engine='zcrop'"
                     )
         names = self._dim_names
-        if isinstance(crop, Mapping) or isinstance(every, Mapping) or select or wrap:
+        named_pad = pad is not None and any(
+            not isinstance(a, (int, np.integer))
+            for a in ([pad] if isinstance(pad, (str, int, np.integer)) else pad)
+        )
+        if isinstance(crop, Mapping) or isinstance(every, Mapping) or select or wrap or named_pad:
             names = _dimension_names(array, names)
         if isinstance(crop, Mapping):
             assert names is not None
@@ -363,6 +382,10 @@ class Source:
                 if self._wrap not in (None, axis):
                     raise ValueError("one periodic dimension per source")
                 self._wrap = axis
+        #: The padded axes.
+        self._pad: list[int] = _padded(pad, names, len(crop), self.name)
+        if fill is not None and not self._pad:
+            raise ValueError(f"source {self.name!r}: fill= is the value of padding; give pad=")
         self._spec: dict[str, Any] = {
             "name": self.name,
             "array": native,
@@ -374,6 +397,8 @@ class Source:
             "decode": decoding,
             "coords": bool(coords),
             "storage_options": options,
+            "pad": self._pad,
+            "fill": None if fill is None else float(fill),
         }
 
     def __repr__(self) -> str:
@@ -503,6 +528,29 @@ def _selected(
         out[axis] = idx
         crop[axis] = len(idx)
     return out
+
+
+def _padded(
+    pad: str | int | Sequence[str | int] | None, names: list[str] | None, ndim: int, name: str
+) -> list[int]:
+    """The axes ``pad=`` names (dimension names or axis numbers), sorted."""
+    if pad is None:
+        return []
+    given = [pad] if isinstance(pad, (str, int, np.integer)) else list(pad)
+    axes = set()
+    for a in given:
+        if isinstance(a, (int, np.integer)):
+            if not 0 <= int(a) < ndim:
+                raise ValueError(f"source {name!r}: pad axis {a} is not one of {ndim} dimensions")
+            axes.add(int(a))
+        else:
+            assert names is not None
+            if a not in names:
+                raise ValueError(
+                    f"source {name!r}: pad names {a!r}, not a dimension of the array ({names})"
+                )
+            axes.add(names.index(a))
+    return sorted(axes)
 
 
 def _per_axis(
@@ -716,14 +764,30 @@ def _window_labels(
     coord: np.ndarray[Any, Any], o: int, n: int, k: int, picks: list[int] | None, wrap: bool
 ) -> np.ndarray[Any, Any]:
     """The labels of a window of ``n`` elements ``k`` apart from ``o`` (or of the picked
-    elements), wrapping around the end of a periodic dimension."""
+    elements), wrapping around the end of a periodic dimension; past the ends of a padded
+    one, the spacing of the two nearest labels continues."""
     if picks is not None:
         index: Any = picks
     elif wrap:
         index = (o + np.arange(n) * k) % len(coord)
+    elif o < 0 or o + (n - 1) * k >= len(coord):
+        return _extended(np.asarray(coord), o + np.arange(n) * k)
     else:
         index = slice(o, o + (n - 1) * k + 1, k)
     return np.asarray(coord[index])
+
+
+def _extended(coord: np.ndarray[Any, Any], index: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``coord[index]`` with indices past either end labelled by the spacing of the two labels
+    nearest to that end (the end label itself for a coordinate of one label)."""
+    inside = np.clip(index, 0, len(coord) - 1)
+    out: np.ndarray[Any, Any] = coord[inside].copy()
+    if len(coord) < 2 or coord.dtype.kind not in "iufmM":
+        return out
+    before, after = index < 0, index >= len(coord)
+    out[before] = coord[0] + (coord[0] - coord[1]) * (-index[before])
+    out[after] = coord[-1] + (coord[-1] - coord[-2]) * (index[after] - len(coord) + 1)
+    return out
 
 
 def _labelled(samples: list[dict[str, Any]], labels: SourceLabels) -> list[dict[str, Any]]:

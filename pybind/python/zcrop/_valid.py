@@ -9,6 +9,10 @@ counts along each window axis (a second kernel; both release the GIL), then a ga
 position's window. The result over positions is kept as runs of valid positions, never one
 byte per position for the whole grid.
 
+Along a periodic first position dimension the rows are those of the unrolled axis: windows of
+the last positions continue into the first rows, which are read again at the end. Along a
+padded dimension the map is extended with valid elements as far as windows pass the ends.
+
 The result is cached in a small file keyed by the data's identity (each array's metadata and,
 for local stores, the sizes and modification times of its files), the sources' crops and
 placement, and the values counted as invalid, so the second call returns at once.
@@ -37,6 +41,9 @@ from zcrop import _zcrop
 from zcrop._zcrop import NativeSampler
 
 __all__ = ["valid_windows"]
+
+#: Below this, a window start stands for "no origin here" (a position a table does not align).
+_NONE = -(1 << 61)
 
 #: Bytes of a slab's reads and intermediate maps, all sources together, by default.
 DEFAULT_BUDGET = 512 << 20
@@ -70,6 +77,8 @@ class _Axis:
     every: int = 1
     #: The array is periodic along the axis: windows wrap around its end.
     wrap: bool = False
+    #: Windows may pass the array's ends (padded): what lies outside is not missing.
+    pad: bool = False
 
     def origins(self, positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Crop origins at ``positions`` (a large negative number where there is none)."""
@@ -145,14 +154,25 @@ def _plans(sampler: NativeSampler, srcs: list[Any], invalid: Any) -> list[_Plan]
         if info["wrap"] is not None:
             for a in aligned:
                 a.wrap = a.axis == int(info["wrap"])
+        for a in aligned:
+            a.pad = bool(info["pad"][a.axis])
+            if a.wrap and a.table is not None:
+                a.table = _unrolled(a.table, a.size)
         lead = next((a for a in aligned if a.position == 0), None)
-        if lead is not None and lead.wrap:
-            raise ValueError(
-                f"source {src.name!r}: valid_windows streams along the first position "
-                "dimension, which cannot be periodic; list another position first"
-            )
         plans.append(_Plan(src.name, array, aligned, fixed, sorted(set(fills)), lead))
     return plans
+
+
+def _unrolled(table: np.ndarray[Any, Any], size: int) -> np.ndarray[Any, Any]:
+    """A periodic lookup table made non-decreasing across the seam: each entry that drops by
+    more than half the period from the one before starts a new period (``+ size``), so the
+    windows of consecutive positions are consecutive rows of the unrolled axis."""
+    out = table.copy()
+    at = np.flatnonzero(out >= 0)
+    if len(at) > 1:
+        seams = np.concatenate([[0], np.cumsum(np.diff(out[at]) < -(size // 2))])
+        out[at] += seams * size
+    return out
 
 
 def _identity(array: Array) -> dict[str, Any]:
@@ -217,6 +237,16 @@ class _Reader:
         """The reduced invalid map of rows ``[a, b)`` along the lead axis (all rows when the
         source has no lead axis): bool over the aligned axes, in array order."""
         p = self.plan
+        if p.lead is not None and p.lead.wrap and (a < 0 or b > p.lead.size):
+            # Rows of the unrolled periodic axis: read each period's piece.
+            pieces = []
+            row = a
+            while row < b:
+                start = row % p.lead.size
+                stop = start + min(p.lead.size - start, b - row)
+                pieces.append(self.read(start, stop))
+                row += stop - start
+            return np.concatenate(pieces, axis=self._lead_index())
         sel = []
         for axis, size in enumerate(p.array.shape):
             if axis in p.fixed:
@@ -284,7 +314,8 @@ def _taken(sel: slice | list[int], size: int) -> int:
 
 
 def _rows_for(p: _Plan, p0: int, p1: int) -> tuple[int, int]:
-    """Rows along the lead axis the windows of positions ``[p0, p1)`` span."""
+    """Rows along the lead axis the windows of positions ``[p0, p1)`` span (rows of the unrolled
+    axis, which pass its ends, for a periodic one)."""
     lead = p.lead
     assert lead is not None
     if lead.table is None:
@@ -292,10 +323,12 @@ def _rows_for(p: _Plan, p0: int, p1: int) -> tuple[int, int]:
         o = lead.origins(np.array([p0, p1 - 1]))
     else:
         o = lead.origins(np.arange(p0, p1))
-        o = o[o >= 0]
+        o = o[o > _NONE]
         if not len(o):
             return 0, 0
     first, last = int(o.min()), int(o.max())
+    if lead.wrap:
+        return first - lead.jitter, last - lead.jitter + lead.span
     return max(0, first - lead.jitter), min(lead.size, last - lead.jitter + lead.span)
 
 
@@ -311,24 +344,28 @@ def _source_valid(
         return np.zeros(out_shape, dtype=bool)
     take = []
     for k, ax in enumerate(p.aligned):
-        if ax.wrap:
-            # Windows continue at the start: append the first elements they reach.
+        if ax.wrap and ax is not p.lead:
+            # Windows continue at the start: append the first elements they reach. (Along
+            # the lead axis the reader holds rows of the unrolled axis already.)
             reach = ax.span - 1
             more: list[Any] = [slice(None)] * inv.ndim
             more[k] = np.arange(reach) % max(inv.shape[k], 1)
             inv = np.concatenate([inv, inv[tuple(more)]], axis=k)
-    bad = _window_any(inv, [ax.window for ax in p.aligned])
-    for k, ax in enumerate(p.aligned):
-        if ax.every > 1:
-            bad = _stepped_any(bad, k, ax.crop, ax.every)
     for ax in p.aligned:
         base = reader.lo if p.lead is not None and ax is p.lead else 0
         span = grid[ax.position] if ax.position else p1 - p0
         first = p0 if ax.position == 0 else 0
         starts = ax.origins(np.arange(first, first + span, dtype=np.int64)) - ax.jitter - base
-        if ax.wrap:
-            starts = np.where(starts > -(1 << 61), starts % ax.size, starts)
+        if ax.wrap and ax is not p.lead:
+            starts = np.where(starts > _NONE, starts % ax.size, starts)
         take.append(starts)
+    for k, ax in enumerate(p.aligned):
+        if ax.pad:
+            inv, take[k] = _padded(inv, k, take[k], ax, reader if ax is p.lead else None)
+    bad = _window_any(inv, [ax.window for ax in p.aligned])
+    for k, ax in enumerate(p.aligned):
+        if ax.every > 1:
+            bad = _stepped_any(bad, k, ax.crop, ax.every)
     # Positions whose window falls outside the held rows or the array are not valid. Where
     # positions map one to one onto consecutive windows (the usual case), the inside ones are
     # a block of positions and their windows a block of ``bad``: one slice each, no gather.
@@ -359,6 +396,33 @@ def _source_valid(
     for k in order:
         shape[p.aligned[k].position] = valid.shape[order.index(k)]
     return np.broadcast_to(valid.reshape(shape), out_shape)
+
+
+def _padded(
+    inv: np.ndarray[Any, Any],
+    k: int,
+    starts: np.ndarray[Any, Any],
+    ax: _Axis,
+    lead: _Reader | None,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The invalid map extended along its axis ``k`` (padded) with valid elements as far as
+    the windows at ``starts`` pass the array's ends, and the starts in the extended map. Along
+    the lead axis only an end of the array that the held rows reach is extended."""
+    known = starts[starts > _NONE]
+    if not len(known):
+        return inv, starts
+    held = inv.shape[k]
+    at_start = lead is None or lead.lo == 0
+    at_end = lead is None or lead.lo + held >= ax.size
+    before = max(0, -int(known.min())) if at_start else 0
+    after = max(0, int(known.max()) + ax.span - held) if at_end else 0
+    if before == after == 0:
+        return inv, starts
+    widths = [(0, 0)] * inv.ndim
+    widths[k] = (before, after)
+    return np.pad(inv, widths, constant_values=False), np.where(
+        starts > _NONE, starts + before, starts
+    )
 
 
 def _stepped_any(bad: np.ndarray[Any, Any], axis: int, n: int, k: int) -> np.ndarray[Any, Any]:
@@ -438,6 +502,7 @@ def valid_windows(
                         "array": _identity(p.array),
                         "origins": sampler.sources[i]["origins"],
                         "crop": sampler.sources[i]["crop"],
+                        "pad": sampler.sources[i]["pad"],
                         "fills": p.fills,
                     }
                     for i, p in enumerate(plans)
@@ -471,7 +536,10 @@ def valid_windows(
                 continue
             a, b = _rows_for(r.plan, p0, p1)
             start = max(a, done[0])
-            end = b if b <= done[0] else min(r.plan.lead.size, -(-b // r.step) * r.step)
+            to_chunk = -(-b // r.step) * r.step
+            end = b if b <= done[0] else to_chunk if r.plan.lead.wrap else min(
+                r.plan.lead.size, to_chunk
+            )
             if end <= start:
                 out.append((start, start, None))
                 continue
@@ -479,7 +547,7 @@ def valid_windows(
             out.append((start, end, r.read(start, end)))
         return out
 
-    held = [[0] for _ in readers]
+    held = [[_NONE] for _ in readers]
     runs: list[np.ndarray[Any, Any]] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(reads_for, 0) if slabs else None

@@ -126,3 +126,12 @@ pub fn write_group(store: &Path, path: &str) {
         .store_metadata()
         .unwrap();
 }
+
+/// A sample's origin in a source without padding (every number is `>= 0`), as `u64`s.
+#[allow(dead_code)]
+pub fn unsigned(origin: &[i64]) -> Vec<u64> {
+    origin
+        .iter()
+        .map(|&o| u64::try_from(o).expect("an origin inside the array"))
+        .collect()
+}
