@@ -157,6 +157,44 @@ def test_valid_windows_cache_is_keyed_by_the_data(tmp_path):
     assert zcrop.valid_windows(zcrop.Source(path, crop=(1, 3, 3)), cache=cache).count() == 6 * 8 * 8
 
 
+def test_valid_windows_cache_tells_apart_channels_steps_and_long_tables(tmp_path):
+    """Selected channels and steps place windows differently: each has its own cached mask.
+    Lookup tables enter the key by their bytes, so tables that differ only in the middle
+    (which numpy would print the same) do too."""
+    from zcrop._array import Array
+    from zcrop._valid import _cache_key, _Plan
+
+    data = np.ones((6, 2, 10, 10), dtype="float32")
+    data[2, 1, 3, 3] = np.nan
+    path = write_array(tmp_path / "a.zarr", data, (3, 2, 5, 5), dims=["t", "c", "y", "x"])
+    cache = tmp_path / "cache"
+    crop = {"t": 2, "c": 1, "y": 3, "x": 3}
+    clean = zcrop.valid_windows(zcrop.Source(path, crop=crop, select={"c": [0]}), ["t", "y", "x"],
+                                cache=cache)
+    spoilt = zcrop.valid_windows(zcrop.Source(path, crop=crop, select={"c": [1]}), ["t", "y", "x"],
+                                 cache=cache)
+    assert clean.count() == 5 * 8 * 8 and spoilt.count() == 5 * 8 * 8 - 2 * 3 * 3
+    stepped = zcrop.valid_windows(
+        zcrop.Source(path, crop=crop, select={"c": [1]}, every={"y": 2}), ["t", "y", "x"],
+        cache=cache,
+    )
+    assert stepped.count() == 5 * 6 * 8 - 2 * 2 * 3
+    assert len(list(cache.iterdir())) == 3
+
+    table = np.arange(5000, dtype=np.int64)
+    other = table.copy()
+    other[2500] += 1
+    assert str(table) == str(other)
+    plan = _Plan("a", Array(zcrop.open_array(path).native), [], {}, [], None)
+    info = {"origins": [("lookup", 0, table, 0, 0, 1)], "crop": [1], "every": [1],
+            "picks": [None], "wrap": None, "pad": [False]}
+    keys = {
+        _cache_key(["t"], [5000], [plan], [{**info, "origins": [("lookup", 0, t, 0, 0, 1)]}])
+        for t in (table, other)
+    }
+    assert len(keys) == 2
+
+
 # --- valid= forms ----------------------------------------------------------------------------
 
 

@@ -191,6 +191,31 @@ def _identity(array: Array) -> dict[str, Any]:
     return ident
 
 
+def _cache_key(
+    names: list[str], grid: list[int], plans: list[_Plan], infos: list[dict[str, Any]]
+) -> str:
+    """What a cached mask depends on: the positions, and per source the data's identity, how
+    its windows are placed and taken (lookup tables by their bytes), and the invalid values."""
+
+    def exact(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            return hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()
+        if isinstance(v, (list, tuple)):
+            return [exact(x) for x in v]
+        return v
+
+    sources = [
+        {
+            "array": _identity(p.array),
+            **{k: exact(info[k]) for k in ("origins", "crop", "every", "picks", "wrap", "pad")},
+            "fills": p.fills,
+        }
+        for p, info in zip(plans, infos)
+    ]
+    blob = {"version": 2, "positions": names, "grid": grid, "sources": sources}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
 def _cache_dir(cache: bool | str | os.PathLike[str]) -> str | None:
     if cache is False:
         return None
@@ -491,32 +516,13 @@ def valid_windows(
     plans = _plans(sampler, srcs, invalid)
     budget = _size(budget)
 
-    key = hashlib.sha256(
-        json.dumps(
-            {
-                "version": 1,
-                "positions": names,
-                "grid": grid,
-                "sources": [
-                    {
-                        "array": _identity(p.array),
-                        "origins": sampler.sources[i]["origins"],
-                        "crop": sampler.sources[i]["crop"],
-                        "pad": sampler.sources[i]["pad"],
-                        "fills": p.fills,
-                    }
-                    for i, p in enumerate(plans)
-                ],
-            },
-            sort_keys=True,
-            default=str,
-        ).encode()
-    ).hexdigest()[:32]
     where = _cache_dir(cache)
-    path = None if where is None else os.path.join(where, f"valid-{key}.npz")
-    if path is not None and os.path.exists(path):
-        with np.load(path) as f:
-            return ValidMask(names, grid, [1] * len(grid), f["runs"])
+    path = None
+    if where is not None:
+        path = os.path.join(where, f"valid-{_cache_key(names, grid, plans, sampler.sources)}.npz")
+        if os.path.exists(path):
+            with np.load(path) as f:
+                return ValidMask(names, grid, [1] * len(grid), f["runs"])
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
     rest = math.prod(grid[1:])
