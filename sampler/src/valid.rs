@@ -3,7 +3,7 @@
 //! windows of given lengths contain a missing element.
 //!
 //! Both work on C-order arrays and make one pass over their input each (the window test one
-//! pass per window axis, with a running count), so the pass costs little beside decoding.
+//! pass per window axis), so the pass costs little beside decoding.
 
 use rayon::prelude::*;
 
@@ -202,9 +202,11 @@ pub fn window_any(
     parallel(|| window_any_here(map, shape, windows))
 }
 
-/// [`window_any`] on the current rayon pool.
+/// [`window_any`] on the current rayon pool. Blocks of lines, or groups of output rows, whose
+/// input holds no true element are skipped (their output stays false): missing values are
+/// usually rare or clustered, so most of a map is skipped at the cost of reading it once.
 fn window_any_here(map: &[bool], shape: &[usize], windows: &[usize]) -> (Vec<bool>, Vec<usize>) {
-    let mut cur = map.to_vec();
+    let mut cur = std::borrow::Cow::Borrowed(map);
     let mut cur_shape = shape.to_vec();
     for (d, &w) in windows.iter().enumerate() {
         if w <= 1 {
@@ -222,19 +224,29 @@ fn window_any_here(map: &[bool], shape: &[usize], windows: &[usize]) -> (Vec<boo
                 .with_min_len(64)
                 .for_each_init(
                     || (Vec::new(), Vec::new()),
-                    |scratch, (src, dst)| window_line(src, w, dst, scratch),
+                    |scratch, (src, dst)| {
+                        if any_true(src) {
+                            window_line(src, w, dst, scratch);
+                        }
+                    },
                 );
         } else if m > 0 {
-            // Along a strided axis: running counts for a whole row of `inner` lines at once,
-            // each block of the outer axes in parallel.
-            cur.par_chunks_exact(n * inner)
-                .zip(next.par_chunks_exact_mut(m * inner))
-                .for_each(|(src, dst)| window_rows(src, n, inner, w, dst));
+            for (src, dst) in cur
+                .chunks_exact(n * inner)
+                .zip(next.chunks_exact_mut(m * inner))
+            {
+                window_rows(src, inner, w, dst);
+            }
         }
-        cur = next;
+        cur = std::borrow::Cow::Owned(next);
         cur_shape[d] = m;
     }
-    (cur, cur_shape)
+    (cur.into_owned(), cur_shape)
+}
+
+/// Whether `s` holds a true element (64 at a time, which vectorizes).
+fn any_true(s: &[bool]) -> bool {
+    s.chunks(64).any(|c| c.iter().fold(false, |a, &b| a | b))
 }
 
 /// `dst[i]`: whether `src[i .. i + w]` holds a true element. By doubling: after step `j`,
@@ -290,27 +302,62 @@ pub fn runs(flags: &[bool]) -> Vec<(u64, u64)> {
     out
 }
 
-/// [`window_line`] along the first axis of an `(n, inner)` block, for all `inner` columns.
-fn window_rows(src: &[bool], n: usize, inner: usize, w: usize, dst: &mut [bool]) {
-    let mut count = vec![0u32; inner];
-    for k in 0..n {
-        let row = &src[k * inner..(k + 1) * inner];
-        for (c, &v) in count.iter_mut().zip(row) {
-            *c += u32::from(v);
-        }
-        if k >= w {
-            let gone = &src[(k - w) * inner..(k - w + 1) * inner];
-            for (c, &v) in count.iter_mut().zip(gone) {
-                *c -= u32::from(v);
+/// [`window_line`] along the first axis of an `(n, inner)` block, for all `inner` columns, into
+/// `dst` (`(n - w + 1, inner)`, all false). Groups of output rows run in parallel, each over
+/// strips of columns that stay in cache: a short window ORs its rows, a long one keeps a
+/// running count per column.
+fn window_rows(src: &[bool], inner: usize, w: usize, dst: &mut [bool]) {
+    const STRIP: usize = 4096;
+    let m = dst.len() / inner;
+    let threads = rayon::current_num_threads().max(1);
+    // Each group re-reads w - 1 rows of its neighbour: groups of at least w rows bound that.
+    let group = m.div_ceil(4 * threads).max(w.min(m)).max(1);
+    dst.par_chunks_mut(group * inner)
+        .enumerate()
+        .for_each(|(g, out)| {
+            let k0 = g * group;
+            let rows = out.len() / inner;
+            let block = &src[k0 * inner..(k0 + rows + w - 1) * inner];
+            if !any_true(block) {
+                return;
             }
-        }
-        if k + 1 >= w {
-            let out = &mut dst[(k + 1 - w) * inner..(k + 2 - w) * inner];
-            for (o, &c) in out.iter_mut().zip(&count) {
-                *o = c > 0;
+            let mut count = vec![0u32; STRIP.min(inner)];
+            for c0 in (0..inner).step_by(STRIP) {
+                let c1 = (c0 + STRIP).min(inner);
+                let row = |k: usize| &block[k * inner + c0..k * inner + c1];
+                if w <= 8 {
+                    for r in 0..rows {
+                        let o = &mut out[r * inner + c0..r * inner + c1];
+                        o.copy_from_slice(row(r));
+                        for j in 1..w {
+                            for (x, &y) in o.iter_mut().zip(row(r + j)) {
+                                *x |= y;
+                            }
+                        }
+                    }
+                    continue;
+                }
+                let count = &mut count[..c1 - c0];
+                count.fill(0);
+                for k in 0..rows + w - 1 {
+                    for (c, &v) in count.iter_mut().zip(row(k)) {
+                        *c += u32::from(v);
+                    }
+                    if k >= w {
+                        for (c, &v) in count.iter_mut().zip(row(k - w)) {
+                            *c -= u32::from(v);
+                        }
+                    }
+                    if k + 1 >= w {
+                        let r = k + 1 - w;
+                        let o = &mut out[r * inner + c0..r * inner + c1];
+                        for (x, &c) in o.iter_mut().zip(count.iter()) {
+                            *x = c > 0;
+                        }
+                    }
+                }
             }
-        }
-    }
+        });
 }
 
 #[cfg(test)]
@@ -359,15 +406,32 @@ mod tests {
         res
     }
 
+    #[test]
+    fn window_any_over_wide_rows_and_many_row_groups() {
+        // Rows wider than a strip of columns, windows short and long, several row groups.
+        for (shape, w) in [
+            (vec![40, 5000], vec![10, 1]),
+            (vec![40, 5000], vec![3, 1]),
+            (vec![6, 2, 4200], vec![2, 2, 9]),
+        ] {
+            let n: usize = shape.iter().product();
+            let map: Vec<bool> = (0..n).map(|i| (i * 7919) % 1009 == 3).collect();
+            let (got, _) = window_any(&map, &shape, &w).unwrap();
+            assert_eq!(got, brute(&map, &shape, &w), "{shape:?} {w:?}");
+        }
+    }
+
     proptest::proptest! {
         #[test]
         fn window_any_matches_brute_force(
             shape in proptest::collection::vec(1usize..20, 1..4),
             seed in 0u64..1000,
             w in proptest::collection::vec(1usize..13, 3),
+            sparse in proptest::sample::select(vec![7u64, 97, 1_000_003]),
         ) {
+            // Dense maps, and sparse ones whose blocks and row groups are mostly skipped.
             let n: usize = shape.iter().product();
-            let map: Vec<bool> = (0..n).map(|i| ((i as u64 * 2_654_435_761) ^ seed).is_multiple_of(7)).collect();
+            let map: Vec<bool> = (0..n).map(|i| ((i as u64 * 2_654_435_761) ^ seed).is_multiple_of(sparse)).collect();
             let w = &w[..shape.len()];
             let (got, got_shape) = window_any(&map, &shape, w).unwrap();
             let want_shape: Vec<usize> = shape.iter().zip(w).map(|(&n, &w)| (n + 1).saturating_sub(w)).collect();
