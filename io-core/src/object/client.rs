@@ -20,7 +20,7 @@ use object_store::{ClientConfigKey, ClientOptions, ObjectStore, ObjectStoreSchem
 
 use crate::error::EngineError;
 
-use super::config::{Options, endpoint_is_http};
+use super::config::{Options, endpoint_is_http, gcs_base_is_http};
 
 /// A snapshot of an [`ObjectEngine`](crate::ObjectEngine)'s counters. Subtract two to measure a span.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -241,7 +241,12 @@ pub(crate) fn build_store(
             cloud_store!(b, AmazonS3ConfigKey, "S3")
         }
         ObjectStoreScheme::GoogleCloudStorage => {
-            let b = GoogleCloudStorageBuilder::from_env().with_url(url_str);
+            let mut b = GoogleCloudStorageBuilder::from_env().with_url(url_str);
+            if gcs_base_is_http(&options.store)
+                && !options.store.iter().any(|(k, _)| k.ends_with("allow_http"))
+            {
+                b = b.with_config(GoogleConfigKey::Client(ClientConfigKey::AllowHttp), "true");
+            }
             cloud_store!(b, GoogleConfigKey, "GCS")
         }
         ObjectStoreScheme::MicrosoftAzure => {

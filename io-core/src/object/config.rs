@@ -170,7 +170,9 @@ pub(crate) struct Options {
 }
 
 /// Splits `options` into zcrop's own (applied to `config`) and the store's, translating the
-/// names fsspec and s3fs users pass (`anon`, `key`, `secret`, `region_name`).
+/// names fsspec, s3fs and gcsfs users pass (`anon`, `key`, `secret`, `region_name`; for GCS
+/// `endpoint_url`, `token` and `project`). A `gs://` URL with no endpoint follows
+/// `STORAGE_EMULATOR_HOST` as Google's clients do (unsigned, unless a token is given).
 pub(crate) fn translate_options(
     options: &[(String, String)],
     config: &mut ObjectConfig,
@@ -184,8 +186,33 @@ pub(crate) fn translate_options(
         store: Vec::new(),
         anonymous: false,
     };
+    let gcs = url.starts_with("gs://") || url.starts_with("gcs://");
+    let mut token = false;
     for (key, value) in options {
         let k = normalise_key(key);
+        if gcs {
+            match k.as_str() {
+                "endpoint_url" | "endpoint" => {
+                    out.store.push(("google_base_url".into(), value.clone()));
+                    continue;
+                }
+                // gcsfs's `token`: "anon", Google's default credentials, or a credentials file.
+                "token" => {
+                    token = true;
+                    match value.trim() {
+                        "anon" => out.anonymous = true,
+                        "google_default" | "cloud" => {}
+                        path => out
+                            .store
+                            .push(("google_application_credentials".into(), path.into())),
+                    }
+                    continue;
+                }
+                // Billing projects matter to writes and requester-pays buckets, not to reads.
+                "project" => continue,
+                _ => {}
+            }
+        }
         match k.as_str() {
             "anon" | "anonymous" | "skip_signature" => out.anonymous = truthy(value),
             "max_retries" => {
@@ -208,13 +235,42 @@ pub(crate) fn translate_options(
                     .parse()
                     .map_err(|_| bad(key, value, "not a number"))?;
             }
-            "key" => out.store.push(("access_key_id".into(), value.clone())),
-            "secret" => out.store.push(("secret_access_key".into(), value.clone())),
-            "region_name" => out.store.push(("region".into(), value.clone())),
+            "key" if !gcs => out.store.push(("access_key_id".into(), value.clone())),
+            "secret" if !gcs => out.store.push(("secret_access_key".into(), value.clone())),
+            "region_name" if !gcs => out.store.push(("region".into(), value.clone())),
             _ => out.store.push((k, value.clone())),
         }
     }
+    let has_base = |o: &Options| o.store.iter().any(|(k, _)| is_gcs_base(k));
+    if gcs
+        && !has_base(&out)
+        && let Some(host) = std::env::var("STORAGE_EMULATOR_HOST")
+            .ok()
+            .filter(|h| !h.trim().is_empty())
+    {
+        let host = host.trim();
+        let base = if host.contains("://") {
+            host.to_string()
+        } else {
+            format!("http://{host}")
+        };
+        out.store.push(("google_base_url".into(), base));
+        out.anonymous |= !token;
+    }
     Ok(out)
+}
+
+/// Whether `key` names the GCS base URL.
+fn is_gcs_base(key: &str) -> bool {
+    matches!(key, "google_base_url" | "base_url")
+}
+
+/// Whether the GCS base URL in `options` is plain `http://` (an emulator on loopback): then
+/// HTTP is allowed without saying so again.
+pub(crate) fn gcs_base_is_http(options: &[(String, String)]) -> bool {
+    options
+        .iter()
+        .any(|(k, v)| is_gcs_base(k) && v.trim().to_ascii_lowercase().starts_with("http://"))
 }
 
 /// Whether the S3 endpoint, from `options` or else the environment, is plain `http://` (a

@@ -790,6 +790,36 @@ mod tests {
             err.to_string().contains("no_such_option") && err.to_string().contains("s3://bucket"),
             "{err}"
         );
+        // gcsfs's names for a gs:// URL; S3's `key` is not translated there.
+        let t = translate_options(
+            &opts(&[
+                ("endpoint_url", "http://127.0.0.1:9"),
+                ("token", "anon"),
+                ("project", "p"),
+            ]),
+            &mut config,
+            "gs://b",
+        )
+        .unwrap();
+        assert!(t.anonymous);
+        assert_eq!(t.store, opts(&[("google_base_url", "http://127.0.0.1:9")]));
+        assert!(config::gcs_base_is_http(&t.store));
+        let t = translate_options(
+            &opts(&[("token", "/creds.json"), ("key", "K")]),
+            &mut config,
+            "gs://b",
+        )
+        .unwrap();
+        if std::env::var_os("STORAGE_EMULATOR_HOST").is_none() {
+            assert!(!t.anonymous);
+            assert_eq!(
+                t.store,
+                opts(&[
+                    ("google_application_credentials", "/creds.json"),
+                    ("key", "K")
+                ])
+            );
+        }
         let err = ObjectEngine::open("file:///x", &[], ObjectConfig::default()).unwrap_err();
         assert!(err.to_string().contains("local path"), "{err}");
         let err = ObjectEngine::open(
