@@ -119,21 +119,8 @@ pub fn copy_store(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let f = zcrop_fixtures::get(name);
     let dir = tempfile::tempdir().unwrap();
     let dst = dir.path().join("store.zarr");
-    copy_dir(&f.store_path(), &dst);
+    zcrop_fixtures::copy_tree(&f.store_path(), &dst);
     (dir, dst)
-}
-
-pub fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), &to).unwrap();
-        }
-    }
 }
 
 /// Reads `selections[k]` of `arrays[k]` for every `k` with one `read_many`; the outputs.
