@@ -306,6 +306,11 @@ fn parse_spec(spec: &Bound<'_, PyDict>) -> PyResult<(SampleSpec, LoaderConfig)> 
         end_step: item(spec, "end_step")?,
         shard: Shard::new(item(spec, "rank")?, item(spec, "world_size")?),
         prefetch: item(spec, "prefetch")?,
+        prefetch_max: if spec.contains("prefetch_max")? {
+            item(spec, "prefetch_max")?
+        } else {
+            None
+        },
         buffers: item(spec, "buffers")?,
         workers: item(spec, "workers")?,
         threads: item(spec, "threads")?,

@@ -4,6 +4,15 @@
 //! * **Prefetch:** at most `prefetch` batches are claimed ahead of the consumer (in flight or
 //!   ready). Workers never allocate: a batch needs a free buffer of the ring, and a buffer is
 //!   free again only when the consumer drops the [`Batch`] that holds it (back-pressure).
+//! * **Adaptive depth** (`prefetch_max`): the consumer's waits say whether the pipeline keeps
+//!   up. Every [`ADAPT_WINDOW`] batches, a consumer that spent over 5% of its time waiting
+//!   gets half again as many batches read ahead (one more buffer and, if needed, one more
+//!   worker each), up to `prefetch_max` and [`AUTO_PREFETCH_BYTES`] of buffers. The window
+//!   after a change is left to settle; if the one after it does not deliver 5% more batches
+//!   per second, the depth goes back and stays for a while. Reads far from the store (an
+//!   object store at 20-80 ms) thus get enough batches in flight to hide their latency, and
+//!   reads bound by decoding, which more batches in flight do not speed up, keep their
+//!   depth. The batches themselves do not depend on it.
 //! * **Errors:** a batch that fails reaches the consumer, in its place in the step order, as a
 //!   [`SamplerError::Read`] naming the step and the source; the next call returns the next step.
 //! * **Shutdown:** dropping the [`Loader`] cancels the reads in flight (zarr-front's
@@ -33,8 +42,12 @@ pub struct LoaderConfig {
     pub end_step: Option<u64>,
     /// Which rank of how many this process is.
     pub shard: Shard,
-    /// Batches read ahead of the consumer (in flight or ready), at least 1.
+    /// Batches read ahead of the consumer (in flight or ready), at least 1; with
+    /// `prefetch_max`, where the adaptive depth starts.
     pub prefetch: usize,
+    /// Let the depth read ahead adapt from `prefetch` up to this many batches (see the module
+    /// documentation); `None` holds it at `prefetch`.
+    pub prefetch_max: Option<usize>,
     /// Buffers in the ring; `0` means `prefetch + 1` (one batch held by the consumer while
     /// `prefetch` are read ahead). The consumer may hold up to `buffers - prefetch` batches
     /// without slowing the workers.
@@ -50,6 +63,13 @@ pub struct LoaderConfig {
     pub pin: PinOptions,
 }
 
+impl LoaderConfig {
+    /// Buffers beyond the batches read ahead: those the consumer may hold.
+    fn spare(&self) -> usize {
+        self.buffers.saturating_sub(self.prefetch)
+    }
+}
+
 impl Default for LoaderConfig {
     fn default() -> Self {
         LoaderConfig {
@@ -57,6 +77,7 @@ impl Default for LoaderConfig {
             end_step: None,
             shard: Shard::SINGLE,
             prefetch: 2,
+            prefetch_max: None,
             buffers: 0,
             workers: 2,
             threads: None,
@@ -122,6 +143,10 @@ struct State {
     in_flight: usize,
     ready: BTreeMap<u64, std::result::Result<Produced, SamplerError>>,
     free: Vec<PinnedBuffer>,
+    /// Batches claimed ahead of the consumer at most (`prefetch`, or the adaptive depth).
+    depth: usize,
+    /// Buffers in the ring (the adaptive depth adds some).
+    buffers: usize,
     stop: bool,
     cancel: Arc<AtomicBool>,
 }
@@ -183,7 +208,7 @@ impl Shared {
                     }
                     let ahead = st.next_claim - st.next_deliver;
                     let before_end = self.config.end_step.is_none_or(|e| st.next_claim < e);
-                    if before_end && ahead < self.config.prefetch as u64 && !st.free.is_empty() {
+                    if before_end && ahead < st.depth as u64 && !st.free.is_empty() {
                         break;
                     }
                     self.work.wait(&mut st);
@@ -236,6 +261,81 @@ impl Shared {
     }
 }
 
+/// Batches per measurement of the adaptive depth.
+pub const ADAPT_WINDOW: u32 = 8;
+
+/// The ring buffers an adaptive depth may grow to, in bytes (at least `prefetch` batches).
+pub const AUTO_PREFETCH_BYTES: usize = 1 << 30;
+
+/// The adaptive depth's controller (see the module documentation): fed the consumer's wait
+/// and own time per batch, it answers a new depth at the end of a window that calls for one.
+#[derive(Debug)]
+struct Adapt {
+    depth: usize,
+    max: usize,
+    seen: u32,
+    waited: Duration,
+    worked: Duration,
+    /// The next window is not measured: the ring is filling up, or the depth just changed and
+    /// the batches claimed for it are still on their way.
+    settle: bool,
+    /// The depth and rate before the last increase, until the next window judges it.
+    trial: Option<(usize, f64)>,
+    /// Windows to wait before trying again after an increase that did not pay.
+    hold: u32,
+}
+
+impl Adapt {
+    fn new(depth: usize, max: usize) -> Adapt {
+        Adapt {
+            depth,
+            max,
+            seen: 0,
+            waited: Duration::ZERO,
+            worked: Duration::ZERO,
+            settle: true,
+            trial: None,
+            hold: 0,
+        }
+    }
+
+    fn observe(&mut self, waited: Duration, worked: Duration) -> Option<usize> {
+        self.seen += 1;
+        self.waited += waited;
+        self.worked += worked;
+        if self.seen < ADAPT_WINDOW {
+            return None;
+        }
+        let total = (self.waited + self.worked).as_secs_f64().max(1e-9);
+        let rate = f64::from(self.seen) / total;
+        let starved = self.waited.as_secs_f64() > 0.05 * total;
+        (self.seen, self.waited, self.worked) = (0, Duration::ZERO, Duration::ZERO);
+        if std::mem::replace(&mut self.settle, false) {
+            return None;
+        }
+        if let Some((before, before_rate)) = self.trial.take()
+            && rate < before_rate * 1.05
+        {
+            self.depth = before;
+            self.hold = 8;
+            self.settle = true;
+            return Some(before);
+        }
+        if self.hold > 0 {
+            self.hold -= 1;
+            return None;
+        }
+        if starved && self.depth < self.max {
+            let next = (self.depth + (self.depth / 2).max(1)).min(self.max);
+            self.trial = Some((self.depth, rate));
+            self.depth = next;
+            self.settle = true;
+            return Some(next);
+        }
+        None
+    }
+}
+
 /// A background pipeline of batches. See the module documentation.
 ///
 /// Batches arrive in step order from `config.start_step`. Each holds one ring buffer until it
@@ -246,6 +346,10 @@ pub struct Loader {
     /// (its threads gone, its locks perhaps held for ever) is leaked, not dropped.
     shared: ProcessBound<Arc<Shared>>,
     workers: Vec<JoinHandle<()>>,
+    /// The adaptive depth's controller (`prefetch_max` given).
+    adapt: Option<Adapt>,
+    /// When the last batch was returned: the consumer's own time runs from there.
+    returned: Option<Instant>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -271,13 +375,24 @@ impl Loader {
         if config.buffers == 0 {
             config.buffers = config.prefetch + 1;
         }
+        let layout = Layout::new(&sampler)?;
+        if let Some(max) = config.prefetch_max {
+            if max < config.prefetch {
+                return Err(spec_err(format!(
+                    "prefetch_max ({max}) is below prefetch ({})",
+                    config.prefetch
+                )));
+            }
+            // The buffers a deeper pipeline would add stay within the budget.
+            let fit = (AUTO_PREFETCH_BYTES / layout.total.max(1)).saturating_sub(config.spare());
+            config.prefetch_max = Some(max.min(fit).max(config.prefetch));
+        }
         if config.shard.world_size == 0 || config.shard.rank >= config.shard.world_size {
             return Err(spec_err(format!(
                 "rank {} of world size {} is not a valid shard",
                 config.shard.rank, config.shard.world_size
             )));
         }
-        let layout = Layout::new(&sampler)?;
         let mut free = Vec::with_capacity(config.buffers);
         for _ in 0..config.buffers {
             free.push(PinnedBuffer::new(layout.total, &config.pin).map_err(|e| {
@@ -306,6 +421,8 @@ impl Loader {
                 in_flight: 0,
                 ready: BTreeMap::new(),
                 free,
+                depth: config.prefetch,
+                buffers: config.buffers,
                 stop: false,
                 cancel: Arc::new(AtomicBool::new(false)),
             }),
@@ -318,23 +435,84 @@ impl Loader {
             config,
         });
         let workers = (0..shared.config.workers)
-            .map(|i| {
-                let s = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("zcrop-loader-{i}"))
-                    .spawn(move || s.worker())
-                    .map_err(|e| spec_err(format!("cannot start a loader thread: {e}")))
-            })
+            .map(|i| Self::spawn_worker(&shared, i))
             .collect::<Result<Vec<_>>>()?;
+        let adapt = shared
+            .config
+            .prefetch_max
+            .map(|max| Adapt::new(shared.config.prefetch, max));
         Ok(Loader {
             shared: ProcessBound::new(shared),
             workers,
+            adapt,
+            returned: None,
         })
+    }
+
+    /// Starts a worker thread.
+    fn spawn_worker(shared: &Arc<Shared>, i: usize) -> Result<JoinHandle<()>> {
+        let s = Arc::clone(shared);
+        std::thread::Builder::new()
+            .name(format!("zcrop-loader-{i}"))
+            .spawn(move || s.worker())
+            .map_err(|e| spec_err(format!("cannot start a loader thread: {e}")))
+    }
+
+    /// Sets the depth read ahead to `depth`: buffers and workers are added for it (never
+    /// removed). A buffer that cannot be allocated leaves the depth where the buffers allow;
+    /// returns the depth set.
+    fn set_depth(&mut self, depth: usize) -> usize {
+        let shared = Arc::clone(&self.shared);
+        let spare = shared.config.spare();
+        let have = shared.state.lock().buffers;
+        let want = depth + spare;
+        let mut added = Vec::new();
+        for _ in have..want {
+            match PinnedBuffer::new(shared.layout.total, &shared.config.pin) {
+                Ok(b) => added.push(b),
+                Err(_) => break,
+            }
+        }
+        let mut st = shared.state.lock();
+        st.buffers += added.len();
+        st.free.extend(added);
+        st.depth = depth.min(st.buffers.saturating_sub(spare)).max(1);
+        let depth = st.depth;
+        drop(st);
+        while self.workers.len() < depth.max(shared.config.workers) {
+            match Self::spawn_worker(&shared, self.workers.len()) {
+                Ok(w) => self.workers.push(w),
+                Err(_) => break,
+            }
+        }
+        shared.work.notify_all();
+        depth
+    }
+
+    /// The depth read ahead now: `prefetch`, or where the adaptive depth stands.
+    pub fn depth(&self) -> usize {
+        self.shared.state.lock().depth
     }
 
     /// The next batch, in step order; waits for it if needed. A failed batch is returned as
     /// its error and the loader moves on to the next step.
     pub fn next_batch(&mut self) -> Result<Batch> {
+        let called = Instant::now();
+        let got = self.wait_batch();
+        let now = Instant::now();
+        if let (Some(adapt), Some(returned)) = (&mut self.adapt, self.returned)
+            && let Some(depth) = adapt.observe(now - called, called - returned)
+        {
+            let set = self.set_depth(depth);
+            if let Some(adapt) = &mut self.adapt {
+                adapt.depth = set;
+            }
+        }
+        self.returned = Some(Instant::now());
+        got
+    }
+
+    fn wait_batch(&mut self) -> Result<Batch> {
         let shared = &self.shared;
         let mut st = shared.state.lock();
         loop {
@@ -359,7 +537,7 @@ impl Loader {
             }
             if st.next_claim == step && st.in_flight == 0 && st.free.is_empty() {
                 return Err(SamplerError::AllBuffersHeld {
-                    buffers: shared.config.buffers,
+                    buffers: st.buffers,
                 });
             }
             shared.ready.wait(&mut st);
@@ -392,7 +570,7 @@ impl Loader {
             ready: st.ready.len(),
             in_flight: st.in_flight,
             free_buffers: st.free.len(),
-            buffers: self.shared.config.buffers,
+            buffers: st.buffers,
         }
     }
 
@@ -581,5 +759,60 @@ impl Drop for Batch {
                 drop(buf);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(x: u64) -> Duration {
+        Duration::from_millis(x)
+    }
+
+    /// Feeds `windows` windows of batches with the consumer waiting `wait(depth)` and working
+    /// `work` per batch; returns the depths the controller asked for, in order.
+    fn run(a: &mut Adapt, windows: u32, work: u64, wait: impl Fn(usize) -> u64) -> Vec<usize> {
+        let mut asked = Vec::new();
+        for _ in 0..windows * ADAPT_WINDOW {
+            if let Some(d) = a.observe(ms(wait(a.depth)), ms(work)) {
+                asked.push(d);
+            }
+        }
+        asked
+    }
+
+    #[test]
+    fn a_starved_consumer_gets_depth_while_it_pays() {
+        // Reads of 100 ms, a consumer needing 10 ms: waits shrink as depth grows, and stop at
+        // 11 batches in flight.
+        let mut a = Adapt::new(2, 16);
+        let wait = |d: usize| (100 / d as u64).saturating_sub(10);
+        let asked = run(&mut a, 16, 10, wait);
+        assert_eq!(asked[..4], [3, 4, 6, 9]);
+        assert!((11..=16).contains(&a.depth), "{asked:?}");
+        assert!(run(&mut a, 8, 10, wait).is_empty(), "fed: no more changes");
+    }
+
+    #[test]
+    fn depth_that_does_not_pay_is_given_back_and_held() {
+        // Decoding is the limit: the consumer waits 20 ms whatever the depth.
+        let mut a = Adapt::new(2, 16);
+        let asked = run(&mut a, 4, 10, |_| 20);
+        assert_eq!(asked, [3, 2], "tried one step, went back");
+        assert!(
+            run(&mut a, 9, 10, |_| 20).is_empty(),
+            "held after a failed try"
+        );
+        assert_eq!(run(&mut a, 3, 10, |_| 20), [3, 2], "then tries again");
+    }
+
+    #[test]
+    fn a_fed_consumer_keeps_its_depth_and_the_cap_holds() {
+        let mut a = Adapt::new(2, 16);
+        assert!(run(&mut a, 10, 10, |_| 0).is_empty());
+        let mut a = Adapt::new(2, 4);
+        let asked = run(&mut a, 12, 1, |d| 100 / d as u64);
+        assert_eq!(asked, [3, 4]);
     }
 }

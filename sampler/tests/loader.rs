@@ -2,7 +2,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{fixture, three_sources};
@@ -11,19 +10,6 @@ use zcrop_sampler::{
 };
 use zcrop_zarr::{Array, ZarrError};
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
-
 /// A batch whose crops touch a corrupt shard fails with its step and source; every other batch
 /// arrives intact, before and after it.
 #[test]
@@ -31,7 +17,7 @@ fn a_failed_batch_names_its_step_and_source_and_the_pipeline_goes_on() {
     let f = zcrop_fixtures::get("v3_workload_4d_u2");
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("w.zarr");
-    copy_dir(&f.store_path(), &store);
+    zcrop_fixtures::copy_tree(&f.store_path(), &store);
     // Shard (1, 0, 1, 1) holds t 4..6, y 64..70, x 64..90; garbage over its index (at the
     // end) fails its crc32c.
     let shard = store.join("c/1/0/1/1");

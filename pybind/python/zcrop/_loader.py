@@ -803,6 +803,10 @@ def _labelled(samples: list[dict[str, Any]], labels: SourceLabels) -> list[dict[
     return samples
 
 
+#: The most batches ``prefetch="auto"`` reads ahead.
+AUTO_PREFETCH_MAX = 16
+
+
 class Loader:
     """Batches of random crops over one or more sources, read ahead in the background.
 
@@ -830,7 +834,10 @@ class Loader:
     rank, world_size:
         This process's share of each global batch of ``batch_size * world_size`` samples.
     prefetch:
-        Batches read ahead of the consumer.
+        Batches read ahead of the consumer: a number, or ``"auto"`` (the default), which
+        starts at 2 and reads further ahead while the consumer waits for batches and more in
+        flight deliver more, up to 16 batches and 1 GiB of ring buffers: enough to hide an
+        object store's latency, without growing where decoding is the limit.
     mode:
         ``"uniform"`` (independent draws) or ``"epoch"`` (every lattice point of ``stride``
         once per epoch, in a new pseudo-random order each epoch).
@@ -877,7 +884,8 @@ class Loader:
         batch until the copy has completed (``zcrop.torch.ZcropDataset`` and
         ``zcrop.jax.JaxLoader`` do), or its ring buffer may be refilled first.
     buffers:
-        Ring buffers (default ``prefetch + 1``).
+        Ring buffers (default ``prefetch + 1``; an adaptive ``prefetch`` adds one per batch it
+        reads further ahead).
     copy:
         Return writable copies instead of read-only views of the ring buffers.
     """
@@ -891,7 +899,7 @@ class Loader:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
-        prefetch: int = 2,
+        prefetch: int | str = "auto",
         mode: str = "uniform",
         stride: Sequence[int] | None = None,
         region: tuple[Sequence[int], Sequence[int]] | None = None,
@@ -911,6 +919,11 @@ class Loader:
             srcs, positions, seed, mode, stride, region, valid, valid_times, weights
         )
         labelled = space.pop("labelled")
+        prefetch_max = None
+        if prefetch == "auto":
+            prefetch, prefetch_max = 2, AUTO_PREFETCH_MAX
+        elif isinstance(prefetch, str):
+            raise ValueError(f"prefetch is a number of batches or 'auto', got {prefetch!r}")
         for what, value in (("batch_size", batch_size), ("prefetch", prefetch), ("workers", workers)):
             if int(value) < 1:
                 raise ValueError(f"{what} must be at least 1, got {value}")
@@ -933,6 +946,7 @@ class Loader:
             "rank": self._rank,
             "world_size": self._world,
             "prefetch": int(prefetch),
+            "prefetch_max": prefetch_max,
             "buffers": int(buffers),
             "workers": int(workers),
             "threads": None if threads is None else int(threads),
