@@ -235,6 +235,11 @@ pub(crate) fn translate_options(
                     .parse()
                     .map_err(|_| bad(key, value, "not a number"))?;
             }
+            // HTTP/2 where the server offers it (ALPN), instead of object_store's HTTP/1.1 only.
+            "http2" => out.store.push((
+                "http1_only".into(),
+                if truthy(value) { "false" } else { "true" }.into(),
+            )),
             "key" if !gcs => out.store.push(("access_key_id".into(), value.clone())),
             "secret" if !gcs => out.store.push(("secret_access_key".into(), value.clone())),
             "region_name" if !gcs => out.store.push(("region".into(), value.clone())),

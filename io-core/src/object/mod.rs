@@ -134,7 +134,8 @@ impl ObjectEngine {
     /// `options` configure the store, with `object_store`'s keys (`endpoint`, `region`,
     /// `access_key_id`, `secret_access_key`, `session_token`, `allow_http`, `timeout`, ...) or
     /// the names fsspec users know (`anon`, `key`, `secret`, `endpoint_url`, `region_name`);
-    /// `anon = true` sends unsigned requests (public buckets). `max_retries`, `retry_timeout`
+    /// `anon = true` sends unsigned requests (public buckets); `http2 = true` negotiates HTTP/2
+    /// where the server offers it (HTTP/1.1 otherwise). `max_retries`, `retry_timeout`
     /// (seconds) and `max_concurrency` override `config`. Credentials not given come from the
     /// usual environment variables (`AWS_ACCESS_KEY_ID`, `AWS_REGION`, `AWS_ENDPOINT_URL`,
     /// `GOOGLE_APPLICATION_CREDENTIALS`, `AZURE_STORAGE_ACCOUNT_NAME`, ...). An `http://`
@@ -790,6 +791,8 @@ mod tests {
             err.to_string().contains("no_such_option") && err.to_string().contains("s3://bucket"),
             "{err}"
         );
+        let t = translate_options(&opts(&[("http2", "true")]), &mut config, "https://h").unwrap();
+        assert_eq!(t.store, opts(&[("http1_only", "false")]));
         // gcsfs's names for a gs:// URL; S3's `key` is not translated there.
         let t = translate_options(
             &opts(&[
