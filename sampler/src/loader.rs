@@ -9,7 +9,8 @@
 //!   gets half again as many batches read ahead (one more buffer and, if needed, one more
 //!   worker each), up to `prefetch_max` and [`AUTO_PREFETCH_BYTES`] of buffers. The window
 //!   after a change is left to settle; if the one after it does not deliver 5% more batches
-//!   per second, the depth goes back and stays for a while. Reads far from the store (an
+//!   per second, the depth goes back and stays for 8 windows, twice as long after each
+//!   further try that does not pay (up to 64). Reads far from the store (an
 //!   object store at 20-80 ms) thus get enough batches in flight to hide their latency, and
 //!   reads bound by decoding, which more batches in flight do not speed up, keep their
 //!   depth. The batches themselves do not depend on it.
@@ -283,6 +284,9 @@ struct Adapt {
     trial: Option<(usize, f64)>,
     /// Windows to wait before trying again after an increase that did not pay.
     hold: u32,
+    /// The next such wait: it doubles after each try that does not pay (up to 64 windows), so
+    /// reads bound by decoding soon stop paying for tries, and an increase that pays resets it.
+    backoff: u32,
 }
 
 impl Adapt {
@@ -296,6 +300,7 @@ impl Adapt {
             settle: true,
             trial: None,
             hold: 0,
+            backoff: 8,
         }
     }
 
@@ -313,13 +318,15 @@ impl Adapt {
         if std::mem::replace(&mut self.settle, false) {
             return None;
         }
-        if let Some((before, before_rate)) = self.trial.take()
-            && rate < before_rate * 1.05
-        {
-            self.depth = before;
-            self.hold = 8;
-            self.settle = true;
-            return Some(before);
+        if let Some((before, before_rate)) = self.trial.take() {
+            if rate < before_rate * 1.05 {
+                self.depth = before;
+                self.hold = self.backoff;
+                self.backoff = (self.backoff * 2).min(64);
+                self.settle = true;
+                return Some(before);
+            }
+            self.backoff = 8;
         }
         if self.hold > 0 {
             self.hold -= 1;
@@ -805,6 +812,8 @@ mod tests {
             "held after a failed try"
         );
         assert_eq!(run(&mut a, 3, 10, |_| 20), [3, 2], "then tries again");
+        assert!(run(&mut a, 17, 10, |_| 20).is_empty(), "held twice as long");
+        assert_eq!(run(&mut a, 3, 10, |_| 20), [3, 2]);
     }
 
     #[test]
