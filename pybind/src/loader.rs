@@ -15,9 +15,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use zcrop::io::fork::{PerProcess, ProcessBound};
 use zcrop::sampler::{
-    Batch, Cells, CoordValue, Dim, FftNorm, Loader, LoaderConfig, Mask, Mode, OriginRule,
-    OutputType, PinOptions, PinState, SampleMeta, SampleSpec, Sampler, SamplerError, Shard, Source,
-    Spectrum, Transform, Weights,
+    Batch, Cells, CoordValue, DepthGauge, Dim, FftNorm, Loader, LoaderConfig, Mask, Mode,
+    OriginRule, OutputType, PinOptions, PinState, SampleMeta, SampleSpec, Sampler, SamplerError,
+    Shard, Source, Spectrum, Transform, Weights,
 };
 
 use crate::array::NativeArray;
@@ -40,14 +40,16 @@ struct State {
 #[pyclass(frozen, module = "zcrop._zcrop")]
 pub(crate) struct NativeLoader {
     state: ProcessBound<Arc<Mutex<State>>>,
-    /// The loader that replaces `state` in a child of `fork`.
-    successor: PerProcess<Arc<Mutex<State>>>,
+    /// The loader that replaces `state` in a child of `fork`, and its depth.
+    successor: PerProcess<(Arc<Mutex<State>>, DepthGauge)>,
     /// The step the consumer asks for next: after the last batch handed out, or a seek.
     consumer_step: Arc<AtomicU64>,
     sampler: Sampler,
     config: LoaderConfig,
     pin_state: PinState,
     buffer_bytes: usize,
+    /// The depth the loader of `state` reads ahead.
+    depth: DepthGauge,
 }
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -78,12 +80,16 @@ impl NativeLoader {
             let loader = blocking::run(py, 0, move |_| {
                 Ok::<_, Failure>(Loader::new(sampler, config)?)
             })?;
-            Ok::<_, PyErr>(Arc::new(Mutex::new(State {
-                loader,
-                stash: None,
-            })))
+            let gauge = loader.depth_gauge();
+            Ok::<_, PyErr>((
+                Arc::new(Mutex::new(State {
+                    loader,
+                    stash: None,
+                })),
+                gauge,
+            ))
         })?;
-        Ok(Arc::clone(state))
+        Ok(Arc::clone(&state.0))
     }
 }
 
@@ -387,6 +393,7 @@ impl NativeLoader {
         })?;
         let pin_state = loader.pin_state().clone();
         let buffer_bytes = loader.buffer_bytes();
+        let depth = loader.depth_gauge();
         let config = loader.config().clone();
         Ok(NativeLoader {
             state: ProcessBound::new(Arc::new(Mutex::new(State {
@@ -399,6 +406,7 @@ impl NativeLoader {
             config,
             pin_state,
             buffer_bytes,
+            depth,
         })
     }
 
@@ -495,6 +503,19 @@ impl NativeLoader {
     #[getter]
     fn buffer_bytes(&self) -> usize {
         self.buffer_bytes
+    }
+
+    /// Batches read ahead now (`prefetch`, or where the adaptive depth stands; in a child of
+    /// `fork` that has not read yet, `prefetch`).
+    #[getter]
+    fn prefetch_depth(&self) -> usize {
+        if self.state.is_current() {
+            self.depth.get()
+        } else {
+            self.successor
+                .get()
+                .map_or(self.config.prefetch, |(_, gauge)| gauge.get())
+        }
     }
 
     /// The metadata of every sample of batch `step` of this rank (no IO: a pure function of

@@ -70,6 +70,16 @@ def test_same_seed_same_batches_whatever_prefetch_workers_threads():
     assert any(not np.array_equal(x, y) for (x, _), (y, _) in zip(a, c))
 
 
+def test_prefetch_depth_is_reported_and_auto_is_the_default():
+    assert loader(prefetch=3).prefetch_depth == 3
+    auto = loader()
+    assert auto.prefetch_depth == 2  # where "auto" starts
+    assert len(snapshot(auto)) == 6
+    assert auto.prefetch_depth >= 2
+    with pytest.raises(ValueError, match="prefetch is a number of batches or 'auto'"):
+        loader(prefetch="deep")
+
+
 def test_plan_is_the_metadata_without_reading():
     ld = loader()
     plans = [ld.plan(s) for s in range(6)]

@@ -72,7 +72,9 @@ pub mod valid;
 pub use coords::{CoordLabel, CoordValue};
 pub use error::{Result, SamplerError};
 pub use fft::{ChunkedFftOptions, ComplexType, FftError, FftReport, FftStrategy, fft_along_axis};
-pub use loader::{ADAPT_WINDOW, AUTO_PREFETCH_BYTES, Batch, Loader, LoaderConfig, LoaderStatus};
+pub use loader::{
+    ADAPT_WINDOW, AUTO_PREFETCH_BYTES, Batch, DepthGauge, Loader, LoaderConfig, LoaderStatus,
+};
 pub use permutation::Permutation;
 pub use pinned::{PinOptions, PinState, PinnedBuffer};
 pub use sampler::{

@@ -163,6 +163,24 @@ struct Shared {
     config: LoaderConfig,
     pool: Option<rayon::ThreadPool>,
     pin_state: PinState,
+    /// The depth read ahead, as last set (readable without the state's lock).
+    gauge: DepthGauge,
+}
+
+/// The depth a [`Loader`] reads ahead, readable from any thread while the loader is in use
+/// (for example while another thread waits in [`Loader::next_batch`]).
+#[derive(Debug, Clone, Default)]
+pub struct DepthGauge(Arc<std::sync::atomic::AtomicUsize>);
+
+impl DepthGauge {
+    /// Batches read ahead now.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, depth: usize) {
+        self.0.store(depth, Ordering::Relaxed);
+    }
 }
 
 impl Shared {
@@ -439,8 +457,10 @@ impl Loader {
             layout,
             pool,
             pin_state,
+            gauge: DepthGauge::default(),
             config,
         });
+        shared.gauge.set(shared.config.prefetch);
         let workers = (0..shared.config.workers)
             .map(|i| Self::spawn_worker(&shared, i))
             .collect::<Result<Vec<_>>>()?;
@@ -485,6 +505,7 @@ impl Loader {
         st.free.extend(added);
         st.depth = depth.min(st.buffers.saturating_sub(spare)).max(1);
         let depth = st.depth;
+        shared.gauge.set(depth);
         drop(st);
         while self.workers.len() < depth.max(shared.config.workers) {
             match Self::spawn_worker(&shared, self.workers.len()) {
@@ -498,7 +519,12 @@ impl Loader {
 
     /// The depth read ahead now: `prefetch`, or where the adaptive depth stands.
     pub fn depth(&self) -> usize {
-        self.shared.state.lock().depth
+        self.shared.gauge.get()
+    }
+
+    /// A handle on [`Loader::depth`] for other threads.
+    pub fn depth_gauge(&self) -> DepthGauge {
+        self.shared.gauge.clone()
     }
 
     /// The next batch, in step order; waits for it if needed. A failed batch is returned as

@@ -1045,6 +1045,11 @@ class Loader:
         """Whether the ring buffers are page-locked / CUDA-registered, and why not."""
         return dict(self._loader().pin_state)
 
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches read ahead now: ``prefetch``, or where ``prefetch="auto"`` stands."""
+        return int(self._loader().prefetch_depth)
+
     def plan(self, step: int) -> list[dict[str, Any]]:
         """The metadata of batch ``step``'s samples, without reading anything."""
         return self._labelled(list(self._loader().plan(step)))

@@ -287,6 +287,9 @@ class NativeLoader:
     @property
     def buffer_bytes(self) -> int:
         """Bytes of one ring buffer."""
+    @property
+    def prefetch_depth(self) -> int:
+        """Batches read ahead now."""
     def plan(self, step: int) -> list[dict[str, Any]]:
         """The metadata of batch ``step``'s samples, without reading."""
 
