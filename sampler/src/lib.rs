@@ -71,7 +71,10 @@ pub mod valid;
 
 pub use coords::{CoordLabel, CoordValue};
 pub use error::{Result, SamplerError};
-pub use fft::{ChunkedFftOptions, ComplexType, FftError, FftReport, FftStrategy, fft_along_axis};
+pub use fft::{
+    ChunkedFftOptions, ComplexType, FftError, FftReport, FftStrategy, fft_along_axis,
+    fft_along_axis_cancellable,
+};
 pub use loader::{
     ADAPT_WINDOW, AUTO_PREFETCH_BYTES, Batch, DepthGauge, Loader, LoaderConfig, LoaderStatus,
 };

@@ -107,7 +107,18 @@ impl Writer {
         }
         let array = b.build(store, "/").map_err(|e| write_err(path, e))?;
         array.store_metadata().map_err(|e| write_err(path, e))?;
-        Ok(Writer {
+        Ok(Writer::with(array, path, ty))
+    }
+
+    /// Opens an array [`Writer::create`] made, to write more of its chunks.
+    pub(crate) fn open(path: &Path, ty: ComplexType) -> Result<Writer, FftError> {
+        let store = Arc::new(FilesystemStore::new(path).map_err(|e| write_err(path, e))?);
+        let array = zarrs::array::Array::open(store, "/").map_err(|e| write_err(path, e))?;
+        Ok(Writer::with(array, path, ty))
+    }
+
+    fn with(array: zarrs::array::Array<FilesystemStore>, path: &Path, ty: ComplexType) -> Writer {
+        Writer {
             array,
             path: path.to_path_buf(),
             es: ty.size(),
@@ -115,7 +126,7 @@ impl Writer {
             written: 0,
             since_reset: 0,
             options: CodecOptions::default().with_concurrent_target(1),
-        })
+        }
     }
 
     /// Writes chunk `chunk`, whose C-order elements are indexed by `dims`, from `view`;
@@ -206,13 +217,14 @@ impl Ctx<'_> {
             .collect()
     }
 
-    /// Reads the input region `origin`/`shape` as complex128 into `out`.
+    /// Reads the input region `origin`/`shape` as complex128 into `out`; returns the bytes of
+    /// input elements read.
     pub(crate) fn read_input(
         &self,
         origin: &[u64],
         shape: &[u64],
         out: &mut [u8],
-    ) -> Result<(), FftError> {
+    ) -> Result<u64, FftError> {
         read_split(
             self.input,
             origin,
@@ -224,7 +236,8 @@ impl Ctx<'_> {
         .map_err(|error| FftError::Read {
             what: format!("input {}", self.input.dir().display()),
             error,
-        })
+        })?;
+        Ok(shape.iter().product::<u64>() * self.input.element_size() as u64)
     }
 
     /// Reads the temporary array region `origin`/`shape` into `out`.

@@ -44,11 +44,13 @@
 //! recording the axis and the normalisation.
 
 mod io;
+mod job;
 mod options;
 mod passes;
 mod plan;
 
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use zcrop_zarr::{Array, OpenOptions};
@@ -56,12 +58,14 @@ use zcrop_zarr::{Array, OpenOptions};
 use crate::spectral::FftNorm;
 use crate::transform::InType;
 
+pub use self::job::{FftJob, JobOptions, JobStart, StageInfo, TaskReport};
 pub use self::options::{ChunkedFftOptions, ComplexType, FftError, FftReport, FftStrategy};
+pub use self::passes::Stage;
 pub use self::plan::MIN_BUDGET;
 
-use self::io::{Ctx, ToComplex, Writer, write_err};
-use self::passes::{four_step, in_memory};
-use self::plan::{Budgets, PlanKind, SLACK, WORK, make_plan};
+use self::io::{Ctx, ToComplex, Writer, temp_array, write_err};
+use self::passes::{Passes, Temps, run_all};
+use self::plan::{Budgets, Plan, PlanKind, SLACK, WORK, make_plan};
 
 /// FFT of the array at `input` along `options.axis`, written as a new Zarr v3 array at
 /// `output` (which must not exist or be an empty directory). See the module documentation.
@@ -70,15 +74,18 @@ pub fn fft_along_axis(
     output: impl AsRef<Path>,
     options: &ChunkedFftOptions,
 ) -> Result<FftReport, FftError> {
+    fft_along_axis_cancellable(input, output, options, None)
+}
+
+/// [`fft_along_axis`] that stops at its next block once `cancel` is set
+/// ([`FftError::Cancelled`]; the output is then incomplete).
+pub fn fft_along_axis_cancellable(
+    input: impl AsRef<Path>,
+    output: impl AsRef<Path>,
+    options: &ChunkedFftOptions,
+    cancel: Option<&AtomicBool>,
+) -> Result<FftReport, FftError> {
     let t0 = Instant::now();
-    let budget = options.memory_budget;
-    if budget < MIN_BUDGET {
-        return Err(FftError::BudgetTooSmall {
-            budget,
-            needed: MIN_BUDGET,
-            what: "the smallest configuration".into(),
-        });
-    }
     let output = output.as_ref();
     if output.exists() && std::fs::read_dir(output).map_or(true, |mut d| d.next().is_some()) {
         return Err(FftError::InvalidArgument(format!(
@@ -86,117 +93,15 @@ pub fn fft_along_axis(
             output.display()
         )));
     }
-    // A private in-flight budget keeps IO memory inside the caller's budget.
-    let io_bytes = (budget / 16).max(64 << 10) as u64;
-    let open = OpenOptions {
-        index_cache_bytes: budget / 32,
-        chunk_cache_bytes: 0,
-        verify_checksums: true,
-        ..OpenOptions::default()
-    }
-    .with_private_io(io_bytes)
-    .map_err(FftError::Engine)?;
-    let input_path = input.as_ref();
-    log::debug!("fft: engine started");
-    let array = Array::open_with(input_path, &open).map_err(|error| FftError::Read {
-        what: format!("input {}", input_path.display()),
-        error,
-    })?;
-    let shape = array.shape().to_vec();
-    let axis = options.axis;
-    if axis >= shape.len() {
-        return Err(FftError::InvalidArgument(format!(
-            "axis {axis} of a {}-d array",
-            shape.len()
-        )));
-    }
-    let ty = InType::from_name(&array.data_type()).ok_or_else(|| {
-        FftError::InvalidArgument(format!("cannot transform data type {}", array.data_type()))
-    })?;
-    if shape.contains(&0) {
-        return Err(FftError::InvalidArgument(format!(
-            "the array {shape:?} is empty"
-        )));
-    }
-    let threads = zcrop_zarr::decode_threads();
-    let chunk_in = array.chunk_shape().iter().product::<u64>() as usize * array.element_size();
-    let decode = (threads + 1) * 2 * chunk_in;
-    let budgets = Budgets {
-        block: (budget / 2).saturating_sub(decode + SLACK),
-        chunk: budget / (8 * (threads + 2)),
-    };
-    if budgets.block < 64 * WORK {
-        return Err(FftError::BudgetTooSmall {
-            budget,
-            needed: 2 * (decode + SLACK + 64 * WORK),
-            what: format!("decoding {chunk_in}-byte input chunks on {threads} threads"),
-        });
-    }
-    let out_es = options.output.size();
-    let plan = make_plan(
-        &shape,
-        axis,
-        array.chunk_shape(),
-        budgets,
-        array.element_size(),
-        out_es,
-    )
-    .map_err(|e| match e {
-        FftError::BudgetTooSmall { needed, what, .. } => FftError::BudgetTooSmall {
-            budget,
-            needed,
-            what,
-        },
-        e => e,
-    })?;
-    log::debug!("fft: plan {plan:?} within {budgets:?}");
-    let n = shape[axis];
-    let out_chunks: Vec<u64> = match plan.kind {
-        PlanKind::InMemory { out_len } => {
-            let mut c = plan.tile.clone();
-            c[axis] = out_len;
-            c
-        }
-        // The four-step writes one line at a time.
-        PlanKind::FourStep(f) => (0..shape.len())
-            .map(|d| match (d == axis, f.z) {
-                (false, _) => 1,
-                (true, None) => f.h,
-                (true, Some((m, _))) => m * f.n2,
-            })
-            .collect(),
-    };
-    let mut attrs = serde_json::Map::new();
-    attrs.insert(
-        "zcrop_fft".into(),
-        serde_json::json!({
-            "axis": axis,
-            "norm": match options.norm { FftNorm::Backward => "backward", FftNorm::Ortho => "ortho", FftNorm::Forward => "forward" },
-            "source": input_path.display().to_string(),
-        }),
-    );
-    let names = array.dimension_names();
-    let mut writer = Writer::create(
-        output,
-        shape.clone(),
-        out_chunks.clone(),
-        options.output,
-        names,
-        attrs,
-    )?;
-    let ctx = Ctx {
-        input: &array,
-        to_complex: ToComplex(ty),
-        axis,
-        shape: shape.clone(),
-        plan: plan.clone(),
-        scale: (options.norm != FftNorm::Backward).then(|| options.norm.forward_scale(n)),
-        max_read: budgets.block / 4,
-    };
-    let (strategy, block_bytes, temp_bytes, passes) = match plan.kind {
-        PlanKind::InMemory { out_len } => {
-            let b = in_memory(&ctx, &mut writer, out_len)?;
-            (FftStrategy::InMemory, b, 0, 1)
+    let p = Prepared::new(input.as_ref(), options)?;
+    let mut writer = p.create_output(output)?;
+    let ctx = p.ctx(&p.array);
+    let (strategy, block_bytes, read_bytes, temp_bytes, passes) = match p.plan.kind {
+        PlanKind::InMemory { .. } => {
+            let mut passes = Passes::new(&ctx, &mut writer, None);
+            passes.cancel = cancel;
+            run_all(&mut passes)?;
+            (FftStrategy::InMemory, passes.largest, passes.read, 0, 1)
         }
         PlanKind::FourStep(f) => {
             let temp_root = options.temp_dir.clone().unwrap_or_else(std::env::temp_dir);
@@ -204,14 +109,23 @@ pub fn fft_along_axis(
                 .prefix("zcrop-fft-")
                 .tempdir_in(&temp_root)
                 .map_err(|e| write_err(&temp_root, e))?;
-            let (b, temp_bytes, transposed) = four_step(&ctx, &mut writer, f, temp.path(), &open)?;
+            let mut temps = p.create_temps(temp.path())?;
+            let mut passes = Passes::new(&ctx, &mut writer, Some(&mut temps));
+            passes.cancel = cancel;
+            run_all(&mut passes)?;
+            let (largest, read) = (passes.largest, passes.read);
+            let temp_bytes = temps.x0.0.written
+                + temps.y.0.written
+                + temps.z.as_ref().map_or(0, |(w, _)| w.written);
+            let transposed = f.z.is_some();
             (
                 FftStrategy::FourStep {
                     n1: f.n1,
                     n2: f.n2,
                     transpose_pass: transposed,
                 },
-                b,
+                largest,
+                read,
                 temp_bytes,
                 if transposed { 3 } else { 2 },
             )
@@ -219,13 +133,248 @@ pub fn fft_along_axis(
     };
     Ok(FftReport {
         strategy,
-        tile: plan.tile,
-        output_chunks: out_chunks,
+        tile: p.plan.tile.clone(),
+        output_chunks: p.out_chunks.clone(),
         block_bytes,
-        chunk_bytes: budgets.chunk,
+        chunk_bytes: p.budgets.chunk,
         passes,
+        read_bytes,
         output_bytes: writer.written,
         temp_bytes,
         elapsed: t0.elapsed(),
     })
+}
+
+/// The engine options every reader of one transform uses: a private in-flight budget keeps IO
+/// memory inside the caller's budget.
+fn open_options(budget: usize) -> Result<OpenOptions, FftError> {
+    let io_bytes = (budget / 16).max(64 << 10) as u64;
+    OpenOptions {
+        index_cache_bytes: budget / 32,
+        chunk_cache_bytes: 0,
+        verify_checksums: true,
+        ..OpenOptions::default()
+    }
+    .with_private_io(io_bytes)
+    .map_err(FftError::Engine)
+}
+
+fn open_input(path: &Path, open: &OpenOptions) -> Result<Array, FftError> {
+    Array::open_with(path, open).map_err(|error| FftError::Read {
+        what: format!("input {}", path.display()),
+        error,
+    })
+}
+
+/// A checked and planned transform: the input opened, the budgets, the plan and the output's
+/// layout.
+struct Prepared {
+    array: Array,
+    open: OpenOptions,
+    input: std::path::PathBuf,
+    shape: Vec<u64>,
+    axis: usize,
+    ty: InType,
+    norm: FftNorm,
+    output: ComplexType,
+    budgets: Budgets,
+    plan: Plan,
+    out_chunks: Vec<u64>,
+}
+
+impl Prepared {
+    fn new(input: &Path, options: &ChunkedFftOptions) -> Result<Prepared, FftError> {
+        let budget = options.memory_budget;
+        if budget < MIN_BUDGET {
+            return Err(FftError::BudgetTooSmall {
+                budget,
+                needed: MIN_BUDGET,
+                what: "the smallest configuration".into(),
+            });
+        }
+        let open = open_options(budget)?;
+        log::debug!("fft: engine started");
+        let array = open_input(input, &open)?;
+        let shape = array.shape().to_vec();
+        let axis = options.axis;
+        if axis >= shape.len() {
+            return Err(FftError::InvalidArgument(format!(
+                "axis {axis} of a {}-d array",
+                shape.len()
+            )));
+        }
+        let ty = InType::from_name(&array.data_type()).ok_or_else(|| {
+            FftError::InvalidArgument(format!("cannot transform data type {}", array.data_type()))
+        })?;
+        if shape.contains(&0) {
+            return Err(FftError::InvalidArgument(format!(
+                "the array {shape:?} is empty"
+            )));
+        }
+        let threads = zcrop_zarr::decode_threads();
+        let chunk_in = array.chunk_shape().iter().product::<u64>() as usize * array.element_size();
+        let decode = (threads + 1) * 2 * chunk_in;
+        let budgets = Budgets {
+            block: (budget / 2).saturating_sub(decode + SLACK),
+            chunk: budget / (8 * (threads + 2)),
+        };
+        if budgets.block < 64 * WORK {
+            return Err(FftError::BudgetTooSmall {
+                budget,
+                needed: 2 * (decode + SLACK + 64 * WORK),
+                what: format!("decoding {chunk_in}-byte input chunks on {threads} threads"),
+            });
+        }
+        let plan = make_plan(
+            &shape,
+            axis,
+            array.chunk_shape(),
+            budgets,
+            array.element_size(),
+            options.output.size(),
+        )
+        .map_err(|e| match e {
+            FftError::BudgetTooSmall { needed, what, .. } => FftError::BudgetTooSmall {
+                budget,
+                needed,
+                what,
+            },
+            // From a working block to the whole budget that leaves it.
+            FftError::NoFactorization {
+                n,
+                max_factor,
+                needed,
+            } => FftError::NoFactorization {
+                n,
+                max_factor,
+                needed: 2 * (needed + decode + SLACK),
+            },
+            e => e,
+        })?;
+        log::debug!("fft: plan {plan:?} within {budgets:?}");
+        let out_chunks: Vec<u64> = match plan.kind {
+            PlanKind::InMemory { out_len } => {
+                let mut c = plan.tile.clone();
+                c[axis] = out_len;
+                c
+            }
+            // The four-step writes one line at a time.
+            PlanKind::FourStep(f) => (0..shape.len())
+                .map(|d| match (d == axis, f.z) {
+                    (false, _) => 1,
+                    (true, None) => f.h,
+                    (true, Some((m, _))) => m * f.n2,
+                })
+                .collect(),
+        };
+        Ok(Prepared {
+            array,
+            open,
+            input: input.to_path_buf(),
+            shape,
+            axis,
+            ty,
+            norm: options.norm,
+            output: options.output,
+            budgets,
+            plan,
+            out_chunks,
+        })
+    }
+
+    /// Creates the output array (metadata only).
+    fn create_output(&self, output: &Path) -> Result<Writer, FftError> {
+        let mut attrs = serde_json::Map::new();
+        attrs.insert(
+            "zcrop_fft".into(),
+            serde_json::json!({
+                "axis": self.axis,
+                "norm": norm_name(self.norm),
+                "source": self.input.display().to_string(),
+            }),
+        );
+        Writer::create(
+            output,
+            self.shape.clone(),
+            self.out_chunks.clone(),
+            self.output,
+            self.array.dimension_names(),
+            attrs,
+        )
+    }
+
+    /// Creates the four-step's temporary arrays under `dir`.
+    fn create_temps(&self, dir: &Path) -> Result<Temps, FftError> {
+        let PlanKind::FourStep(f) = self.plan.kind else {
+            unreachable!("temporaries of an in-memory plan")
+        };
+        let lines: u64 = (0..self.shape.len())
+            .filter(|&d| d != self.axis)
+            .map(|d| self.shape[d])
+            .product();
+        let open = &self.open;
+        Ok(Temps {
+            x0: temp_array(
+                &dir.join("x0"),
+                [lines, f.n2, f.n1],
+                [1, f.rho_c, f.w],
+                open,
+            )?,
+            y: temp_array(
+                &dir.join("y"),
+                [lines, f.n2, f.n1],
+                [1, f.y_rows, f.w],
+                open,
+            )?,
+            z: match f.z {
+                None => None,
+                Some((_, z_rows)) => Some(temp_array(
+                    &dir.join("z"),
+                    [lines, f.n1, f.n2],
+                    [1, z_rows, f.h],
+                    open,
+                )?),
+            },
+        })
+    }
+
+    fn ctx<'a>(&self, input: &'a Array) -> Ctx<'a> {
+        ctx(
+            input,
+            self.ty,
+            self.axis,
+            &self.plan,
+            self.norm,
+            self.budgets.block / 4,
+        )
+    }
+}
+
+fn ctx<'a>(
+    input: &'a Array,
+    ty: InType,
+    axis: usize,
+    plan: &Plan,
+    norm: FftNorm,
+    max_read: usize,
+) -> Ctx<'a> {
+    let shape = input.shape().to_vec();
+    let n = shape[axis];
+    Ctx {
+        input,
+        to_complex: ToComplex(ty),
+        axis,
+        shape,
+        plan: plan.clone(),
+        scale: (norm != FftNorm::Backward).then(|| norm.forward_scale(n)),
+        max_read,
+    }
+}
+
+fn norm_name(norm: FftNorm) -> &'static str {
+    match norm {
+        FftNorm::Backward => "backward",
+        FftNorm::Ortho => "ortho",
+        FftNorm::Forward => "forward",
+    }
 }

@@ -95,6 +95,9 @@ pub struct FftReport {
     pub chunk_bytes: usize,
     /// Passes over the data (1 in memory, 2 or 3 four-step).
     pub passes: u32,
+    /// Bytes of array data read: input elements at their stored size, temporaries as
+    /// complex128.
+    pub read_bytes: u64,
     /// Bytes of output chunks written.
     pub output_bytes: u64,
     /// Bytes of temporary chunks written.
@@ -123,13 +126,15 @@ pub enum FftError {
     /// The axis length has no factorisation `N1 * N2` whose parts fit the budget (a large prime
     /// length, for example), and whole lines do not fit either.
     #[error(
-        "axis length {n} cannot be split into two factors of at most {max_factor} (the budget's limit), and whole lines do not fit"
+        "axis length {n} cannot be split into two factors of at most {max_factor} (what this budget allows), and whole lines do not fit: a budget of about {needed} bytes would hold whole lines (a Bluestein transform, which would lift this limit, is not implemented)"
     )]
     NoFactorization {
         /// The axis length.
         n: u64,
         /// The largest factor the budget allows.
         max_factor: u64,
+        /// About the budget that holds one whole line.
+        needed: usize,
     },
     /// Reading the input or a temporary array failed.
     #[error("reading {what}: {error}")]
@@ -149,6 +154,9 @@ pub enum FftError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The cancellation flag was set.
+    #[error("cancelled")]
+    Cancelled,
     /// The IO engine could not start.
     #[error("cannot start the IO engine: {0}")]
     Engine(#[source] ZarrError),

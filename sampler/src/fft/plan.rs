@@ -2,6 +2,8 @@
 //! lines in memory, or the four-step passes through temporary arrays) and which block, tile
 //! and chunk sizes, moving the fewest bytes while every buffer fits the budget.
 
+use serde::{Deserialize, Serialize};
+
 use super::options::FftError;
 
 /// Bytes set aside for small allocations (plans, selections, metadata).
@@ -27,14 +29,15 @@ pub(crate) struct Budgets {
 }
 
 /// The chosen algorithm and its sizes.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Plan {
     /// The tile read from the input at once, per input dimension (the axis entry is N).
     pub(crate) tile: Vec<u64>,
     pub(crate) kind: PlanKind,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum PlanKind {
     InMemory {
         /// Output chunk length along the axis.
@@ -45,7 +48,7 @@ pub(crate) enum PlanKind {
 
 /// A four-step configuration. Temporary arrays hold one line per leading index:
 /// `X0[line, n2, n1]` (the input, rechunked), `Y[line, k2, n1]`, `Z[line, k1, k2]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct FourStep {
     pub(crate) n1: u64,
     pub(crate) n2: u64,
@@ -276,7 +279,11 @@ pub(crate) fn make_plan(
         (None, None) => {
             let max_factor = (budgets.block / WORK) as u64;
             if n > max_factor {
-                Err(FftError::NoFactorization { n, max_factor })
+                Err(FftError::NoFactorization {
+                    n,
+                    max_factor,
+                    needed: ((n + fft_workspace(n)) * WORK as u64) as usize,
+                })
             } else {
                 Err(FftError::BudgetTooSmall {
                     budget: 0,
@@ -286,29 +293,6 @@ pub(crate) fn make_plan(
             }
         }
     }
-}
-
-/// The tiles' origins over the non-axis dimensions (the axis entry is 0).
-pub(crate) fn tile_origins(shape: &[u64], tile: &[u64], axis: usize) -> Vec<Vec<u64>> {
-    let mut out = vec![Vec::new()];
-    for d in 0..shape.len() {
-        let starts: Vec<u64> = if d == axis {
-            vec![0]
-        } else {
-            (0..shape[d]).step_by(tile[d] as usize).collect()
-        };
-        out = out
-            .into_iter()
-            .flat_map(|o| {
-                starts.iter().map(move |&s| {
-                    let mut o = o.clone();
-                    o.push(s);
-                    o
-                })
-            })
-            .collect();
-    }
-    out
 }
 
 #[cfg(test)]
