@@ -28,7 +28,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use zcrop::io::fork::PerProcess;
-use zcrop::sampler::SamplerError;
+use zcrop::sampler::{FftError, SamplerError};
 use zcrop::zarr::ZarrError;
 
 use crate::errors;
@@ -52,6 +52,8 @@ pub(crate) enum Failure {
     NoMemory(usize),
     /// The sampler or its loader failed.
     Sampler(SamplerError),
+    /// The out-of-core FFT failed.
+    Fft(FftError),
 }
 
 impl From<SamplerError> for Failure {
@@ -180,6 +182,7 @@ pub(crate) fn finish<T>(py: Python<'_>, result: Guarded<T>) -> PyResult<T> {
             "cannot allocate {bytes} bytes for the result"
         ))),
         Ok(Err(Failure::Sampler(e))) => Err(errors::sampler_pyerr(py, &e)),
+        Ok(Err(Failure::Fft(e))) => Err(errors::fft_pyerr(py, &e)),
         Err(panic) => Err(errors::panic_err(py, &panic)),
     }
 }

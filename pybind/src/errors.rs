@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 use zcrop::io::{EngineError, IoError, ReadRange};
-use zcrop::sampler::SamplerError;
+use zcrop::sampler::{FftError, SamplerError};
 use zcrop::zarr::{Location, ZarrError};
 
 /// Declares a function returning the class `zcrop.errors.$name`, imported once.
@@ -110,6 +110,26 @@ pub(crate) fn sampler_pyerr(py: Python<'_>, e: &SamplerError) -> PyErr {
         SamplerError::Alloc { .. } => Ok(PyMemoryError::new_err(e.to_string())),
         SamplerError::WorkerPanic { .. } => Ok(panic_err(py, &e.to_string())),
         _ => loader(py).and_then(|c| c.call1((e.to_string(),)).map(PyErr::from_value)),
+    };
+    built.unwrap_or_else(|failed| failed)
+}
+
+/// The Python exception for an FFT error: a read error keeps the class of its zarr-front error
+/// (with the FFT's message), a bad argument or budget is `InvalidArgumentError`, a write error
+/// `StoreError`.
+pub(crate) fn fft_pyerr(py: Python<'_>, e: &FftError) -> PyErr {
+    let message = e.to_string();
+    let built = match e {
+        FftError::Read { error, .. } | FftError::Engine(error) => {
+            build_with(py, error, Some(message))
+        }
+        FftError::Write { .. } => {
+            store(py).and_then(|c| c.call1((message,)).map(PyErr::from_value))
+        }
+        FftError::Cancelled => {
+            cancelled(py).and_then(|c| c.call1((message,)).map(PyErr::from_value))
+        }
+        _ => invalid_argument(py).and_then(|c| c.call1((message,)).map(PyErr::from_value)),
     };
     built.unwrap_or_else(|failed| failed)
 }

@@ -17,6 +17,7 @@ mod batch;
 mod blocking;
 mod buffer;
 mod errors;
+mod fft;
 mod group;
 mod loader;
 mod pool;
@@ -52,6 +53,8 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(valid::missing_map, m)?)?;
     m.add_function(wrap_pyfunction!(valid::window_any, m)?)?;
     m.add_function(wrap_pyfunction!(valid::bool_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(fft::fft_local, m)?)?;
+    m.add_class::<fft::NativeFftJob>()?;
     m.add_class::<array::NativeArray>()?;
     m.add_class::<group::NativeGroup>()?;
     m.add_class::<background::Pending>()?;

@@ -16,6 +16,7 @@ __all__ = [
     "INLINE_WORK_BYTES",
     "NativeArray",
     "NativeBatch",
+    "NativeFftJob",
     "NativeGroup",
     "NativeLoader",
     "NativeSampler",
@@ -25,6 +26,7 @@ __all__ = [
     "bool_runs",
     "cli_main",
     "counter_add",
+    "fft_local",
     "missing_map",
     "open_node",
     "read_crops_many",
@@ -342,3 +344,48 @@ def window_any(
 
 def bool_runs(flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint64]:
     """The ``[start, end)`` runs of True of a flat boolean array, shape ``(n, 2)``."""
+
+def fft_local(
+    input: str | PathLike[str],
+    output: str | PathLike[str],
+    axis: int,
+    memory_budget: int,
+    norm: str,
+    dtype: str,
+    temp_dir: str | PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """The out-of-core FFT along ``axis`` in this process; returns its report."""
+
+@final
+class NativeFftJob:
+    """A chunked FFT cut into tasks (``zcrop.fft``'s Dask and Cubed engines run them)."""
+
+    @staticmethod
+    def create(
+        input: str | PathLike[str],
+        output: str | PathLike[str],
+        axis: int,
+        memory_budget: int,
+        norm: str,
+        dtype: str,
+        work_dir: str | PathLike[str],
+        task_bytes: int,
+        max_tasks: int,
+        overwrite: bool,
+    ) -> tuple[NativeFftJob, int | None]: ...
+    @staticmethod
+    def from_json(json: str) -> NativeFftJob: ...
+    def to_json(self) -> str: ...
+    def stages(self) -> list[dict[str, Any]]: ...
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def output(self) -> str: ...
+    @property
+    def work_dir(self) -> str: ...
+    @property
+    def output_chunks(self) -> list[int]: ...
+    def done_in(self, stage: int) -> int: ...
+    def check_access(self) -> None: ...
+    def run_task(self, stage: int, task: int) -> dict[str, Any]: ...
+    def finish(self) -> None: ...
