@@ -343,3 +343,31 @@ def test_a_worker_that_cannot_see_the_storage_is_named_before_submission(tmp_pat
             with contextlib.suppress(subprocess.TimeoutExpired):
                 hidden.wait(30)
             hidden.kill()
+
+
+def test_dask_progress_bar(data, client, tmp_path, capsys):
+    path, _ = data
+    zcrop.fft.fft_along_axis(
+        path, 1, tmp_path / "o.zarr", engine="dask", client=client, progress=True,
+        memory_per_task=SMALL,
+    )
+    assert "Completed" in capsys.readouterr().out
+
+
+def test_an_xarray_variable_as_source(tmp_path):
+    xr = pytest.importorskip("xarray")
+    x = np.random.default_rng(1).standard_normal((200, 3, 4)).astype("f4")
+    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), x), "packed": (("time", "lat"), x[:, :, 0])})
+    ds.to_zarr(
+        tmp_path / "ds.zarr",
+        encoding={"t2m": {"chunks": (16, 3, 4), "_FillValue": None},
+                  "packed": {"scale_factor": 0.5, "dtype": "i2", "_FillValue": None}},
+        consolidated=False, zarr_format=3,
+    )
+    opened = xr.open_dataset(tmp_path / "ds.zarr", engine="zcrop")
+    zcrop.fft.fft_along_axis(opened["t2m"], "time", tmp_path / "o.zarr", memory_per_task="1MiB")
+    close(read(tmp_path / "o.zarr"), np.fft.fft(x.astype("f8"), axis=0), 2e-6)
+    with pytest.raises(zcrop.InvalidArgumentError, match="decoded by xarray"):
+        zcrop.fft.fft_along_axis(opened["packed"], "time", tmp_path / "p.zarr")
+    with pytest.raises(TypeError, match="in memory"):
+        zcrop.fft.fft_along_axis(opened["t2m"].load(), "time", tmp_path / "q.zarr")

@@ -99,9 +99,35 @@ class FftReport:
     seconds: float
 
 
+def _xarray_path(da: Any) -> tuple[str, list[str | None] | None]:
+    """The array under a variable of a dataset opened with ``engine="zcrop"``, and its
+    dimensions; the FFT transforms stored values, so a variable xarray decodes is refused."""
+    from zcrop._xarray import _source
+
+    name = str(da.name) if da.name is not None else "data"
+    backend, chain = _source(da.variable, name)
+    if backend is None:
+        raise TypeError(
+            f"variable {name!r} is loaded in memory: pass the variable of a dataset opened "
+            "with engine='zcrop' before .load()/.values"
+        )
+    if chain:
+        raise InvalidArgumentError(
+            f"variable {name!r} is decoded by xarray (scale, offset, fill values or times) "
+            "but the FFT transforms the stored values: open the dataset with "
+            "mask_and_scale=False, decode_times=False, or pass the array's path"
+        )
+    uri = backend._array.native.uri
+    if "://" in uri:
+        raise InvalidArgumentError(
+            f"the FFT reads its input from a filesystem path (local or shared), not {uri!r}"
+        )
+    return uri, [str(d) for d in da.dims]
+
+
 def _input_path(source: Any) -> tuple[str, list[str | None] | None]:
-    """The local directory of ``source`` (a path or a :class:`zcrop.Array`) and its dimension
-    names."""
+    """The local directory of ``source`` (a path, a :class:`zcrop.Array` or an xarray
+    variable opened with ``engine="zcrop"``) and its dimension names."""
     from zcrop._api import open_array
     from zcrop._array import Array
 
@@ -109,10 +135,12 @@ def _input_path(source: Any) -> tuple[str, list[str | None] | None]:
         uri = source.native.uri
     elif isinstance(source, (str, os.PathLike)):
         uri = os.fspath(source)
+    elif hasattr(source, "variable") and hasattr(source, "dims"):
+        return _xarray_path(source)
     else:
         raise TypeError(
-            f"source must be a path or a zcrop.Array, not {type(source).__name__}; for an "
-            "xarray variable pass the path of its array"
+            "source must be a path, a zcrop.Array or a variable of a dataset opened with "
+            f"engine='zcrop', not {type(source).__name__}"
         )
     if "://" in uri:
         raise InvalidArgumentError(
@@ -171,8 +199,10 @@ def fft_along_axis(
     Parameters
     ----------
     source:
-        The input array: a filesystem path (local, or shared by every worker) or a
-        :class:`zcrop.Array` opened from one. Any real or complex data type.
+        The input array: a filesystem path (local, or shared by every worker), a
+        :class:`zcrop.Array` opened from one, or a variable of a dataset opened with
+        ``engine="zcrop"`` (its stored values: a variable xarray decodes is refused). Any
+        real or complex data type.
     axis:
         The axis to transform, by index or dimension name.
     target:
@@ -202,8 +232,8 @@ def fft_along_axis(
         Work per task, as bytes of complex128 blocks (default: enough tasks per stage to keep
         every worker busy, at least 32 MiB each).
     progress:
-        Show a progress bar (Dask's, or Cubed's with ``tqdm`` installed); the local engine logs
-        nothing.
+        Show a progress bar: Dask's, or Cubed's (``pip install 'cubed[diagnostics]'``); the
+        local engine shows none.
 
     Raises
     ------
@@ -472,8 +502,13 @@ def _run_cubed(
         prev = x
     callbacks = []
     if progress:
-        from cubed.diagnostics.tqdm import TqdmProgressBar  # type: ignore[import-untyped]
-
+        try:
+            from cubed.diagnostics.tqdm import TqdmProgressBar  # type: ignore[import-untyped]
+        except ImportError as e:
+            raise ImportError(
+                "progress=True with engine='cubed' needs Cubed's progress bars: "
+                "pip install 'cubed[diagnostics]'"
+            ) from e
         callbacks.append(TqdmProgressBar())
     results = cubed.compute(*arrays, executor=executor, callbacks=callbacks, optimize_graph=False)
     out = []
