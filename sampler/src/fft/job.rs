@@ -12,11 +12,14 @@
 //! (`work_dir/done/<stage>/<task>`); [`FftJob::run_task`] skips a task whose marker exists, so
 //! creating the same job again after a crash resumes it.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
+use zcrop_io::fork::PerProcess;
 use zcrop_zarr::Array;
 
 use crate::spectral::FftNorm;
@@ -387,7 +390,7 @@ impl FftJob {
                 elapsed: t0.elapsed(),
             });
         }
-        if stage > 0 {
+        if stage > 0 && !self.seen_complete(stage - 1) {
             let (before, needed) = (self.done_in(stage - 1), self.stages[stage - 1].tasks);
             if before < needed {
                 return Err(FftError::InvalidArgument(format!(
@@ -398,6 +401,7 @@ impl FftJob {
                     self.stages[stage - 1].stage.name()
                 )));
             }
+            self.remember_complete(stage - 1);
         }
         let open = open_options(self.memory_budget)?;
         let input = open_input(&self.input, &open)?;
@@ -453,6 +457,34 @@ impl FftJob {
         })
     }
 
+    /// Whether this process has seen every task of `stage` done: listing a stage's markers
+    /// once per process, not once per task, keeps a stage of many tasks cheap to check.
+    fn seen_complete(&self, stage: usize) -> bool {
+        complete_stages()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&self.stage_key(stage))
+    }
+
+    fn remember_complete(&self, stage: usize) {
+        let mut seen = complete_stages()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if seen.len() > 1024 {
+            seen.clear();
+        }
+        seen.insert(self.stage_key(stage));
+    }
+
+    /// A stage of this job: the work directory, when its description was written (a job
+    /// created again there is another job) and the stage.
+    fn stage_key(&self, stage: usize) -> StageKey {
+        let written = std::fs::metadata(self.work_dir.join("job.json"))
+            .and_then(|m| m.modified())
+            .ok();
+        (self.work_dir.clone(), written, stage)
+    }
+
     fn open_temps(&self, z: bool, open: &zcrop_zarr::OpenOptions) -> Result<Temps, FftError> {
         let one = |name: &str| -> Result<(Writer, Array), FftError> {
             let dir = self.work_dir.join(name);
@@ -485,6 +517,15 @@ impl FftJob {
         }
         std::fs::remove_dir_all(&self.work_dir).map_err(|e| write_err(&self.work_dir, e))
     }
+}
+
+/// A stage of one job, see [`FftJob::stage_key`].
+type StageKey = (PathBuf, Option<SystemTime>, usize);
+
+/// Stages this process has seen complete (a child of `fork` starts with none).
+fn complete_stages() -> &'static Mutex<HashSet<StageKey>> {
+    static SEEN: PerProcess<Mutex<HashSet<StageKey>>> = PerProcess::new();
+    SEEN.get_or_init(|| Mutex::new(HashSet::new()))
 }
 
 fn is_empty_dir(dir: &Path) -> bool {
