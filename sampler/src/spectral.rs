@@ -7,7 +7,8 @@ use rustfft::num_complex::Complex;
 use rustfft::{Fft, FftNum, FftPlanner};
 
 /// How a forward transform is scaled, as in `numpy.fft` (`norm=`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FftNorm {
     /// No scaling of the forward transform (numpy's default, `norm="backward"`).
     #[default]

@@ -23,6 +23,7 @@ altogether resumes where it stopped when called again with the same arguments.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shutil
@@ -99,7 +100,7 @@ class FftReport:
     seconds: float
 
 
-def _xarray_path(da: Any) -> tuple[str, list[str | None] | None]:
+def _xarray_path(da: Any) -> tuple[str, list[str | None] | None, tuple[int, ...]]:
     """The array under a variable of a dataset opened with ``engine="zcrop"``, and its
     dimensions; the FFT transforms stored values, so a variable xarray decodes is refused."""
     from zcrop._xarray import _source
@@ -122,12 +123,12 @@ def _xarray_path(da: Any) -> tuple[str, list[str | None] | None]:
         raise InvalidArgumentError(
             f"the FFT reads its input from a filesystem path (local or shared), not {uri!r}"
         )
-    return uri, [str(d) for d in da.dims]
+    return uri, [str(d) for d in da.dims], tuple(int(n) for n in da.shape)
 
 
-def _input_path(source: Any) -> tuple[str, list[str | None] | None]:
+def _input_path(source: Any) -> tuple[str, list[str | None] | None, tuple[int, ...]]:
     """The local directory of ``source`` (a path, a :class:`zcrop.Array` or an xarray
-    variable opened with ``engine="zcrop"``) and its dimension names."""
+    variable opened with ``engine="zcrop"``), its dimension names and its shape."""
     from zcrop._api import open_array
     from zcrop._array import Array
 
@@ -146,8 +147,9 @@ def _input_path(source: Any) -> tuple[str, list[str | None] | None]:
         raise InvalidArgumentError(
             f"the FFT reads its input from a filesystem path (local or shared), not {uri!r}"
         )
-    names = open_array(uri).dimension_names
-    return uri, None if names is None else list(names)
+    array = open_array(uri)
+    names = array.dimension_names
+    return uri, None if names is None else list(names), tuple(array.shape)
 
 
 def _axis(axis: int | str, names: list[str | None] | None, ndim: int) -> int:
@@ -249,10 +251,8 @@ def fft_along_axis(
         raise ValueError("client= is for engine='dask'")
     if engine != "cubed" and (spec is not None or executor is not None):
         raise ValueError("spec= and executor= are for engine='cubed'")
-    path, names = _input_path(source)
-    from zcrop._api import open_array
-
-    ndim = len(open_array(path).shape)
+    path, names, shape = _input_path(source)
+    ndim = len(shape)
     ax = _axis(axis, names, ndim)
     target = Path(os.path.abspath(os.fspath(target)))
     if engine == "cubed" and memory_per_task == "1GiB":
@@ -288,7 +288,8 @@ def fft_along_axis(
         slots = max(1, sum(client.nthreads().values()))
     else:
         slots = os.cpu_count() or 1
-    work_bytes = _work_bytes(path)
+    # Bytes of the whole input as complex128.
+    work_bytes = 16 * math.prod(shape)
     per_task = (
         max(MIN_TASK_BYTES, work_bytes // (4 * slots))
         if task_bytes is None
@@ -314,16 +315,6 @@ def fft_along_axis(
         resumed_tasks=sum(r["skipped"] for r in reports),
         seconds=time.perf_counter() - t0,
     )
-
-
-def _work_bytes(path: str) -> int:
-    """Bytes of the whole input as complex128."""
-    from zcrop._api import open_array
-
-    n = 1
-    for s in open_array(path).shape:
-        n *= s
-    return 16 * n
 
 
 # --- the tasks, as the workers run them ----------------------------------------------------------
@@ -468,10 +459,10 @@ def _run_cubed(
     fields = ("read_bytes", "written_bytes", "block_bytes", "skipped")
 
     def block(stage: int) -> Callable[..., Any]:
-        def run(*_inputs: Any, block_id: tuple[int, ...]) -> Any:
+        def run(*_inputs: Any, block_id: tuple[int, ...] = (0,), **_kw: Any) -> Any:
+            # Cubed passes the (ignored) input blocks first.
             r = _run_task(job_json, stage, block_id[0])
             return np.array([[int(r[f]) for f in fields]], dtype=np.int64)
-
 
         return run
 
@@ -481,7 +472,7 @@ def _run_cubed(
         n = int(info["tasks"])
         if prev is None:
             x = cubed.map_blocks(
-                _ignore(block(s)),
+                block(s),
                 cubed.empty((n, len(fields)), dtype=np.int64, chunks=(1, len(fields)), spec=spec),
                 dtype=np.int64,
                 chunks=(1, len(fields)),
@@ -489,7 +480,7 @@ def _run_cubed(
             )
         else:
             x = cubed.core.ops.map_selection(
-                _ignore(block(s)),
+                block(s),
                 lambda key: (slice(0, 1), slice(None)),
                 prev,
                 shape=(n, len(fields)),
@@ -516,13 +507,3 @@ def _run_cubed(
         for row in np.asarray(r):
             out.append(dict(zip(fields, (int(v) for v in row))))
     return out
-
-
-def _ignore(run: Callable[..., Any]) -> Callable[..., Any]:
-    """``run`` called with the block's id only (Cubed passes input blocks first)."""
-
-    def call(*inputs: Any, block_id: tuple[int, ...] = (0,), **_kw: Any) -> Any:
-        return run(block_id=block_id)
-
-    return call
-

@@ -29,7 +29,7 @@ use super::io::{Writer, write_err};
 use super::options::{ChunkedFftOptions, ComplexType, FftError};
 use super::passes::{Passes, Stage, Temps, item_bytes, items, stages};
 use super::plan::{Plan, PlanKind};
-use super::{Prepared, ctx, norm_name, open_input, open_options};
+use super::{Prepared, ctx, open_input, open_options};
 
 /// The version of `job.json`'s layout.
 const FORMAT: u32 = 1;
@@ -106,8 +106,8 @@ pub struct FftJob {
     output: PathBuf,
     work_dir: PathBuf,
     axis: usize,
-    norm: String,
-    output_type: String,
+    norm: FftNorm,
+    output_type: ComplexType,
     memory_budget: usize,
     data_type: String,
     shape: Vec<u64>,
@@ -170,8 +170,8 @@ impl FftJob {
             output,
             work_dir,
             axis: p.axis,
-            norm: norm_name(p.norm).into(),
-            output_type: p.output.name().into(),
+            norm: p.norm,
+            output_type: p.output,
             memory_budget: options.memory_budget,
             data_type: p.array.data_type(),
             shape: p.shape.clone(),
@@ -418,18 +418,8 @@ impl FftJob {
         let ty = InType::from_name(&self.data_type).ok_or_else(|| {
             FftError::InvalidArgument(format!("cannot transform data type {}", self.data_type))
         })?;
-        let norm = match self.norm.as_str() {
-            "ortho" => FftNorm::Ortho,
-            "forward" => FftNorm::Forward,
-            _ => FftNorm::Backward,
-        };
-        let out_ty = if self.output_type == "complex128" {
-            ComplexType::Complex128
-        } else {
-            ComplexType::Complex64
-        };
-        let c = ctx(&input, ty, self.axis, &self.plan, norm, self.max_read);
-        let mut out = Writer::open(&self.output, out_ty)?;
+        let c = ctx(&input, ty, self.axis, &self.plan, self.norm, self.max_read);
+        let mut out = Writer::open(&self.output, self.output_type)?;
         let mut temps = match self.plan.kind {
             PlanKind::InMemory { .. } => None,
             PlanKind::FourStep(f) => Some(self.open_temps(f.z.is_some(), &open)?),
@@ -440,10 +430,7 @@ impl FftJob {
             passes.run(info.stage, i)?;
         }
         let (read_bytes, block_bytes) = (passes.read, passes.largest);
-        let written_bytes = out.written
-            + temps.as_ref().map_or(0, |t| {
-                t.x0.0.written + t.y.0.written + t.z.as_ref().map_or(0, |z| z.0.written)
-            });
+        let written_bytes = out.written + temps.as_ref().map_or(0, Temps::written);
         std::fs::write(&marker, b"").map_err(|e| write_err(&marker, e))?;
         Ok(TaskReport {
             stage,

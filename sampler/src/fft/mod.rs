@@ -114,9 +114,7 @@ pub fn fft_along_axis_cancellable(
             passes.cancel = cancel;
             run_all(&mut passes)?;
             let (largest, read) = (passes.largest, passes.read);
-            let temp_bytes = temps.x0.0.written
-                + temps.y.0.written
-                + temps.z.as_ref().map_or(0, |(w, _)| w.written);
+            let temp_bytes = temps.written();
             let transposed = f.z.is_some();
             (
                 FftStrategy::FourStep {

@@ -9,7 +9,8 @@ use zcrop_zarr::ZarrError;
 use crate::spectral::FftNorm;
 
 /// The output's element type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ComplexType {
     /// Two f32 per element.
     #[default]

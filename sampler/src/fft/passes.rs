@@ -69,6 +69,13 @@ pub(crate) struct Temps {
     pub(crate) z: Option<Temp>,
 }
 
+impl Temps {
+    /// Bytes of chunks written to them through these writers.
+    pub(crate) fn written(&self) -> u64 {
+        self.x0.0.written + self.y.0.written + self.z.as_ref().map_or(0, |z| z.0.written)
+    }
+}
+
 /// Runs items: holds the arrays, the FFT plans and one reusable working block.
 pub(crate) struct Passes<'a> {
     ctx: &'a Ctx<'a>,
