@@ -10,7 +10,8 @@
 #                               puts .device/site first on PYTHONPATH (the working tree's
 #                               Python files over the wheel's), then runs the GPU and fork
 #                               tests, benches/gpu_check.py and benches/loader_fork.py
-#                               (throughput per start method on that host's cores); output
+#                               (throughput per start method on that host's cores, on the
+#                               default batches and on 12.6 MB blosc-lz4 ones); output
 #                               goes to $OUT/device-check.txt when OUT is set
 #
 # Each step of `check` has a time limit, so a hang leaves the rest of the report.
@@ -47,15 +48,22 @@ check)
     export PYTHONPATH="$PWD/$DEV/site${PYTHONPATH:+:$PYTHONPATH}"
     python3 -c "import torch, zcrop; print('zcrop from', zcrop.__file__, '| torch',
         torch.__version__, '| CUDA', torch.cuda.is_available())"
+    # Most wanted first: each step has its own limit, and a report cut short keeps the rest.
+    echo "=== benches/loader_fork.py: default batches (1 MiB, zstd)"
+    timeout 170 python3 benches/loader_fork.py --workers 0,2,4 --methods fork,forkserver,spawn \
+        --timed 600 --repeats 3 --skip-memory 2>&1 | grep -E "^\||^machine|^dataset"
+    echo "=== benches/loader_fork.py: 12.6 MB batches of blosc-lz4"
+    lz4=$(timeout 60 python3 -m zcrop._cli bench --prepare-only --codec blosc-lz4 \
+        --dataset-size 1G --data-dir /tmp/zcrop-bench-data | tail -n 1)
+    timeout 100 python3 benches/loader_fork.py --array "$lz4" --crop 4,12,128,128 \
+        --batch-size 8 --workers 0,2,4 --methods fork --timed 300 --repeats 3 --skip-memory \
+        2>&1 | grep -E "^\||^machine|^dataset"
+    echo "=== benches/gpu_check.py"
+    timeout 90 python3 benches/gpu_check.py 2>&1 | tail -15
     echo "=== pytest: GPU, fork and loader tests"
-    timeout 300 python3 -m pytest -q -p no:cacheprovider -rfs --tb=short \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -rfs --tb=short \
         pybind/tests/test_fork.py pybind/tests/test_torch.py pybind/tests/test_jax.py \
         pybind/tests/test_loader.py -k "not s3" 2>&1 | grep -v "Warning\|os.fork" | tail -40
-    echo "=== benches/gpu_check.py"
-    timeout 120 python3 benches/gpu_check.py 2>&1 | tail -15
-    echo "=== benches/loader_fork.py"
-    timeout 200 python3 benches/loader_fork.py --workers 0,2,4 --methods fork,forkserver,spawn \
-        --timed 600 --repeats 3 --skip-memory 2>&1 | grep -E "^\||^machine|^dataset"
     echo "=== done"
     ;;
 *)

@@ -307,6 +307,11 @@ fn parse_spec(spec: &Bound<'_, PyDict>) -> PyResult<(SampleSpec, LoaderConfig)> 
         .seed(item(spec, "seed")?)
         .batch_size(item(spec, "batch_size")?);
     let pin: bool = item(spec, "pin")?;
+    let shared: bool = if spec.contains("shared_memory")? {
+        item(spec, "shared_memory")?
+    } else {
+        false
+    };
     let config = LoaderConfig {
         start_step: item(spec, "start_step")?,
         end_step: item(spec, "end_step")?,
@@ -320,10 +325,13 @@ fn parse_spec(spec: &Bound<'_, PyDict>) -> PyResult<(SampleSpec, LoaderConfig)> 
         buffers: item(spec, "buffers")?,
         workers: item(spec, "workers")?,
         threads: item(spec, "threads")?,
-        pin: if pin {
-            PinOptions::default()
-        } else {
-            PinOptions::pageable()
+        pin: PinOptions {
+            shared,
+            ..if pin {
+                PinOptions::default()
+            } else {
+                PinOptions::pageable()
+            }
         },
     };
     Ok((sample, config))
@@ -741,6 +749,17 @@ impl NativeBatch {
             batch: slf.unbind(),
             source: s,
         })
+    }
+
+    /// With a ring mapped shared (the spec's `shared_memory`): the memory file of this batch's
+    /// buffer, as `(fd, file size, offset of each source's bytes in the file)`. The descriptor
+    /// stays the loader's (open while the loader lives); `None` for a private ring.
+    fn shared_memory(&self) -> Option<(i32, usize, Vec<usize>)> {
+        let (fd, size, at) = self.batch.shared_memory()?;
+        let offsets = (0..self.batch.num_sources())
+            .map(|s| at + self.batch.source_offset(s))
+            .collect();
+        Some((std::os::fd::AsRawFd::as_raw_fd(&fd), size, offsets))
     }
 
     /// The metadata of every sample.

@@ -186,6 +186,25 @@ def test_views_hold_their_buffer_and_copy_releases_it():
     assert all(k.flags.writeable for k in kept)
 
 
+def test_a_shared_ring_is_seen_through_its_memory_files():
+    import os
+
+    plain = [b["img"].copy() for b in loader()]
+    ld = loader(shared_memory=True, prefetch=2)
+    files = set()
+    for want in plain:
+        batch, memory = ld._next_with_memory()
+        np.testing.assert_array_equal(batch["img"], want)
+        fd, size, (offset,) = memory
+        files.add(fd)
+        assert os.fstat(fd).st_size == size and offset % 4096 == 0 and offset > 0
+        assert os.pread(fd, 16, 0) == bytes(16)  # the page before the bytes: left to the user
+        assert os.pread(fd, want.nbytes, offset) == want.tobytes()
+    assert len(files) == 3  # prefetch 2 + 1 buffers, each its own file
+    assert ld._next_with_memory() is None
+    assert next(loader())["img"] is not None and loader()._next_with_memory()[1] is None
+
+
 def test_len_and_endless_loader():
     ld = loader(steps=None)
     with pytest.raises(TypeError):

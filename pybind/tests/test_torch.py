@@ -298,17 +298,19 @@ def test_workers_reuse_their_batch_slots_and_never_overwrite_a_held_batch():
         return torch.utils.data.DataLoader(dataset(steps=steps) if ds is None else ds,
                                            batch_size=None, num_workers=2, timeout=60)
 
-    # A consumer that lets go of each batch: every batch comes through a reused slot (an
-    # ordinary tensor over the worker's segment; torch's own way gives shared storage).
+    # A consumer that lets go of each batch: every batch comes through the worker's ring or a
+    # reused slot (an ordinary tensor over a mapping the worker made; torch's own way gives
+    # shared storage).
     dropped = []
     for b in loader():
         dropped.append((b["img"].is_shared(), b["img"].clone()))
     assert [shared for shared, _ in dropped] == [False] * steps
     for (_, got), want in zip(dropped, zero):
         assert torch.equal(got, want)
-    # A consumer that holds every batch: once the slots run out batches go torch's way, and no
-    # held batch is overwritten by a later one.
-    held = list(loader())
+    # A consumer that holds every batch: each worker hands over its ring buffers, then its
+    # slots, then batches go torch's way, and no held batch is overwritten by a later one.
+    held = list(loader(dataset(steps=2 * steps)))
+    zero = [b[1] for b in collect(dataset(steps=2 * steps))]
     assert any(b["img"].is_shared() for b in held) and not held[0]["img"].is_shared()
     for b, want in zip(held, zero):
         assert torch.equal(b["img"], want)
@@ -335,6 +337,68 @@ def test_batch_slots_work_with_the_file_system_sharing_strategy():
     assert [shared for shared, _ in got] == [False] * 12
     for (_, x), want in zip(got, zero):
         assert torch.equal(x, want)
+
+
+def _ring_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("zcrop-ring" in line for line in f)
+
+
+def test_workers_hand_over_their_ring_buffers_without_a_copy():
+    zero = [b[1] for b in collect(dataset(steps=12))]
+    before = _ring_mappings()
+    got = []
+    for b in torch.utils.data.DataLoader(dataset(steps=12), batch_size=None, num_workers=2,
+                                         timeout=60):
+        # The tensor is a view of a worker's ring buffer, mapped here from its memory file.
+        got.append((_ring_mappings() > before, b["img"].clone()))
+    assert all(mapped for mapped, _ in got)
+    for (_, x), want in zip(got, zero):
+        assert torch.equal(x, want)
+
+
+def test_a_ring_buffer_goes_back_to_the_loader_once_the_main_process_lets_go():
+    import gc
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    loader = zcrop.Loader(zcrop.Source(WORKLOAD, CROP, name="img"), batch_size=2, seed=1,
+                          prefetch=1, buffers=3, shared_memory=True, pin=False)
+    want = [torch.from_numpy(b["img"].copy()) for b in zcrop.Loader(
+        zcrop.Source(WORKLOAD, CROP, name="img"), batch_size=2, seed=1, steps=8)]
+    ring = zt._RingHandOff(hold=1)
+
+    def put():
+        batch, memory = loader._next_with_memory()
+        arrays = {"img": batch["img"]}
+        return ring.put(batch, arrays, memory), arrays
+
+    first, arrays = put()
+    assert first is not None and torch.equal(first["img"], want[0])
+    sent = ForkingPickler.dumps(first)
+    del first
+    got = pickle.loads(sent)  # as the main process does: `got` holds the first ring buffer
+    assert torch.equal(got["img"], want[0])
+    second, _ = put()
+    assert second is None, "more batches kept than `hold`"
+    ring.release()
+    assert len(ring.kept) == 1, "a buffer went back while the main process holds it"
+    # The loader reads on into its other buffers; the kept one is not overwritten.
+    for step in range(2, 6):
+        batch, memory = loader._next_with_memory()
+        assert np.array_equal(batch["img"], want[step].numpy())
+        del batch, memory
+        assert torch.equal(got["img"], want[0])
+    view = got["img"][1:]
+    del got
+    gc.collect()
+    ring.release()
+    assert len(ring.kept) == 1, "released while a view of the tensor lives"
+    del view, arrays
+    gc.collect()
+    ring.release()
+    assert ring.kept == []
+    loader.close()
 
 
 def test_counter_add_counts_atomically_in_a_writable_int64_array():
@@ -368,7 +432,7 @@ def test_a_worker_slot_is_reused_once_the_main_process_lets_go():
     dirty = torch.full((zt._SLOT_HEADER + 4000,), 255, dtype=torch.uint8)
     del dirty
     first = pool.put(arrays)
-    assert zt._slot_counters(pool.slots[0][1]).tolist() == [0, 0]
+    assert zt._slot_counters(pool.slots[0][1]).tolist() == [0, 0, 0, 0]
     sent = ForkingPickler.dumps(first)
     del first
     got = pickle.loads(sent)  # as the main process does; `got` holds slot 0
@@ -387,6 +451,42 @@ def test_a_worker_slot_is_reused_once_the_main_process_lets_go():
     assert torch.equal(third["x"], want)
 
 
+def test_a_carrier_is_sent_once_then_by_its_key_and_forgotten_once_retired():
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from zcrop._zcrop import counter_add
+
+    pool = zt._SlotPool(max_slots=1)
+    arrays = {"x": np.arange(1000, dtype=np.float32)}
+    first = ForkingPickler.dumps(pool.put(arrays))
+    key = pool.slots[0][0]._zcrop_key
+    assert key not in zt._RECEIVED_CARRIERS
+    got = pickle.loads(first)  # as the main process does: the shared memory itself came
+    assert key in zt._RECEIVED_CARRIERS
+    del got
+    second = ForkingPickler.dumps(pool.put(arrays))
+    assert len(second) < len(first)  # the key alone
+    got = pickle.loads(second)  # resolved by key, in this process's map
+    assert torch.equal(got["x"], torch.arange(1000, dtype=torch.float32))
+    del got
+    counters = zt._slot_counters(pool.slots[0][1])
+    assert counters[zt._SENT] == 2 and counters[zt._RECEIVED] == 2
+    zt._forget_retired_carriers()
+    assert key in zt._RECEIVED_CARRIERS  # not retired
+    third = ForkingPickler.dumps(pool.put(arrays))  # sent, not received yet
+    pool.retire()
+    zt._forget_retired_carriers()
+    assert key in zt._RECEIVED_CARRIERS, "forgotten while a reference is on its way"
+    got = pickle.loads(third)
+    del got
+    zt._forget_retired_carriers()
+    assert key not in zt._RECEIVED_CARRIERS
+    with pytest.raises(RuntimeError, match="never received"):
+        pickle.loads(second)
+    assert counter_add(counters, zt._RETIRED, 0) == 1
+
+
 def test_a_slot_tensor_whose_storage_moved_pickles_the_ordinary_way():
     import pickle
     from multiprocessing.reduction import ForkingPickler
@@ -396,7 +496,7 @@ def test_a_slot_tensor_whose_storage_moved_pickles_the_ordinary_way():
     out["x"].share_memory_()  # moves its storage out of the slot (torch copies it)
     got = pickle.loads(ForkingPickler.dumps(out))
     assert got["x"].is_shared() and torch.equal(got["x"], torch.arange(1000, dtype=torch.float32))
-    assert zt._slot_counters(pool.slots[0][1]).tolist() == [0, 0]  # nothing sent from the slot
+    assert zt._slot_counters(pool.slots[0][1]).tolist() == [0] * 4  # nothing sent from the slot
 
 
 def test_batches_with_time_labels_pass_through_the_dataloader(tmp_path):

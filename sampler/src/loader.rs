@@ -734,6 +734,17 @@ impl Batch {
         &self.bytes()[off..off + len]
     }
 
+    /// Where source `s`'s bytes start in the batch's buffer.
+    pub fn source_offset(&self, s: usize) -> usize {
+        self.home.layout.offsets[s]
+    }
+
+    /// The memory file of the batch's buffer when the loader maps its ring shared
+    /// ([`PinOptions::shared`]): the file, its size and where the buffer starts in it.
+    pub fn shared_memory(&self) -> Option<(std::os::fd::BorrowedFd<'_>, usize, usize)> {
+        self.buf.as_ref().and_then(PinnedBuffer::shared_memory)
+    }
+
     /// The bytes of the source named `name`.
     pub fn source_by_name(&self, name: &str) -> Option<&[u8]> {
         let s = (0..self.num_sources()).find(|&s| &*self.home.sampler.source(s).name == name)?;

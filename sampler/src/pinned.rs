@@ -13,6 +13,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -28,6 +29,11 @@ pub struct PinOptions {
     /// Lock at most this many bytes in this process (all buffers together); buffers beyond it
     /// stay pageable. `None`: only the OS limit applies.
     pub max_locked_bytes: Option<usize>,
+    /// Map the buffer from an anonymous memory file that other processes can map too, through
+    /// [`PinnedBuffer::shared_memory`]; otherwise the mapping is private to this process. The
+    /// file starts with one page of zeros that zcrop never touches (the sharing processes' own
+    /// bookkeeping may live there), then the buffer's bytes.
+    pub shared: bool,
 }
 
 impl Default for PinOptions {
@@ -36,6 +42,7 @@ impl Default for PinOptions {
             lock: true,
             cuda: true,
             max_locked_bytes: None,
+            shared: false,
         }
     }
 }
@@ -47,6 +54,7 @@ impl PinOptions {
             lock: false,
             cuda: false,
             max_locked_bytes: None,
+            shared: false,
         }
     }
 }
@@ -119,6 +127,10 @@ pub struct PinnedBuffer {
     ptr: NonNull<u8>,
     len: usize,
     map_len: usize,
+    /// The memory file of a shared buffer (see [`PinnedBuffer::shared_memory`]), mapped from
+    /// its start, `header` bytes before `ptr`.
+    file: Option<OwnedFd>,
+    header: usize,
     locked: bool,
     cuda: Option<&'static CudaRuntime>,
     state: PinState,
@@ -150,25 +162,40 @@ impl PinnedBuffer {
             .max(1)
             .checked_next_multiple_of(page)
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
-        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
+        let header = if options.shared { page } else { 0 };
+        let file = if options.shared {
+            Some(memory_file(header + map_len)?)
+        } else {
+            None
+        };
+        let (flags, fd) = match &file {
+            Some(f) => (libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(f)),
+            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+        };
+        // SAFETY: a new mapping with no address hint, anonymous or of the whole memory file
+        // just sized to `header + map_len`; the result is checked.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                map_len,
+                header + map_len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
+                flags,
+                fd,
                 0,
             )
         };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(std::io::Error::last_os_error)?;
+        // SAFETY: `header` is within the mapping just made.
+        let data = unsafe { p.cast::<u8>().add(header) };
+        let ptr = NonNull::new(data).ok_or_else(std::io::Error::last_os_error)?;
         let mut buf = PinnedBuffer {
             ptr,
             len,
             map_len,
+            file,
+            header,
             locked: false,
             cuda: None,
             state: PinState {
@@ -264,6 +291,32 @@ impl PinnedBuffer {
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
+
+    /// A shared buffer's memory file (see [`PinOptions::shared`]), the file's size in bytes and
+    /// the offset of the buffer's bytes in it (one page). `None` for a private buffer.
+    pub fn shared_memory(&self) -> Option<(BorrowedFd<'_>, usize, usize)> {
+        self.file
+            .as_ref()
+            .map(|f| (f.as_fd(), self.header + self.map_len, self.header))
+    }
+}
+
+/// A new anonymous memory file of `len` bytes (zero-filled), closed on exec.
+fn memory_file(len: usize) -> std::io::Result<OwnedFd> {
+    // SAFETY: the name is a valid C string; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"zcrop-ring".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    let size = libc::off_t::try_from(len)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+    // SAFETY: `file` is a valid descriptor of a memory file.
+    if unsafe { libc::ftruncate(std::os::fd::AsRawFd::as_raw_fd(&file), size) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file)
 }
 
 impl Drop for PinnedBuffer {
@@ -271,9 +324,14 @@ impl Drop for PinnedBuffer {
         if self.generation == fork::generation() {
             self.release();
         }
-        // SAFETY: unmapping exactly the mapping created in `new`; no reference to it outlives
-        // `self`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) };
+        // SAFETY: unmapping exactly the mapping created in `new` (it starts `header` bytes
+        // before `ptr`); no reference to it outlives `self`.
+        unsafe {
+            libc::munmap(
+                self.ptr.as_ptr().sub(self.header).cast(),
+                self.header + self.map_len,
+            )
+        };
     }
 }
 
@@ -551,6 +609,7 @@ mod tests {
             lock: true,
             cuda: false,
             max_locked_bytes: Some(1),
+            shared: false,
         };
         let mut b = PinnedBuffer::new(8192, &opts).unwrap();
         assert!(!b.state().page_locked);
@@ -585,6 +644,36 @@ mod tests {
         assert!(!c.page_locked && !c.cuda_registered);
         assert_eq!(c.reason.as_deref(), Some("no CUDA"));
         assert!(!PinState::combine([]).page_locked);
+    }
+
+    #[test]
+    fn a_shared_buffer_is_seen_through_its_memory_file() {
+        let opts = PinOptions {
+            shared: true,
+            ..PinOptions::pageable()
+        };
+        let mut b = PinnedBuffer::new(10_000, &opts).unwrap();
+        b.as_mut_slice()[9_999] = 42;
+        let (fd, size, at) = b.shared_memory().unwrap();
+        assert_eq!(at, page_size());
+        assert_eq!(size, at + 10_000usize.next_multiple_of(page_size()));
+        let mut seen = [1u8; 2];
+        assert_eq!(pread_at(fd, &mut seen[..1], 0), 1);
+        assert_eq!(pread_at(fd, &mut seen[1..], (at + 9_999) as i64), 1);
+        assert_eq!(seen, [0, 42]);
+        assert!(
+            PinnedBuffer::new(16, &PinOptions::pageable())
+                .unwrap()
+                .shared_memory()
+                .is_none()
+        );
+    }
+
+    /// `pread` on a borrowed descriptor (the test's only way to look at the file).
+    fn pread_at(fd: BorrowedFd<'_>, buf: &mut [u8], at: i64) -> isize {
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        // SAFETY: `buf` is valid for `buf.len()` bytes and `raw` is a live descriptor.
+        unsafe { libc::pread(raw, buf.as_mut_ptr().cast(), buf.len(), at) }
     }
 
     #[test]

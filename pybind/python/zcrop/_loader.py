@@ -888,6 +888,10 @@ class Loader:
         reads further ahead).
     copy:
         Return writable copies instead of read-only views of the ring buffers.
+    shared_memory:
+        Map the ring buffers from memory files that other processes can map too (in
+        ``zcrop.torch``'s DataLoader workers, batches reach the main process this way, with no
+        copy).
     """
 
     def __init__(
@@ -913,6 +917,7 @@ class Loader:
         pin: bool = True,
         buffers: int = 0,
         copy: bool = False,
+        shared_memory: bool = False,
     ) -> None:
         srcs = _sources(sources)
         space = _space_spec(
@@ -951,6 +956,7 @@ class Loader:
             "workers": int(workers),
             "threads": None if threads is None else int(threads),
             "pin": bool(pin),
+            "shared_memory": bool(shared_memory),
         }
         self._native: NativeLoader | None = NativeLoader(spec)
         check_grid(self._native.position_grid, space["positions"], labelled)
@@ -967,6 +973,14 @@ class Loader:
         if batch is None:
             raise StopIteration
         return self._to_dict(batch)
+
+    def _next_with_memory(self) -> tuple[Batch, tuple[int, int, list[int]] | None] | None:
+        """The next batch and, with ``shared_memory``, its buffer's memory file: ``(fd, file
+        size, offset of each source's bytes)``, the descriptor the loader's. None at the end."""
+        batch = self._loader().next()
+        if batch is None:
+            return None
+        return self._to_dict(batch), batch.shared_memory()
 
     def _to_dict(self, batch: NativeBatch) -> Batch:
         out: Batch = {}

@@ -313,6 +313,8 @@ class NativeBatch:
         """``(batch_size, *crop)`` of source ``s``."""
     def view(self, s: int) -> SourceView:
         """A read-only buffer over source ``s``'s bytes (keeps the batch alive)."""
+    def shared_memory(self) -> tuple[int, int, list[int]] | None:
+        """With a ring mapped shared: ``(fd, file size, offset of each source's bytes)``."""
     def samples(self) -> list[dict[str, Any]]:
         """The metadata of every sample."""
     @property

@@ -13,11 +13,13 @@ lost, and results do not depend on the number of workers.
 
 Buffers: in the main process (``num_workers=0``) tensors share memory with zcrop's read-only
 ring buffers (no copy); do not modify them in place (``copy=True`` gives writable copies).
-With workers, each worker copies its batches into shared memory once (the copy torch would
-make to send them to the main process), so its ring buffers are free again at once, however
-far ahead ``prefetch_factor`` lets it read. That memory is a few batch slots per worker, mapped
-once by both processes and reused once the main process has let go of every tensor over a
-slot (a consumer that holds many batches gets torch's fresh shared memory for the rest).
+With workers, batches reach the main process without a copy too: a worker's loader maps its
+ring buffers from memory files, torch maps each file once in both processes, and the tensors
+the main process gets are views of the worker's ring. A worker refills a ring buffer only
+once the main process has let go of every tensor over it; it has ``prefetch + 5`` buffers, and
+when the main process holds more than 4 of its batches (a consumer that keeps many), it copies
+the next ones out instead (into a few reused shared-memory slots, then torch's fresh shared
+memory). Under torch's ``file_system`` sharing strategy every batch goes through the slots.
 ``pin_memory=True`` works as usual (torch copies into its own pinned memory). A worker's ring
 buffers are not page-locked or registered with CUDA (``pin=True`` asks for it), so no worker
 starts a CUDA context of its own.
@@ -37,13 +39,16 @@ there: the CPU runs at most one step ahead of the GPU's work in this stream. Cop
 another stream are not covered. ``device="cuda"`` copies each batch itself instead, on a side
 stream, and hands over device tensors; the consumer's stream waits for the copy, and the ring
 buffer is held until the copy has completed. With workers, the tensors the main process gets
-are copies in shared memory, never views of a ring buffer, and none of this applies.
+are views of the worker's ring that it keeps until the main process lets go of them, so none
+of this applies.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import os
+import secrets
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -88,14 +93,16 @@ def _shared_tensor(arr: np.ndarray) -> torch.Tensor:
     return t
 
 
-# A slot's header: the count of tensors over it the worker sent (word 0) and the count the main
-# process has let go of (word 1), padded so that the data after it is aligned.
+# A carrier's header (a slot's first bytes, a ring buffer's page before its bytes), as int64
+# words: tensors over it the worker sent, tensors over it the main process has let go of, 1
+# once the worker is done with it, references to it the main process has received.
+_SENT, _RELEASED, _RETIRED, _RECEIVED = range(4)
 _SLOT_HEADER = 64
 _SLOT_ALIGN = 64
 
 
 def _slot_counters(data: np.ndarray) -> np.ndarray:
-    return data[:16].view(np.int64)
+    return data[:32].view(np.int64)
 
 
 @functools.cache
@@ -116,12 +123,31 @@ def _over(data: np.ndarray, dtype: torch.dtype,
 
 
 class _SlotTensor(torch.Tensor):
-    """A tensor over one of a DataLoader worker's batch slots (see :class:`_SlotPool`): it
-    pickles as a reference to the slot. Tensors derived from it are ordinary tensors."""
+    """A tensor over a DataLoader worker's shared memory (a batch slot of :class:`_SlotPool` or
+    a ring buffer of :class:`_RingHandOff`, its *carrier*): it pickles as a reference to the
+    carrier. Tensors derived from it are ordinary tensors."""
 
     # Ordinary tensors come out of torch operations on it.
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
     _zcrop_slot: tuple[torch.Tensor, int, int]
+
+
+def _carrier(data: torch.Tensor) -> torch.Tensor:
+    """Marks a worker's shared tensor as a carrier: a key unique across processes, not sent yet."""
+    data._zcrop_key = (os.getpid(), secrets.token_bytes(8))  # type: ignore[attr-defined]
+    data._zcrop_sent = False  # type: ignore[attr-defined]
+    return data
+
+
+def _retire(carrier: torch.Tensor) -> None:
+    """The worker sends nothing more over ``carrier``: the main process may forget it."""
+    counter_add(_slot_counters(carrier.numpy()), _RETIRED, 1)
+
+
+#: In the main process: the carriers received from workers, by key. A worker sends each carrier
+#: itself once (torch passes its file descriptor, a round trip to the worker's resource sharer)
+#: and its key after that.
+_RECEIVED_CARRIERS: dict[tuple[int, bytes], torch.Tensor] = {}
 
 
 def _reduce_slot(t: _SlotTensor) -> tuple[Any, tuple[Any, ...]]:
@@ -133,19 +159,56 @@ def _reduce_slot(t: _SlotTensor) -> tuple[Any, tuple[Any, ...]]:
             t.as_subclass(torch.Tensor)
         )
         return ordinary
-    counter_add(_slot_counters(carrier.numpy()), 0, 1)
-    return _rebuild_slot, (carrier, offset, nbytes, t.dtype, tuple(t.shape))
+    counter_add(_slot_counters(carrier.numpy()), _SENT, 1)
+    key = carrier._zcrop_key  # type: ignore[attr-defined]
+    first = not carrier._zcrop_sent  # type: ignore[attr-defined]
+    carrier._zcrop_sent = True  # type: ignore[attr-defined]
+    return _rebuild_slot, (key, carrier if first else None, offset, nbytes, t.dtype,
+                           tuple(t.shape))
 
 
-def _rebuild_slot(carrier: torch.Tensor, offset: int, nbytes: int, dtype: torch.dtype,
-                  shape: tuple[int, ...]) -> torch.Tensor:
-    """In the main process: a tensor over a worker's slot. torch maps the slot once and keeps
-    the mapping while any tensor over it lives; when the last view of this one goes, the slot's
-    "done" count goes up."""
+def _rebuild_slot(key: tuple[int, bytes], carrier: torch.Tensor | None, offset: int,
+                  nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """In the main process: a tensor over a worker's carrier, mapped once and kept here until
+    the worker has retired it and every reference it sent has arrived. When the last view of
+    this tensor goes, the carrier's "let go" count goes up."""
+    if carrier is None:
+        carrier = _RECEIVED_CARRIERS.get(key)
+        if carrier is None:
+            raise RuntimeError(
+                f"zcrop.torch: a batch from DataLoader worker process {key[0]} refers to shared "
+                "memory this process never received (was the batch pickled outside the "
+                "DataLoader?)"
+            )
+    elif key not in _RECEIVED_CARRIERS:
+        _forget_retired_carriers()
+        _RECEIVED_CARRIERS[key] = carrier
     data = carrier.numpy()
+    counters = _slot_counters(data)
+    counter_add(counters, _RECEIVED, 1)
     arr, t = _over(data[offset:offset + nbytes], dtype, shape)
-    weakref.finalize(arr, counter_add, _slot_counters(data), 1, 1)
+    weakref.finalize(arr, counter_add, counters, _RELEASED, 1)
     return t
+
+
+def _forget_retired_carriers() -> None:
+    """Drops the carriers no reference can arrive for any more: retired by their worker (or the
+    worker is gone) with every reference it sent received."""
+    for key, carrier in list(_RECEIVED_CARRIERS.items()):
+        counters = _slot_counters(carrier.numpy())
+        done = counter_add(counters, _RECEIVED, 0) == counter_add(counters, _SENT, 0)
+        if done and (counter_add(counters, _RETIRED, 0) or not _alive(key[0])):
+            del _RECEIVED_CARRIERS[key]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 ForkingPickler.register(_SlotTensor, _reduce_slot)
@@ -174,7 +237,7 @@ class _SlotPool:
         if carrier.numel() < size or any(r() is not None for r in held):
             return False
         counters = _slot_counters(data)
-        return counter_add(counters, 0, 0) == counter_add(counters, 1, 0)
+        return counter_add(counters, _SENT, 0) == counter_add(counters, _RELEASED, 0)
 
     def put(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor] | None:
         """Tensors over a free slot holding copies of ``arrays``; None if there is none."""
@@ -189,8 +252,8 @@ class _SlotPool:
             carrier = torch.empty(size, dtype=torch.uint8)
             carrier.share_memory_()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
             data = carrier.numpy()
-            data[:_SLOT_HEADER] = 0  # both counts from 0: torch.empty left the bytes as found
-            self.slots.append((carrier, data, []))
+            data[:_SLOT_HEADER] = 0  # counts from 0: torch.empty left the bytes as found
+            self.slots.append((_carrier(carrier), data, []))
             slot = len(self.slots) - 1
         carrier, data, held = self.slots[slot]
         held.clear()
@@ -204,6 +267,80 @@ class _SlotPool:
             view._zcrop_slot = (carrier, offset, a.nbytes)
             out[name] = view
         return out
+
+    def retire(self) -> None:
+        """Sends nothing more over the slots."""
+        for carrier, _, _ in self.slots:
+            _retire(carrier)
+
+
+#: Ring buffers a DataLoader worker's loader has beyond those it reads ahead, and how many of
+#: its batches the main process may hold at once before the worker copies batches out.
+_RING_SPARE = 5
+
+
+def _ring_hand_off() -> bool:
+    """Whether a worker can hand its ring buffers over: torch shares tensors by file descriptor
+    (its default on Linux) and can map a memory file it is given."""
+    strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    return strategy == "file_descriptor" and hasattr(torch.UntypedStorage, "_new_shared_fd_cpu")
+
+
+class _RingHandOff:
+    """A DataLoader worker's batches handed to the main process in its loader's ring buffers.
+
+    The loader maps each ring buffer from a memory file (``shared_memory=True``); the worker
+    maps the file into a torch tensor once and yields tensors over it, which pickle as
+    (file, offset, shape) like slots do. The file's first page holds the carrier's counts. The worker keeps the batch, so its loader cannot
+    refill the buffer, until it holds no tensor over it and the main process has let go of as
+    many as the worker sent. It keeps at most ``hold`` batches: with more, :meth:`put` returns
+    None and the batch goes the copying way, so the loader always has buffers to read ahead.
+    """
+
+    def __init__(self, hold: int) -> None:
+        self.hold = hold
+        #: Per memory file (by descriptor, open while the loader lives): the tensor over it.
+        self.files: dict[int, torch.Tensor] = {}
+        #: Per batch kept: the batch, the counts of its file, the arrays its tensors hold.
+        self.kept: list[tuple[Any, np.ndarray, list[weakref.ref[np.ndarray]]]] = []
+
+    def release(self) -> None:
+        """Lets go of the kept batches the main process is done with (their buffers go back
+        to the loader)."""
+        self.kept = [
+            k for k in self.kept
+            if any(r() is not None for r in k[2])
+            or counter_add(k[1], _SENT, 0) != counter_add(k[1], _RELEASED, 0)
+        ]
+
+    def put(self, batch: Any, arrays: dict[str, np.ndarray],
+            memory: tuple[int, int, list[int]] | None) -> dict[str, torch.Tensor] | None:
+        """Tensors over the ring buffer that holds ``arrays`` (keeping ``batch``); None if the
+        buffer is not shared or ``hold`` batches are kept already."""
+        if memory is None or len(self.kept) >= self.hold:
+            return None
+        fd, size, offsets = memory
+        carrier = self.files.get(fd)
+        if carrier is None:
+            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]
+            carrier = _carrier(torch.empty(0, dtype=torch.uint8).set_(storage))
+            self.files[fd] = carrier
+        data = carrier.numpy()
+        out: dict[str, torch.Tensor] = {}
+        held = []
+        for (name, a), offset in zip(arrays.items(), offsets):
+            arr, t = _over(data[offset:offset + a.nbytes], _tensor(a).dtype, tuple(a.shape))
+            held.append(weakref.ref(arr))
+            view = t.as_subclass(_SlotTensor)
+            view._zcrop_slot = (carrier, offset, a.nbytes)
+            out[name] = view
+        self.kept.append((batch, _slot_counters(data), held))
+        return out
+
+    def retire(self) -> None:
+        """Sends nothing more over the ring."""
+        for carrier in self.files.values():
+            _retire(carrier)
 
 
 def _wait_all(held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]]) -> None:
@@ -446,11 +583,18 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         count = None if self.steps is None else -(-(self.steps - first) // workers)
         copier = None if self.device is None else _DeviceCopier(self.device)
         kwargs = dict(self.loader_kwargs)
+        ring = None
         if info is not None:
-            # A worker's batches leave through shared memory, never from its ring buffers:
-            # locking them would only spend RLIMIT_MEMLOCK, and registering them would start
-            # a CUDA context (GPU memory) in every worker.
+            # A worker's batches leave through shared memory: locking its ring buffers would
+            # only spend RLIMIT_MEMLOCK, and registering them would start a CUDA context (GPU
+            # memory) in every worker.
             kwargs.setdefault("pin", False)
+            if _ring_hand_off():
+                prefetch = kwargs.get("prefetch", "auto")
+                depth = 2 if prefetch == "auto" else int(prefetch)
+                kwargs.setdefault("buffers", depth + _RING_SPARE)
+                kwargs["shared_memory"] = True
+                ring = _RingHandOff(hold=max(0, int(kwargs["buffers"]) - depth - 1))
         loader = Loader(
             self.sources,
             batch_size=self.batch_size,
@@ -472,12 +616,20 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 while True:
                     if guard is not None:
                         guard.before_next()
-                    batch = next(loader, None)
+                    memory = None
+                    if ring is None:
+                        batch = next(loader, None)
+                    else:
+                        ring.release()
+                        got = loader._next_with_memory()
+                        batch, memory = (None, None) if got is None else got
                     if batch is None:
                         break
                     k += 1
                     arrays = {name: value for name, value in batch.items() if name != "meta"}
-                    slotted = None if info is None else slots.put(arrays)
+                    slotted = None if ring is None else ring.put(batch, arrays, memory)
+                    if slotted is None and info is not None:
+                        slotted = slots.put(arrays)
                     if slotted is not None:
                         tensors = slotted
                     else:
@@ -502,9 +654,13 @@ class ZcropDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                     # this batch resumes after it.
                     self._next = index + workers
                     yield out
-                    # Not held here while the next batch is read: its ring buffer and slot.
+                    # Not held here while the next batch is read (a ring hand-off keeps the
+                    # batch itself until the main process is done with it).
                     del out, batch
         finally:
+            slots.retire()
+            if ring is not None:
+                ring.retire()
             # Queued copies must not outlive the memory they read.
             if copier is not None:
                 copier.release()
