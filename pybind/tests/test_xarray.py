@@ -346,6 +346,101 @@ def test_random_isel_matches_open_zarr(corpus, case):
     check()
 
 
+def _siblings(ds, name):
+    """The read-together group of variable ``name`` of a dataset opened with engine="zcrop"."""
+    from zcrop._xarray import ZcropBackendArray
+
+    data = ds[name].variable._data
+    while not isinstance(data, ZcropBackendArray):
+        data = data.array
+    return data._group
+
+
+@pytest.mark.parametrize("case", SELECT_CASES, ids=["-".join(c) for c in SELECT_CASES])
+def test_random_dataset_windows_match_open_zarr(corpus, case):
+    # Whole-dataset loads read the variables over the same dimensions together, started ahead
+    # once the pattern shows; any sequence of windows and of variable subsets gives the values
+    # xarray's own backend gives.
+    ours, theirs = open_both(corpus[case])
+    names = [n for n in ours.data_vars if ours[n].ndim == 4]
+    sizes = dict(ours[names[0]].sizes)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(indexers(sizes), st.sampled_from([names, names[:1], names[::-1]])),
+                    min_size=1, max_size=6))
+    def check(steps):
+        for idx, subset in steps:
+            xr.testing.assert_identical(ours[subset].isel(idx).load(),
+                                        theirs[subset].isel(idx).load())
+
+    check()
+
+
+def test_variables_of_a_window_are_read_together_only_while_asked_together(corpus):
+    ours, theirs = open_both(corpus[("era5", "v3-sharded")])
+    group = _siblings(ours, "t")
+    assert _siblings(ours, "q") is group and _siblings(ours, "lsm") is not group
+    windows = iter([dict(time=slice(i, i + 2), latitude=slice(2, 12)) for i in range(11)])
+
+    def load(names=None):
+        w = next(windows)
+        pick = (lambda d: d) if names is None else (lambda d: d[names])
+        xr.testing.assert_identical(pick(ours).isel(w).load(), pick(theirs).isel(w).load())
+
+    for _ in range(4):
+        load()
+    # Windows 2-4 started "q" ahead when "t" read them, and "q" took those results.
+    assert (group.started, group.taken) == (3, 3)
+    # One variable: the read started ahead for "q" goes unused (a strike), and reading ahead
+    # stops until two variables read one window again.
+    load(["t"])
+    load(["t"])
+    assert (group.started, group.taken, group.strikes, group.active) == (4, 3, 1, False)
+    load()
+    load()
+    assert (group.started, group.taken) == (5, 4)
+    load(["t"])
+    load(["t"])
+    load()
+    # A second strike: the group reads only what it is asked from now on.
+    assert (group.started, group.strikes, group.active) == (6, 2, False)
+
+
+def test_datasets_pickle_lazy_and_loaded(corpus):
+    ours, theirs = open_both(corpus[("era5", "v3-sharded")])
+    window = dict(time=slice(1, 3), latitude=slice(2, 12))
+    ours.isel(window).load()
+    ours.isel(window).load()  # its read-ahead group is active now
+    lazy = pickle.loads(pickle.dumps(ours))
+    xr.testing.assert_identical(lazy.isel(window).load(), theirs.isel(window).load())
+    loaded = pickle.loads(pickle.dumps(ours.isel(window).load()))
+    xr.testing.assert_identical(loaded, theirs.isel(window).load())
+    lazy.close()
+
+
+def _load_in_child(ds, window, out):
+    out.put(ds.isel(window).load())
+
+
+def test_a_forked_child_reads_a_window_the_parent_read_ahead(corpus):
+    import multiprocessing
+
+    ours, theirs = open_both(corpus[("era5", "v3-sharded")])
+    windows = [dict(time=slice(i, i + 2), latitude=slice(2, 12)) for i in range(4)]
+    for w in windows[:2]:
+        ours.isel(w).load()
+    ours["t"].isel(windows[2]).load()  # "q" of window 2 started ahead, left pending at fork
+    assert _siblings(ours, "t").pending
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_load_in_child, args=(ours, windows[2], out))
+    child.start()
+    got = out.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0
+    xr.testing.assert_identical(got, theirs.isel(windows[2]).load())
+
+
 @pytest.mark.parametrize("case", SELECT_CASES, ids=["-".join(c) for c in SELECT_CASES])
 def test_random_vectorized_isel_matches_open_zarr(corpus, case):
     ours, theirs = open_both(corpus[case])

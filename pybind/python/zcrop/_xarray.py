@@ -10,9 +10,11 @@ data is then swapped for a lazy :class:`ZcropBackendArray` over the zcrop array.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import os
+import threading
 import warnings
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
@@ -55,14 +57,18 @@ class ZcropBackendArray(BackendArray):
     reopens there, so dask's process and distributed schedulers can ship it.
     """
 
-    __slots__ = ("_array", "_async", "_reopen", "dtype", "shape")
+    __slots__ = ("_array", "_async", "_group", "_reopen", "dtype", "shape")
 
-    def __init__(self, array: Array, dtype: np.dtype[Any], reopen: tuple[str, str, dict[str, Any]]):
+    def __init__(self, array: Array, dtype: np.dtype[Any], reopen: tuple[str, str, dict[str, Any]],
+                 group: _Siblings | None = None):
         self._array = array
         self._async: AsyncArray | None = None
         self._reopen = reopen
+        self._group = group
         self.shape = tuple(array.shape)
         self.dtype = dtype
+        if group is not None:
+            group.members.append(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reopen_backend_array, (self._reopen, self.dtype))
@@ -83,9 +89,13 @@ class ZcropBackendArray(BackendArray):
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> Any:
         support = self._support(key)
-        return indexing.explicit_indexing_adapter(
-            key, self.shape, support, self._method(key, support)
-        )
+        method = self._method(key, support)
+        group = self._group
+        if group is not None:
+            return indexing.explicit_indexing_adapter(
+                key, self.shape, support, lambda raw: group.read(self, raw, method)
+            )
+        return indexing.explicit_indexing_adapter(key, self.shape, support, method)
 
     async def async_getitem(self, key: indexing.ExplicitIndexer) -> Any:
         if self._async is None:
@@ -101,6 +111,91 @@ class ZcropBackendArray(BackendArray):
         return await indexing.async_explicit_indexing_adapter(key, self.shape, support, method)
 
 
+def _prefetch_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for reads started ahead (zcrop releases the GIL while reading); this process's
+    own (a forked child makes its own)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(
+            max_workers=8, thread_name_prefix="zcrop-xarray"))
+    return _POOL[1]
+
+
+_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+
+
+def _selection(raw: Any) -> tuple[Any, ...] | None:
+    """A hashable form of a selection made of integers and slices (None for any other)."""
+    if not isinstance(raw, tuple):
+        raw = (raw,)
+    out: list[Any] = []
+    for k in raw:
+        if isinstance(k, slice):
+            out.append((k.start, k.stop, k.step))
+        elif isinstance(k, (int, np.integer)):
+            out.append(int(k))
+        else:
+            return None
+    return tuple(out)
+
+
+class _Siblings:
+    """The variables of one dataset over the same dimensions, read together when they are read
+    together.
+
+    xarray's ``Dataset.load()`` reads variables one after the other, each with the same
+    selection (``ds.isel(window).load()``), so the reads wait on each other. Once two of these
+    variables have read one selection in a row, the first variable to read a new selection
+    also starts, in the background, the reads of it by the variables that read the last one,
+    and they take those results when their turn comes. A read started so that no variable
+    takes (the caller changed which variables it reads) is a strike: reading ahead stops until
+    two variables read one selection again, and after two strikes for good.
+    """
+
+    def __init__(self) -> None:
+        self.members: list[ZcropBackendArray] = []
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.key: tuple[Any, ...] | None = None
+        self.readers: set[int] = set()
+        self.pending: dict[int, concurrent.futures.Future[Any]] = {}
+        self.active = False
+        self.strikes = 0
+        #: Reads started ahead, and reads that took such a result (for tests and benchmarks).
+        self.started = 0
+        self.taken = 0
+
+    def read(self, member: ZcropBackendArray, raw: Any, method: Any) -> Any:
+        """``method(raw)`` for ``member``, or the result of the same read started ahead."""
+        key = _selection(raw)
+        if key is None:
+            return method(raw)
+        if self.pid != os.getpid():
+            # A child of fork: the parent's lock may have been held by a thread that is not
+            # here, and its reads started ahead never finish here.
+            self.pid, self.lock, self.pending, self.key = os.getpid(), threading.Lock(), {}, None
+        with self.lock:
+            if key != self.key:
+                if self.pending:
+                    self.strikes += 1
+                    self.active = False
+                    self.pending.clear()
+                previous, self.key, self.readers = self.readers, key, set()
+                if self.active:
+                    pool = _prefetch_pool()
+                    for m in self.members:
+                        if m is not member and id(m) in previous:
+                            self.pending[id(m)] = pool.submit(m._array.__getitem__, raw)
+                            self.started += 1
+            self.readers.add(id(member))
+            if len(self.readers) >= 2 and self.strikes < 2:
+                self.active = True
+            ahead = self.pending.pop(id(member), None)
+            if ahead is not None:
+                self.taken += 1
+        return method(raw) if ahead is None else ahead.result()
+
+
 def _reopen_backend_array(
     reopen: tuple[str, str, dict[str, Any]], dtype: np.dtype[Any]
 ) -> ZcropBackendArray:
@@ -112,7 +207,7 @@ def _reopen_backend_array(
 class ZcropStore(ZarrStore):
     """xarray's Zarr store over metadata that zcrop read, with zcrop arrays for the data."""
 
-    __slots__ = ("_zcrop_arrays", "_zcrop_reopen")
+    __slots__ = ("_zcrop_arrays", "_zcrop_reopen", "_zcrop_siblings")
 
     def __init__(
         self,
@@ -123,6 +218,8 @@ class ZcropStore(ZarrStore):
     ) -> None:
         self._zcrop_arrays = dict(arrays)
         self._zcrop_reopen = reopen
+        #: The variables over the same dimensions and shape (see :class:`_Siblings`).
+        self._zcrop_siblings: dict[tuple[Any, ...], _Siblings] = {}
         if use_zarr_fill_value_as_mask is None:
             # xarray's default: Zarr's fill value masks values in v2 data, not in v3.
             use_zarr_fill_value_as_mask = zarr_group.metadata.zarr_format == 2
@@ -130,13 +227,32 @@ class ZcropStore(ZarrStore):
             zarr_group, mode="r", use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A dataset pickles with its store (``Dataset._close``), which it only closes; its
+        # variables pickle their arrays by path. So the copy keeps no arrays, read-ahead groups,
+        # metadata or members (zarr-python's group over zcrop's documents does not pickle).
+        state = {
+            k: getattr(self, k)
+            for cls in type(self).__mro__
+            for k in getattr(cls, "__slots__", ())
+            if hasattr(self, k)
+        }
+        state.update(_zcrop_arrays={}, _zcrop_siblings={}, zarr_group=None, _members={},
+                     _close_store_on_close=False)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+
     def open_store_variable(self, name: str) -> xr.Variable:
         var = super().open_store_variable(name)  # type: ignore[no-untyped-call]
         array = self._zcrop_arrays[name]
         root, options = self._zcrop_reopen
         zarr_wrapper = var._data.array  # xarray's ZarrArrayWrapper: it knows the dtype to show
+        group = self._zcrop_siblings.setdefault((var.dims, tuple(array.shape)), _Siblings())
         data = indexing.LazilyIndexedArray(
-            ZcropBackendArray(array, zarr_wrapper.dtype, (root, array.path, options))
+            ZcropBackendArray(array, zarr_wrapper.dtype, (root, array.path, options), group)
         )
         return xr.Variable(var.dims, data, var.attrs, var.encoding)
 
