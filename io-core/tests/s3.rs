@@ -415,3 +415,78 @@ fn gets_on_the_wire_equal_the_planned_ranges() {
     assert_eq!((m.gets, m.http_gets), (planned, planned), "{m:?}");
     assert_eq!(proxy.gets.load(Ordering::SeqCst) as u64, planned);
 }
+
+#[test]
+fn whole_objects_are_written_read_and_removed() {
+    let Some(moto) = Moto::shared() else { return };
+    let (url, _dir) = setup(moto, "io-write", &[("keep/x", bytes_of(1, 10))]);
+    let e = ObjectEngine::open(&url, &moto.storage_options(), quick(2)).unwrap();
+    let data = bytes::Bytes::from(bytes_of(5, 3000));
+    assert_eq!(e.get(Path::new("work/job.json")).unwrap(), None);
+    e.put(Path::new("work/job.json"), data.clone()).unwrap();
+    assert_eq!(
+        e.get(Path::new("work/job.json")).unwrap(),
+        Some(data.clone())
+    );
+    // Ranges of a written object read as any other.
+    let got = e.read_all(vec![ReadRequest::new(
+        0,
+        Path::new("work/job.json"),
+        ReadRange::new(100, 50),
+    )]);
+    assert_eq!(got[0].as_ref().unwrap()[..], data[100..150]);
+    // A conditional write creates once; the object then stays as first written.
+    let marker = Path::new("work/done/rows/3");
+    assert!(
+        e.put_if_absent(marker, bytes::Bytes::from_static(b"a"))
+            .unwrap()
+    );
+    assert!(
+        !e.put_if_absent(marker, bytes::Bytes::from_static(b"b"))
+            .unwrap()
+    );
+    assert_eq!(e.get(marker).unwrap().unwrap(), &b"a"[..]);
+    // Overwrite replaces.
+    e.put(Path::new("work/job.json"), bytes::Bytes::from_static(b"{}"))
+        .unwrap();
+    assert_eq!(
+        e.get(Path::new("work/job.json")).unwrap().unwrap(),
+        &b"{}"[..]
+    );
+    // Removing a prefix removes what lies under it (and an object of that name), only that.
+    e.put(Path::new("work"), bytes::Bytes::from_static(b"w"))
+        .unwrap();
+    e.put(Path::new("workshop"), bytes::Bytes::from_static(b"s"))
+        .unwrap();
+    assert_eq!(e.delete_prefix(Path::new("work")).unwrap(), 3);
+    assert!(e.list(Path::new("work")).unwrap().is_empty());
+    assert_eq!(e.get(Path::new("work")).unwrap(), None);
+    assert!(e.get(Path::new("workshop")).unwrap().is_some());
+    assert!(e.get(Path::new("keep/x")).unwrap().is_some());
+    assert_eq!(e.delete_prefix(Path::new("nothing/here")).unwrap(), 0);
+}
+
+#[test]
+fn a_write_that_fails_names_its_url() {
+    let Some(moto) = Moto::shared() else { return };
+    let e = ObjectEngine::open(
+        "s3://io-no-such-bucket/store",
+        &moto.storage_options(),
+        quick(1),
+    )
+    .unwrap();
+    let err = e
+        .put(Path::new("a/b"), bytes::Bytes::from_static(b"x"))
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("writing s3://io-no-such-bucket/store/a/b"),
+        "{msg}"
+    );
+    let err = e.delete_prefix(Path::new("a")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("removing s3://io-no-such-bucket/store/a"),
+        "{err}"
+    );
+}

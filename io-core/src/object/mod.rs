@@ -23,6 +23,9 @@
 //! - **Counting.** [`ObjectEngine::metrics`] counts the GETs the engine planned and issued and
 //!   the HTTP requests actually sent (retries included), so tests and benchmarks can check
 //!   that no more GETs go out than the coalesced plan has ranges.
+//! - **Whole objects.** [`ObjectEngine::put`], [`ObjectEngine::put_if_absent`],
+//!   [`ObjectEngine::get`] and [`ObjectEngine::delete_prefix`] write, read and remove whole
+//!   objects (see `write`), for jobs that keep their work on the store.
 //! - **Runtime.** `object_store` is async: one small tokio runtime per process (threads named
 //!   `zcrop-object`) runs every engine's requests, so callers stay synchronous.
 //!
@@ -33,6 +36,7 @@ mod client;
 mod config;
 mod limit;
 pub(crate) mod plan;
+mod write;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -511,6 +515,11 @@ fn shutdown_io(what: &str) -> std::io::Error {
 }
 
 fn listing_error(what: &str, e: &object_store::Error) -> std::io::Error {
+    store_error("listing", what, e)
+}
+
+/// An `object_store` error of `action` ("listing", "writing", ...) on `what` (a URL).
+fn store_error(action: &str, what: &str, e: &object_store::Error) -> std::io::Error {
     let kind = match e {
         object_store::Error::NotFound { .. } => std::io::ErrorKind::NotFound,
         object_store::Error::PermissionDenied { .. }
@@ -520,7 +529,7 @@ fn listing_error(what: &str, e: &object_store::Error) -> std::io::Error {
         }
         _ => std::io::ErrorKind::Other,
     };
-    std::io::Error::new(kind, format!("listing {what}: {e}"))
+    std::io::Error::new(kind, format!("{action} {what}: {e}"))
 }
 
 #[cfg(test)]

@@ -1,0 +1,96 @@
+//! Whole objects: writing, reading and removing them, for work kept on an object store
+//! (small documents, markers, chunks a job writes itself) beside the batched range reads.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+
+use super::{ObjectEngine, shutdown_io, store_error};
+
+impl ObjectEngine {
+    /// Writes `data` as the object `key` (relative to the root), replacing any object there.
+    pub fn put(&self, key: &Path, data: Bytes) -> std::io::Result<()> {
+        self.put_mode(key, data, PutMode::Overwrite).map(|_| ())
+    }
+
+    /// Writes `data` as the object `key` only if there is none (a conditional PUT, atomic on
+    /// the store); `false` if there was one, which is left as it was.
+    pub fn put_if_absent(&self, key: &Path, data: Bytes) -> std::io::Result<bool> {
+        self.put_mode(key, data, PutMode::Create)
+    }
+
+    fn put_mode(&self, key: &Path, data: Bytes, mode: PutMode) -> std::io::Result<bool> {
+        let shared = Arc::clone(self.live());
+        let what = self.url_of(key);
+        let location = self.location_or_err(key)?;
+        let opts = PutOptions {
+            mode,
+            ..PutOptions::default()
+        };
+        let done = self
+            .wait(async move { shared.store.put_opts(&location, data.into(), opts).await })
+            .ok_or_else(|| shutdown_io(&what))?;
+        match done {
+            Ok(_) => Ok(true),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Ok(false),
+            Err(e) => Err(store_error("writing", &what, &e)),
+        }
+    }
+
+    /// The whole object `key`, or `None` if there is none.
+    pub fn get(&self, key: &Path) -> std::io::Result<Option<Bytes>> {
+        let shared = Arc::clone(self.live());
+        let what = self.url_of(key);
+        let location = self.location_or_err(key)?;
+        let got = self
+            .wait(async move {
+                let r = shared
+                    .store
+                    .get_opts(&location, GetOptions::default())
+                    .await?;
+                r.bytes().await
+            })
+            .ok_or_else(|| shutdown_io(&what))?;
+        match got {
+            Ok(b) => Ok(Some(b)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_error("reading", &what, &e)),
+        }
+    }
+
+    /// Removes every object under `prefix` (a key relative to the root; `prefix/...`, and an
+    /// object named `prefix` itself); returns how many there were.
+    pub fn delete_prefix(&self, prefix: &Path) -> std::io::Result<usize> {
+        let shared = Arc::clone(self.live());
+        let what = self.url_of(prefix);
+        let location = self.location_or_err(prefix)?;
+        let removed = self
+            .wait(async move {
+                let store: &Arc<dyn ObjectStore> = &shared.store;
+                let mut found: Vec<object_store::path::Path> = store
+                    .list(Some(&location))
+                    .map_ok(|m| m.location)
+                    .try_collect()
+                    .await?;
+                // `list` gives what lies under `prefix/`; an object named `prefix` is not there.
+                if store.head(&location).await.is_ok() {
+                    found.push(location.clone());
+                }
+                let n = found.len();
+                let paths = futures_util::stream::iter(found.into_iter().map(Ok)).boxed();
+                store
+                    .delete_stream(paths)
+                    .try_for_each(|_| async { Ok(()) })
+                    .await
+                    .map(|()| n)
+            })
+            .ok_or_else(|| shutdown_io(&what))?;
+        removed.map_err(|e| store_error("removing", &what, &e))
+    }
+}
