@@ -357,6 +357,22 @@ def test_workers_hand_over_their_ring_buffers_without_a_copy():
         assert torch.equal(x, want)
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_main_process_forgets_the_carriers_of_past_epochs(persistent):
+    zero = [b[1] for b in collect(dataset(steps=8))]
+    dl = torch.utils.data.DataLoader(dataset(steps=8), batch_size=None, num_workers=2,
+                                     persistent_workers=persistent, timeout=60)
+    seen = []
+    for _ in range(3):
+        got = [b["img"].clone() for b in dl]
+        assert len(got) == 8 and all(torch.equal(x, y) for x, y in zip(got, zero))
+        seen.append(set(zt._RECEIVED_CARRIERS))
+    # Each epoch's workers send their own carriers; those of the first epoch are gone from the
+    # map once the third has started (retired at the end of their epoch, every reference in).
+    assert seen[0] and seen[2] and not seen[0] & seen[2]
+    del dl
+
+
 def test_a_ring_buffer_goes_back_to_the_loader_once_the_main_process_lets_go():
     import gc
     import pickle
