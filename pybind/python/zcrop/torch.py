@@ -132,6 +132,18 @@ class _SlotTensor(torch.Tensor):
     _zcrop_slot: tuple[torch.Tensor, int, int]
 
 
+def _slot_tensor(carrier: torch.Tensor, data: np.ndarray, offset: int, like: np.ndarray,
+                 held: list[weakref.ref[np.ndarray]]) -> _SlotTensor:
+    """A tensor of ``like``'s type and shape over ``carrier``'s bytes ``data`` at ``offset``,
+    which pickles as a reference to the carrier; a weak reference to the array under it goes
+    to ``held`` (that array lives exactly as long as some tensor over it)."""
+    arr, t = _over(data[offset:offset + like.nbytes], _tensor(like).dtype, tuple(like.shape))
+    held.append(weakref.ref(arr))
+    view = t.as_subclass(_SlotTensor)
+    view._zcrop_slot = (carrier, offset, like.nbytes)
+    return view
+
+
 def _carrier(data: torch.Tensor) -> torch.Tensor:
     """Marks a worker's shared tensor as a carrier: a key unique across processes, not sent yet."""
     data._zcrop_key = (os.getpid(), secrets.token_bytes(8))  # type: ignore[attr-defined]
@@ -259,13 +271,8 @@ class _SlotPool:
         held.clear()
         out: dict[str, torch.Tensor] = {}
         for (name, a), offset in zip(arrays.items(), offsets):
-            source = _tensor(a)
-            arr, t = _over(data[offset:offset + a.nbytes], source.dtype, tuple(a.shape))
-            t.copy_(source)
-            held.append(weakref.ref(arr))
-            view = t.as_subclass(_SlotTensor)
-            view._zcrop_slot = (carrier, offset, a.nbytes)
-            out[name] = view
+            out[name] = _slot_tensor(carrier, data, offset, a, held)
+            out[name].copy_(_tensor(a))
         return out
 
     def retire(self) -> None:
@@ -327,13 +334,9 @@ class _RingHandOff:
             self.files[fd] = carrier
         data = carrier.numpy()
         out: dict[str, torch.Tensor] = {}
-        held = []
+        held: list[weakref.ref[np.ndarray]] = []
         for (name, a), offset in zip(arrays.items(), offsets):
-            arr, t = _over(data[offset:offset + a.nbytes], _tensor(a).dtype, tuple(a.shape))
-            held.append(weakref.ref(arr))
-            view = t.as_subclass(_SlotTensor)
-            view._zcrop_slot = (carrier, offset, a.nbytes)
-            out[name] = view
+            out[name] = _slot_tensor(carrier, data, offset, a, held)
         self.kept.append((batch, _slot_counters(data), held))
         return out
 
