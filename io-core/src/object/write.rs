@@ -64,6 +64,20 @@ impl ObjectEngine {
         }
     }
 
+    /// Removes the object `key`; removing one that does not exist is not an error.
+    pub fn delete(&self, key: &Path) -> std::io::Result<()> {
+        let shared = Arc::clone(self.live());
+        let what = self.url_of(key);
+        let location = self.location_or_err(key)?;
+        let done = self
+            .wait(async move { shared.store.delete(&location).await })
+            .ok_or_else(|| shutdown_io(&what))?;
+        match done {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(store_error("removing", &what, &e)),
+        }
+    }
+
     /// Removes every object under `prefix` (a key relative to the root; `prefix/...`, and an
     /// object named `prefix` itself); returns how many there were.
     pub fn delete_prefix(&self, prefix: &Path) -> std::io::Result<usize> {
