@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use zcrop::sampler::fft::{FftJob, JobOptions, JobStart, TaskReport};
+use zcrop::sampler::fft::{FftJob, JobOptions, JobStart, StorageOptions, TaskReport};
 use zcrop::sampler::{
     ChunkedFftOptions, ComplexType, FftNorm, FftReport, FftStrategy, fft_along_axis_cancellable,
 };
@@ -20,6 +20,7 @@ fn options(
     norm: &str,
     dtype: &str,
     temp_dir: Option<PathBuf>,
+    storage: StorageOptions,
 ) -> PyResult<ChunkedFftOptions> {
     let mut o = ChunkedFftOptions::new(axis, memory_budget);
     o.norm = match norm {
@@ -42,7 +43,20 @@ fn options(
         }
     };
     o.temp_dir = temp_dir;
+    o.storage = storage;
     Ok(o)
+}
+
+/// Options for the output's (and work directory's) URLs, and for the input's (by default the
+/// same).
+type Options = Option<Vec<(String, String)>>;
+
+fn storage(output: Options, input: Options) -> StorageOptions {
+    let output = output.unwrap_or_default();
+    StorageOptions {
+        input: input.unwrap_or_else(|| output.clone()),
+        output,
+    }
 }
 
 fn secs(d: Duration) -> f64 {
@@ -85,10 +99,12 @@ fn set_numbers(d: &Bound<'_, PyDict>, items: &[(&str, u64)]) -> PyResult<()> {
     items.iter().try_for_each(|(k, v)| d.set_item(k, v))
 }
 
-/// The FFT of the array at `input` along `axis` into a new Zarr v3 array at `output`, in this
-/// process within `memory_budget` bytes; returns its report.
+/// The FFT of the array at `input` along `axis` into a new Zarr v3 array at `output` (paths or
+/// object-store URLs, opened with `storage_options`, the input with `input_storage_options` if
+/// given), in this process within `memory_budget` bytes, replacing an existing Zarr array there
+/// with `overwrite`; returns its report.
 #[pyfunction]
-#[pyo3(signature = (input, output, axis, memory_budget, norm, dtype, temp_dir=None))]
+#[pyo3(signature = (input, output, axis, memory_budget, norm, dtype, temp_dir=None, overwrite=false, storage_options=None, input_storage_options=None))]
 // pyo3 extracts arguments by value; the arguments mirror the Python signature.
 #[allow(clippy::needless_pass_by_value, clippy::too_many_arguments)]
 pub(crate) fn fft_local<'py>(
@@ -100,8 +116,13 @@ pub(crate) fn fft_local<'py>(
     norm: &str,
     dtype: &str,
     temp_dir: Option<PathBuf>,
+    overwrite: bool,
+    storage_options: Options,
+    input_storage_options: Options,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let o = options(axis, memory_budget, norm, dtype, temp_dir)?;
+    let s = storage(storage_options, input_storage_options);
+    let mut o = options(axis, memory_budget, norm, dtype, temp_dir, s)?;
+    o.overwrite = overwrite;
     let report = blocking::run(py, u64::MAX, |cancel| {
         fft_along_axis_cancellable(&input, &output, &o, Some(cancel)).map_err(Failure::Fft)
     })?;
@@ -134,10 +155,12 @@ fn task_dict<'py>(py: Python<'py>, r: &TaskReport) -> PyResult<Bound<'py, PyDict
 
 #[pymethods]
 impl NativeFftJob {
-    /// Plans the job and creates its arrays; returns `(job, done)`, `done` being `None` for a
-    /// new job and the number of tasks already done for a resumed one.
+    /// Plans the job and creates its arrays (paths or object-store URLs, opened with
+    /// `storage_options`, the input with `input_storage_options` if given); returns
+    /// `(job, done)`, `done` being `None` for a new job and the number of tasks already done
+    /// for a resumed one.
     #[staticmethod]
-    #[pyo3(signature = (input, output, axis, memory_budget, norm, dtype, work_dir, task_bytes, max_tasks, overwrite))]
+    #[pyo3(signature = (input, output, axis, memory_budget, norm, dtype, work_dir, task_bytes, max_tasks, overwrite, storage_options=None, input_storage_options=None))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn create(
         py: Python<'_>,
@@ -151,13 +174,16 @@ impl NativeFftJob {
         task_bytes: u64,
         max_tasks: u64,
         overwrite: bool,
+        storage_options: Options,
+        input_storage_options: Options,
     ) -> PyResult<(NativeFftJob, Option<u64>)> {
-        let o = options(axis, memory_budget, norm, dtype, None)?;
+        let s = storage(storage_options, input_storage_options);
+        let mut o = options(axis, memory_budget, norm, dtype, None, s)?;
+        o.overwrite = overwrite;
         let jo = JobOptions {
             work_dir,
             task_bytes,
             max_tasks,
-            overwrite,
         };
         let (job, start) = blocking::run(py, 0, |_| {
             FftJob::create(&input, &output, &o, &jo).map_err(Failure::Fft)
@@ -169,14 +195,22 @@ impl NativeFftJob {
         Ok((NativeFftJob { job }, done))
     }
 
-    /// A job from its JSON description.
+    /// A job from its JSON description, its URLs opened with `storage_options` (the input's
+    /// with `input_storage_options` if given).
     #[staticmethod]
-    fn from_json(py: Python<'_>, json: &str) -> PyResult<NativeFftJob> {
-        let job = blocking::run(py, 0, |_| FftJob::from_json(json).map_err(Failure::Fft))?;
+    #[pyo3(signature = (json, storage_options=None, input_storage_options=None))]
+    fn from_json(
+        py: Python<'_>,
+        json: &str,
+        storage_options: Options,
+        input_storage_options: Options,
+    ) -> PyResult<NativeFftJob> {
+        let s = storage(storage_options, input_storage_options);
+        let job = blocking::run(py, 0, |_| FftJob::from_json(json, &s).map_err(Failure::Fft))?;
         Ok(NativeFftJob { job })
     }
 
-    /// The JSON description.
+    /// The JSON description (no storage options).
     fn to_json(&self) -> String {
         self.job.to_json()
     }
@@ -204,16 +238,16 @@ impl NativeFftJob {
         self.job.strategy()
     }
 
-    /// The output array's path.
+    /// The output array's path or URL.
     #[getter]
-    fn output(&self) -> PathBuf {
-        self.job.output().to_path_buf()
+    fn output(&self) -> &str {
+        self.job.output()
     }
 
-    /// The work directory's path.
+    /// The work directory's path or URL.
     #[getter]
-    fn work_dir(&self) -> PathBuf {
-        self.job.work_dir().to_path_buf()
+    fn work_dir(&self) -> &str {
+        self.job.work_dir()
     }
 
     /// The output's chunk shape.
@@ -223,8 +257,8 @@ impl NativeFftJob {
     }
 
     /// Tasks of stage `stage` already done.
-    fn done_in(&self, py: Python<'_>, stage: usize) -> u64 {
-        py.detach(|| self.job.done_in(stage))
+    fn done_in(&self, py: Python<'_>, stage: usize) -> PyResult<u64> {
+        blocking::run(py, 0, |_| self.job.done_in(stage).map_err(Failure::Fft))
     }
 
     /// Checks, in this process, that the job's storage is reachable.

@@ -355,6 +355,9 @@ def fft_local(
     norm: str,
     dtype: str,
     temp_dir: str | PathLike[str] | None = None,
+    overwrite: bool = False,
+    storage_options: list[tuple[str, str]] | None = None,
+    input_storage_options: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The out-of-core FFT along ``axis`` in this process; returns its report."""
 
@@ -374,9 +377,15 @@ class NativeFftJob:
         task_bytes: int,
         max_tasks: int,
         overwrite: bool,
+        storage_options: list[tuple[str, str]] | None = None,
+        input_storage_options: list[tuple[str, str]] | None = None,
     ) -> tuple[NativeFftJob, int | None]: ...
     @staticmethod
-    def from_json(json: str) -> NativeFftJob: ...
+    def from_json(
+        json: str,
+        storage_options: list[tuple[str, str]] | None = None,
+        input_storage_options: list[tuple[str, str]] | None = None,
+    ) -> NativeFftJob: ...
     def to_json(self) -> str: ...
     def stages(self) -> list[dict[str, Any]]: ...
     @property

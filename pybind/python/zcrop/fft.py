@@ -18,6 +18,14 @@ with ``engine="dask"`` or ``engine="cubed"``, runs each pass as a set of indepen
 Every task reads its block with zcrop, transforms it with the Rust kernels (the GIL released)
 and writes whole chunks with zarrs, so a task that dies is simply run again; a job interrupted
 altogether resumes where it stopped when called again with the same arguments.
+
+The source, the target and the work directory may be object-store URLs, so that workers on many
+machines share them::
+
+    zcrop.fft.fft_along_axis(
+        "s3://era5/t2m.zarr", "time", "s3://scratch/t2m_fft.zarr", engine="dask",
+        storage_options={"region": "eu-west-1"}, source_storage_options={"anon": True},
+    )
 """
 
 from __future__ import annotations
@@ -26,12 +34,11 @@ import dataclasses
 import math
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from zcrop._api import Options, is_url, storage_option_pairs
 from zcrop._zcrop import NativeFftJob, fft_local
 from zcrop.errors import InvalidArgumentError
 
@@ -100,7 +107,18 @@ class FftReport:
     seconds: float
 
 
-def _xarray_path(da: Any) -> tuple[str, list[str | None] | None, tuple[int, ...]]:
+@dataclasses.dataclass(frozen=True)
+class _Input:
+    """The array to transform: its path or URL, the options that open it, its dimension names
+    and shape."""
+
+    uri: str
+    options: Options | None
+    names: list[str | None] | None
+    shape: tuple[int, ...]
+
+
+def _xarray_input(da: Any) -> _Input:
     """The array under a variable of a dataset opened with ``engine="zcrop"``, and its
     dimensions; the FFT transforms stored values, so a variable xarray decodes is refused."""
     from zcrop._xarray import _source
@@ -118,38 +136,50 @@ def _xarray_path(da: Any) -> tuple[str, list[str | None] | None, tuple[int, ...]
             "but the FFT transforms the stored values: open the dataset with "
             "mask_and_scale=False, decode_times=False, or pass the array's path"
         )
-    uri = backend._array.native.uri
-    if "://" in uri:
-        raise InvalidArgumentError(
-            f"the FFT reads its input from a filesystem path (local or shared), not {uri!r}"
-        )
-    return uri, [str(d) for d in da.dims], tuple(int(n) for n in da.shape)
+    native = backend._array.native
+    return _Input(
+        native.uri,
+        list(native.storage_options),
+        [str(d) for d in da.dims],
+        tuple(int(n) for n in da.shape),
+    )
 
 
-def _input_path(source: Any) -> tuple[str, list[str | None] | None, tuple[int, ...]]:
-    """The local directory of ``source`` (a path, a :class:`zcrop.Array` or an xarray
-    variable opened with ``engine="zcrop"``), its dimension names and its shape."""
+def _input(source: Any, explicit: Options | None, default: Options | None) -> _Input:
+    """The array ``source`` names: a path or URL (opened with ``explicit``, else ``default``),
+    a :class:`zcrop.Array` or an xarray variable opened with ``engine="zcrop"`` (their own
+    options unless ``explicit``)."""
     from zcrop._api import open_array
     from zcrop._array import Array
 
     if isinstance(source, Array):
-        uri = source.native.uri
+        found = _Input(source.native.uri, list(source.native.storage_options), None, ())
     elif isinstance(source, (str, os.PathLike)):
-        uri = os.fspath(source)
+        found = _Input(os.fspath(source), default, None, ())
     elif hasattr(source, "variable") and hasattr(source, "dims"):
-        return _xarray_path(source)
+        found = _xarray_input(source)
     else:
         raise TypeError(
-            "source must be a path, a zcrop.Array or a variable of a dataset opened with "
+            "source must be a path, a URL, a zcrop.Array or a variable of a dataset opened with "
             f"engine='zcrop', not {type(source).__name__}"
         )
-    if "://" in uri:
-        raise InvalidArgumentError(
-            f"the FFT reads its input from a filesystem path (local or shared), not {uri!r}"
-        )
-    array = open_array(uri)
+    options = explicit if explicit is not None else found.options
+    found = dataclasses.replace(found, options=options if is_url(found.uri) else None)
+    if found.shape:
+        return found
+    array = open_array(
+        found.uri, storage_options=None if found.options is None else dict(found.options)
+    )
     names = array.dimension_names
-    return uri, None if names is None else list(names), tuple(array.shape)
+    return dataclasses.replace(
+        found, names=None if names is None else list(names), shape=tuple(array.shape)
+    )
+
+
+def _location(where: str | os.PathLike[str]) -> str:
+    """A URL as given (less a trailing ``/``), a path made absolute."""
+    text = os.fspath(where)
+    return text.rstrip("/") if is_url(text) else os.path.abspath(text)
 
 
 def _axis(axis: int | str, names: list[str | None] | None, ndim: int) -> int:
@@ -162,20 +192,6 @@ def _axis(axis: int | str, names: list[str | None] | None, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} of a {ndim}-d array")
     return axis % ndim
-
-
-def _prepare_target(target: Path, overwrite: bool) -> None:
-    """Refuses an existing target unless ``overwrite``, and removes only a Zarr array."""
-    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
-        return
-    if not overwrite:
-        raise InvalidArgumentError(f"the output {target} exists; pass overwrite=True to replace it")
-    if not ((target / "zarr.json").is_file() or (target / ".zarray").is_file()):
-        raise InvalidArgumentError(
-            f"the output {target} exists and is not a Zarr array; it is not removed even with "
-            "overwrite=True"
-        )
-    shutil.rmtree(target)
 
 
 def fft_along_axis(
@@ -194,6 +210,8 @@ def fft_along_axis(
     overwrite: bool = False,
     task_bytes: int | str | None = None,
     progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    source_storage_options: dict[str, Any] | None = None,
 ) -> FftReport:
     """``numpy.fft.fft(source, axis=axis, norm=norm)`` written as a Zarr v3 array at ``target``,
     for arrays of any size: the axis may span many chunks and nothing need fit in memory.
@@ -201,15 +219,16 @@ def fft_along_axis(
     Parameters
     ----------
     source:
-        The input array: a filesystem path (local, or shared by every worker), a
-        :class:`zcrop.Array` opened from one, or a variable of a dataset opened with
-        ``engine="zcrop"`` (its stored values: a variable xarray decodes is refused). Any
-        real or complex data type.
+        The input array: a filesystem path (local, or shared by every worker) or an
+        object-store URL (``s3://``, ``gs://``, ``az://``, ``https://``), a
+        :class:`zcrop.Array`, or a variable of a dataset opened with ``engine="zcrop"`` (its
+        stored values: a variable xarray decodes is refused). Any real or complex data type.
     axis:
         The axis to transform, by index or dimension name.
     target:
-        Where the output goes: a new Zarr v3 array of the input's shape and dimension names,
-        data type ``dtype``, with an attribute ``zcrop_fft`` recording the axis and ``norm``.
+        Where the output goes (a path or an object-store URL): a new Zarr v3 array of the
+        input's shape and dimension names, data type ``dtype``, with an attribute ``zcrop_fft``
+        recording the axis and ``norm``.
     memory_per_task:
         Bytes one task may hold (blocks, chunk buffers, IO in flight), as an int or a text such
         as ``"512MiB"``; with ``engine="local"`` the whole transform's budget. A Dask worker runs
@@ -224,9 +243,10 @@ def fft_along_axis(
         numpy's ``norm=`` (``"backward"``, ``"ortho"``, ``"forward"``); the output type,
         ``"complex64"`` or ``"complex128"``.
     work_dir:
-        Where the temporary arrays and the job's state go; every worker must reach it at this
-        path. Default: beside the target (``<target>.zcrop-fft``), or for the local engine the
-        system's temporary directory. Removed when the transform completes.
+        Where the temporary arrays and the job's state go (a path or an object-store URL);
+        every worker must reach it there. Default: beside the target (``<target>.zcrop-fft``),
+        or for the local engine the system's temporary directory (it must be a local directory
+        there). Removed when the transform completes.
     overwrite:
         Replace an existing target (only a Zarr array is ever deleted). Without it, an existing
         target is an error, except the target of the same unfinished job, which resumes.
@@ -236,6 +256,15 @@ def fft_along_axis(
     progress:
         Show a progress bar: Dask's, or Cubed's (``pip install 'cubed[diagnostics]'``); the
         local engine shows none.
+    storage_options:
+        Options of the object store the target and ``work_dir`` URLs name (``endpoint_url``,
+        ``region``, credentials, ...; see :func:`zcrop.open`), and of the source's unless
+        ``source_storage_options`` is given. They travel with each task, never in the job's
+        files; workers without them use the usual environment variables.
+    source_storage_options:
+        Options of the source's object store, when they differ (a public dataset read with
+        ``{"anon": True}``, for example). Default: ``storage_options``, or those a
+        :class:`zcrop.Array` or xarray variable was opened with.
 
     Raises
     ------
@@ -251,28 +280,37 @@ def fft_along_axis(
         raise ValueError("client= is for engine='dask'")
     if engine != "cubed" and (spec is not None or executor is not None):
         raise ValueError("spec= and executor= are for engine='cubed'")
-    path, names, shape = _input_path(source)
-    ndim = len(shape)
-    ax = _axis(axis, names, ndim)
-    target = Path(os.path.abspath(os.fspath(target)))
+    options = storage_option_pairs(storage_options)
+    explicit = storage_option_pairs(source_storage_options)
+    src = _input(source, explicit, options)
+    shape = src.shape
+    ax = _axis(axis, src.names, len(shape))
+    target = _location(target)
     if engine == "cubed" and memory_per_task == "1GiB":
         memory = _cubed_task_memory(_cubed_spec(spec))
     else:
         memory = _bytes(memory_per_task, "memory_per_task")
     t0 = time.perf_counter()
     if engine == "local":
-        _prepare_target(target, overwrite)
+        if work_dir is not None and is_url(os.fspath(work_dir)):
+            raise InvalidArgumentError(
+                "engine='local' keeps its temporaries in a local directory; work_dir="
+                f"{os.fspath(work_dir)!r} is a URL (use engine='dask' to share them)"
+            )
         r = fft_local(
-            path,
-            str(target),
+            src.uri,
+            target,
             ax,
             memory,
             norm,
             dtype,
-            None if work_dir is None else os.fspath(work_dir),
+            temp_dir=None if work_dir is None else os.fspath(work_dir),
+            overwrite=overwrite,
+            storage_options=options,
+            input_storage_options=src.options,
         )
         return FftReport(
-            path=str(target),
+            path=target,
             engine="local",
             strategy=r["strategy"],
             stages=((r["strategy"], 1),),
@@ -282,7 +320,7 @@ def fft_along_axis(
             resumed_tasks=0,
             seconds=time.perf_counter() - t0,
         )
-    work = Path(os.fspath(work_dir)) if work_dir is not None else Path(f"{target}.zcrop-fft")
+    work = _location(work_dir) if work_dir is not None else f"{target}.zcrop-fft"
     if engine == "dask":
         client = _dask_client(client)
         slots = max(1, sum(client.nthreads().values()))
@@ -296,16 +334,28 @@ def fft_along_axis(
         else _bytes(task_bytes, "task_bytes")
     )
     job, _done_before = NativeFftJob.create(
-        path, str(target), ax, memory, norm, dtype, str(work), per_task, MAX_TASKS, overwrite
+        src.uri,
+        target,
+        ax,
+        memory,
+        norm,
+        dtype,
+        work,
+        per_task,
+        MAX_TASKS,
+        overwrite,
+        storage_options=options,
+        input_storage_options=src.options,
     )
     stages = job.stages()
+    task = _Task(job.to_json(), _frozen(options), _frozen(src.options))
     if engine == "dask":
-        reports = _run_dask(job, stages, client, progress)
+        reports = _run_dask(job, task, stages, client, progress)
     else:
-        reports = _run_cubed(job, stages, memory, _cubed_spec(spec), executor, progress)
+        reports = _run_cubed(task, stages, memory, _cubed_spec(spec), executor, progress)
     job.finish()
     return FftReport(
-        path=str(target),
+        path=target,
         engine=engine,
         strategy=job.strategy,
         stages=tuple((s["name"], s["tasks"]) for s in stages),
@@ -319,23 +369,43 @@ def fft_along_axis(
 
 # --- the tasks, as the workers run them ----------------------------------------------------------
 
-
-def _job(job_json: str) -> NativeFftJob:
-    """The job from its description, parsed once per worker process."""
-    cached = _JOBS.get(job_json)
-    if cached is None:
-        if len(_JOBS) > 8:
-            _JOBS.clear()
-        cached = _JOBS[job_json] = NativeFftJob.from_json(job_json)
-    return cached
+#: Storage options as a hashable tuple of pairs.
+_Frozen = tuple[tuple[str, str], ...] | None
 
 
-_JOBS: dict[str, NativeFftJob] = {}
+def _frozen(options: Options | None) -> _Frozen:
+    return None if options is None else tuple(options)
 
 
-def _run_task(job_json: str, stage: int, task: int, *_after: Any) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    """What every task carries: the job's description and the storage options its worker opens
+    the job's URLs with (the target's and work directory's, the source's)."""
+
+    job_json: str
+    options: _Frozen
+    input_options: _Frozen
+
+    def job(self) -> NativeFftJob:
+        """The job, opened once per worker process."""
+        cached = _JOBS.get(self)
+        if cached is None:
+            if len(_JOBS) > 8:
+                _JOBS.clear()
+            cached = _JOBS[self] = NativeFftJob.from_json(
+                self.job_json,
+                None if self.options is None else list(self.options),
+                None if self.input_options is None else list(self.input_options),
+            )
+        return cached
+
+
+_JOBS: dict[_Task, NativeFftJob] = {}
+
+
+def _run_task(task: _Task, stage: int, index: int, *_after: Any) -> dict[str, Any]:
     """Runs one task (``_after``: the previous stage's summary, only there to order tasks)."""
-    return dict(_job(job_json).run_task(stage, task))
+    return dict(task.job().run_task(stage, index))
 
 
 def _summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -350,10 +420,10 @@ def _summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _check_access(job_json: str) -> str | None:
+def _check_access(task: _Task) -> str | None:
     """On a worker: ``None``, or why the job's storage is out of its reach."""
     try:
-        _job(job_json).check_access()
+        task.job().check_access()
     except Exception as e:  # noqa: BLE001 - reported back to the submitting process
         return f"{type(e).__name__}: {e}"
     return None
@@ -378,14 +448,13 @@ def _dask_client(client: Any) -> Any:
 
 
 def _run_dask(
-    job: NativeFftJob, stages: list[dict[str, Any]], client: Any, progress: bool
+    job: NativeFftJob, task: _Task, stages: list[dict[str, Any]], client: Any, progress: bool
 ) -> list[dict[str, Any]]:
     """Checks every worker's access, then runs the stages as one graph: each stage's tasks
     depend on a summary of the stage before."""
     import distributed
 
-    job_json = job.to_json()
-    problems = {w: p for w, p in client.run(_check_access, job_json).items() if p is not None}
+    problems = {w: p for w, p in client.run(_check_access, task).items() if p is not None}
     if problems:
         lines = "\n".join(f"  {w}: {p}" for w, p in sorted(problems.items()))
         raise InvalidArgumentError(
@@ -400,7 +469,7 @@ def _run_dask(
         name = f"zcrop-fft-{info['name']}-{token}"
         keys = [(name, t) for t in range(info["tasks"])]
         for key in keys:
-            graph[key] = (_run_task, job_json, s, key[1], *after)
+            graph[key] = (_run_task, task, s, key[1], *after)
         done = f"zcrop-fft-{info['name']}-done-{token}"
         graph[done] = (_summary, keys)
         summaries.append(done)
@@ -439,7 +508,7 @@ def _cubed_task_memory(spec: Any) -> int:
 
 
 def _run_cubed(
-    job: NativeFftJob,
+    task: _Task,
     stages: list[dict[str, Any]],
     memory: int,
     spec: Any,
@@ -452,8 +521,7 @@ def _run_cubed(
     import cubed
     import numpy as np
 
-    job_json = job.to_json()
-    problem = _check_access(job_json)
+    problem = _check_access(task)
     if problem is not None:
         raise InvalidArgumentError(f"the job's storage is out of reach: {problem}")
     fields = ("read_bytes", "written_bytes", "block_bytes", "skipped")
@@ -461,7 +529,7 @@ def _run_cubed(
     def block(stage: int) -> Callable[..., Any]:
         def run(*_inputs: Any, block_id: tuple[int, ...] = (0,), **_kw: Any) -> Any:
             # Cubed passes the (ignored) input blocks first.
-            r = _run_task(job_json, stage, block_id[0])
+            r = _run_task(task, stage, block_id[0])
             return np.array([[int(r[f]) for f in fields]], dtype=np.int64)
 
         return run

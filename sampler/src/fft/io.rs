@@ -1,17 +1,17 @@
 //! Reading blocks (as complex numbers, converted inside zarr-front's stitch) in reads split to
 //! stay within the budget, and writing output and temporary chunks with zarrs.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
 use rustfft::num_complex::Complex;
 use zarrs::array::{ArrayBuilder, ArrayBytes, CodecOptions, DataType, FillValue};
-use zarrs::filesystem::FilesystemStore;
+use zarrs::storage::ReadableWritableStorageTraits;
 use zcrop_zarr::{Array, OpenOptions, ReadOptions, StitchTransform, ZarrError};
 
 use crate::transform::{InType, for_each_value};
 
 use super::options::{ComplexType, FftError};
+use super::place::Place;
 use super::plan::{Plan, WORK};
 
 pub(crate) fn write_err(
@@ -71,10 +71,13 @@ pub(crate) struct View<'a> {
     pub(crate) strides: Vec<usize>,
 }
 
-/// A zarrs array being written, with a reusable staging buffer.
+type Store = dyn ReadableWritableStorageTraits;
+
+/// A zarrs array being written (to a local directory or an object store), with a reusable
+/// staging buffer.
 pub(crate) struct Writer {
-    array: zarrs::array::Array<FilesystemStore>,
-    path: PathBuf,
+    array: zarrs::array::Array<Store>,
+    place: Place,
     es: usize,
     staging: Vec<u8>,
     pub(crate) written: u64,
@@ -89,15 +92,16 @@ const STORE_RESET: usize = 256;
 
 impl Writer {
     pub(crate) fn create(
-        path: &Path,
+        place: &Place,
         shape: Vec<u64>,
         chunks: Vec<u64>,
         ty: ComplexType,
         dimension_names: Option<Vec<Option<String>>>,
         attributes: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Writer, FftError> {
-        std::fs::create_dir_all(path).map_err(|e| write_err(path, e))?;
-        let store = Arc::new(FilesystemStore::new(path).map_err(|e| write_err(path, e))?);
+        let path = &place.location();
+        place.make_dir()?;
+        let store = place.store()?;
         let dt = DataType::from_metadata(&zarrs::metadata::v3::MetadataV3::new(ty.name()))
             .map_err(|e| write_err(path, e))?;
         let mut b = ArrayBuilder::new(shape, chunks, dt, FillValue::new(vec![0u8; ty.size()]));
@@ -107,20 +111,20 @@ impl Writer {
         }
         let array = b.build(store, "/").map_err(|e| write_err(path, e))?;
         array.store_metadata().map_err(|e| write_err(path, e))?;
-        Ok(Writer::with(array, path, ty))
+        Ok(Writer::with(array, place, ty))
     }
 
     /// Opens an array [`Writer::create`] made, to write more of its chunks.
-    pub(crate) fn open(path: &Path, ty: ComplexType) -> Result<Writer, FftError> {
-        let store = Arc::new(FilesystemStore::new(path).map_err(|e| write_err(path, e))?);
-        let array = zarrs::array::Array::open(store, "/").map_err(|e| write_err(path, e))?;
-        Ok(Writer::with(array, path, ty))
+    pub(crate) fn open(place: &Place, ty: ComplexType) -> Result<Writer, FftError> {
+        let array = zarrs::array::Array::open(place.store()?, "/")
+            .map_err(|e| write_err(&place.location(), e))?;
+        Ok(Writer::with(array, place, ty))
     }
 
-    fn with(array: zarrs::array::Array<FilesystemStore>, path: &Path, ty: ComplexType) -> Writer {
+    fn with(array: zarrs::array::Array<Store>, place: &Place, ty: ComplexType) -> Writer {
         Writer {
             array,
-            path: path.to_path_buf(),
+            place: place.clone(),
             es: ty.size(),
             staging: Vec::new(),
             written: 0,
@@ -171,11 +175,12 @@ impl Writer {
             }
         }
         if self.since_reset >= STORE_RESET {
-            let store =
-                Arc::new(FilesystemStore::new(&self.path).map_err(|e| write_err(&self.path, e))?);
-            self.array =
-                zarrs::array::Array::new_with_metadata(store, "/", self.array.metadata().clone())
-                    .map_err(|e| write_err(&self.path, e))?;
+            self.array = zarrs::array::Array::new_with_metadata(
+                self.place.store()?,
+                "/",
+                self.array.metadata().clone(),
+            )
+            .map_err(|e| write_err(&self.place.location(), e))?;
             self.since_reset = 0;
         }
         self.since_reset += 1;
@@ -185,7 +190,7 @@ impl Writer {
                 ArrayBytes::new_flen(&self.staging[..]),
                 &self.options,
             )
-            .map_err(|e| write_err(&self.path, e))?;
+            .map_err(|e| write_err(&self.place.location(), e))?;
         self.written += self.staging.len() as u64;
         Ok(())
     }
@@ -290,22 +295,26 @@ fn read_split(
 
 /// A temporary `(lines, rows, cols)` complex128 array: its writer and its reader.
 pub(crate) fn temp_array(
-    dir: &Path,
+    place: &Place,
     shape: [u64; 3],
     chunks: [u64; 3],
     open: &OpenOptions,
 ) -> Result<(Writer, Array), FftError> {
     let w = Writer::create(
-        dir,
+        place,
         shape.to_vec(),
         chunks.to_vec(),
         ComplexType::Complex128,
         None,
         serde_json::Map::new(),
     )?;
-    let r = Array::open_with(dir, open).map_err(|error| FftError::Read {
-        what: format!("temporary array {}", dir.display()),
+    Ok((w, open_temp(place, open)?))
+}
+
+/// Opens the temporary array at `place` for reading.
+pub(crate) fn open_temp(place: &Place, open: &OpenOptions) -> Result<Array, FftError> {
+    Array::open_with(place.location(), &place.open_options(open)).map_err(|error| FftError::Read {
+        what: format!("temporary array {}", place.show()),
         error,
-    })?;
-    Ok((w, r))
+    })
 }

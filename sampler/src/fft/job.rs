@@ -11,12 +11,16 @@
 //! result: a task killed halfway is simply rerun. When it finishes it leaves a marker file
 //! (`work_dir/done/<stage>/<task>`); [`FftJob::run_task`] skips a task whose marker exists, so
 //! creating the same job again after a crash resumes it.
+//!
+//! The input, the output and the work directory may each be a local path or an object-store
+//! URL (`s3://bucket/prefix`, `gs://...`, `az://...`); the job's description there holds no
+//! credentials: every process gives its storage options itself ([`FftJob::from_json`]).
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use zcrop_io::fork::PerProcess;
@@ -25,28 +29,28 @@ use zcrop_zarr::Array;
 use crate::spectral::FftNorm;
 use crate::transform::InType;
 
-use super::io::{Writer, write_err};
-use super::options::{ChunkedFftOptions, ComplexType, FftError};
+use super::io::{Writer, open_temp};
+use super::options::{ChunkedFftOptions, ComplexType, FftError, StorageOptions};
 use super::passes::{Passes, Stage, Temps, item_bytes, items, stages};
+use super::place::Place;
 use super::plan::{Plan, PlanKind};
 use super::{Prepared, ctx, open_input, open_options};
 
 /// The version of `job.json`'s layout.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 /// How an [`FftJob`] is cut into tasks and where it keeps its state.
 #[derive(Debug, Clone)]
 pub struct JobOptions {
-    /// Directory for the temporary arrays, the job description (`job.json`) and the task
-    /// markers; every process that runs tasks must reach it at this path.
-    pub work_dir: PathBuf,
+    /// Directory (a local path or an object-store URL) for the temporary arrays, the job
+    /// description (`job.json`) and the task markers; every process that runs tasks must reach
+    /// it at this path.
+    pub work_dir: std::path::PathBuf,
     /// Work per task: consecutive items are grouped until their working blocks add up to
     /// about this many bytes.
     pub task_bytes: u64,
     /// Most tasks per stage; tasks hold more items where the stage would have more.
     pub max_tasks: u64,
-    /// Replace an existing output array, and any other job's state in `work_dir`.
-    pub overwrite: bool,
 }
 
 /// Whether [`FftJob::create`] started a new job or found the same one, unfinished.
@@ -97,14 +101,26 @@ pub struct TaskReport {
     pub elapsed: Duration,
 }
 
-/// A chunked FFT cut into tasks (see the module documentation). It serialises to JSON
-/// ([`FftJob::to_json`]) to travel to the processes that run its tasks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A chunked FFT cut into tasks (see the module documentation). Its description serialises
+/// to JSON ([`FftJob::to_json`]) to travel to the processes that run its tasks.
+#[derive(Clone)]
 pub struct FftJob {
+    d: Description,
+    storage: StorageOptions,
+    input: Place,
+    output: Place,
+    work: Place,
+}
+
+/// What `job.json` holds: the plan and where everything is, no credentials.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Description {
     format: u32,
-    input: PathBuf,
-    output: PathBuf,
-    work_dir: PathBuf,
+    /// Tells this job from an identical one created again in the same work directory.
+    token: String,
+    input: String,
+    output: String,
+    work_dir: String,
     axis: usize,
     norm: FftNorm,
     output_type: ComplexType,
@@ -118,34 +134,69 @@ pub struct FftJob {
     stages: Vec<StageInfo>,
 }
 
+impl Description {
+    /// Whether `self` and `other` describe the same transform (their tokens aside).
+    fn same_job(&self, other: &Description) -> bool {
+        Description {
+            token: other.token.clone(),
+            ..self.clone()
+        } == *other
+    }
+}
+
+impl std::fmt::Debug for FftJob {
+    // The storage options may hold credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FftJob")
+            .field("description", &self.d)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for FftJob {
+    fn eq(&self, other: &FftJob) -> bool {
+        self.d == other.d
+    }
+}
+
+/// A token unlike any other job's: the time, the process and a counter.
+fn new_token() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{nanos:x}-{:x}-{n:x}", std::process::id())
+}
+
 impl FftJob {
     /// Plans the FFT of the array at `input` along `options.axis` into a new Zarr v3 array at
     /// `output` and creates its arrays; `options.memory_budget` is each task's budget (and
-    /// `options.temp_dir` is not used: temporaries go under `job.work_dir`).
+    /// `options.temp_dir` is not used: temporaries go under `job.work_dir`). `input`, `output`
+    /// and `job.work_dir` are local paths or object-store URLs (opened with
+    /// `options.storage`).
     ///
-    /// An existing output is an error unless `job.overwrite` (and then it must be a Zarr
+    /// An existing output is an error unless `options.overwrite` (and then it must be a Zarr
     /// array: nothing else is deleted), except where `job.work_dir` holds this same job,
-    /// unfinished: then the job resumes.
+    /// unfinished: then the job resumes. `options.overwrite` also replaces another job's state
+    /// in `job.work_dir`.
     pub fn create(
         input: impl AsRef<Path>,
         output: impl AsRef<Path>,
         options: &ChunkedFftOptions,
         job: &JobOptions,
     ) -> Result<(FftJob, JobStart), FftError> {
-        let abs = |p: &Path| std::path::absolute(p).map_err(|e| write_err(p, e));
-        let (input, output, work_dir) = (
-            abs(input.as_ref())?,
-            abs(output.as_ref())?,
-            abs(&job.work_dir)?,
-        );
-        if work_dir == output || work_dir.starts_with(&output) || output.starts_with(&work_dir) {
+        let storage = &options.storage;
+        let output = Place::new(output.as_ref(), &storage.output)?;
+        let work = Place::new(&job.work_dir, &storage.output)?;
+        if work.overlaps(&output) {
             return Err(FftError::InvalidArgument(format!(
                 "the work directory {} and the output {} must not contain each other",
-                work_dir.display(),
-                output.display()
+                work.show(),
+                output.show()
             )));
         }
-        let p = Prepared::new(&input, options)?;
+        let p = Prepared::new(input.as_ref(), options)?;
         let c = p.ctx(&p.array);
         let stages = stages(&p.plan.kind)
             .into_iter()
@@ -164,74 +215,77 @@ impl FftJob {
                 }
             })
             .collect();
-        let this = FftJob {
-            format: FORMAT,
-            input,
+        let mut this = FftJob {
+            d: Description {
+                format: FORMAT,
+                token: new_token(),
+                input: p.input.show(),
+                output: output.show(),
+                work_dir: work.show(),
+                axis: p.axis,
+                norm: p.norm,
+                output_type: p.output,
+                memory_budget: options.memory_budget,
+                data_type: p.array.data_type(),
+                shape: p.shape.clone(),
+                input_chunks: p.array.chunk_shape().to_vec(),
+                plan: p.plan.clone(),
+                output_chunks: p.out_chunks.clone(),
+                max_read: p.budgets.block / 4,
+                stages,
+            },
+            storage: storage.clone(),
+            input: p.input.clone(),
             output,
-            work_dir,
-            axis: p.axis,
-            norm: p.norm,
-            output_type: p.output,
-            memory_budget: options.memory_budget,
-            data_type: p.array.data_type(),
-            shape: p.shape.clone(),
-            input_chunks: p.array.chunk_shape().to_vec(),
-            plan: p.plan.clone(),
-            output_chunks: p.out_chunks.clone(),
-            max_read: p.budgets.block / 4,
-            stages,
+            work,
         };
         let found = this.read_description().ok();
-        let same = found.as_ref() == Some(&this);
-        if same && !job.overwrite && this.output.join("zarr.json").is_file() {
+        let same = found.as_ref().is_some_and(|f| f.same_job(&this.d));
+        if same && !options.overwrite && this.output.join("zarr.json").exists()? {
             // The same job, unfinished: the arrays' metadata is written again (identical) in
             // case the crash came before it was.
+            if let Some(f) = found {
+                this.d.token = f.token;
+            }
             this.create_arrays(&p)?;
-            let done = (0..this.stages.len()).map(|s| this.done_in(s)).sum();
+            let done = (0..this.d.stages.len())
+                .map(|s| this.done_in(s))
+                .sum::<Result<u64, FftError>>()?;
             return Ok((this, JobStart::Resumed { done }));
         }
         // The same job whose output was removed starts over.
-        if found.is_some() && !same && !job.overwrite {
+        if found.is_some() && !same && !options.overwrite {
+            let (from, to) = found
+                .as_ref()
+                .map_or(("?", "?"), |f| (f.input.as_str(), f.output.as_str()));
             return Err(FftError::InvalidArgument(format!(
-                "the work directory {} holds another transform's state (from {} to {}); \
+                "the work directory {} holds another transform's state (from {from} to {to}); \
                  remove it, choose another work directory, or overwrite",
-                this.work_dir.display(),
-                found
-                    .as_ref()
-                    .map_or("?".into(), |f| f.input.display().to_string()),
-                found
-                    .as_ref()
-                    .map_or("?".into(), |f| f.output.display().to_string()),
+                this.d.work_dir,
             )));
         }
-        let output_exists = !same
-            && this.output.exists()
-            && std::fs::read_dir(&this.output).map_or(true, |mut d| d.next().is_some());
-        if output_exists {
-            if !job.overwrite {
+        if !same && !this.output.is_empty()? {
+            if !options.overwrite {
                 return Err(FftError::InvalidArgument(format!(
                     "the output {} exists; pass overwrite to replace it",
-                    this.output.display()
+                    this.d.output
                 )));
             }
-            remove_zarr(&this.output)?;
+            this.output.remove_zarr()?;
         }
-        if this.work_dir.exists() {
-            if found.is_none() && !is_empty_dir(&this.work_dir) {
-                return Err(FftError::InvalidArgument(format!(
-                    "the work directory {} exists and holds no zcrop FFT job; \
-                     give an empty or new directory",
-                    this.work_dir.display()
-                )));
-            }
-            std::fs::remove_dir_all(&this.work_dir).map_err(|e| write_err(&this.work_dir, e))?;
+        if found.is_none() && !this.work.is_empty()? {
+            return Err(FftError::InvalidArgument(format!(
+                "the work directory {} exists and holds no zcrop FFT job; \
+                 give an empty or new directory",
+                this.d.work_dir
+            )));
         }
-        std::fs::create_dir_all(&this.work_dir).map_err(|e| write_err(&this.work_dir, e))?;
+        this.work.remove_all()?;
+        this.work.make_dir()?;
         // The description first: whatever else exists is then recognised as this job's.
-        let path = this.work_dir.join("job.json");
-        let tmp = this.work_dir.join("job.json.tmp");
-        std::fs::write(&tmp, this.to_json()).map_err(|e| write_err(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| write_err(&path, e))?;
+        this.work
+            .join("job.json")
+            .write(this.to_json().as_bytes())?;
         this.create_arrays(&p)?;
         Ok((this, JobStart::Created))
     }
@@ -239,92 +293,93 @@ impl FftJob {
     /// The output and temporary arrays' metadata and the marker directories.
     fn create_arrays(&self, p: &Prepared) -> Result<(), FftError> {
         p.create_output(&self.output)?;
-        if matches!(self.plan.kind, PlanKind::FourStep(_)) {
-            p.create_temps(&self.work_dir)?;
+        if matches!(self.d.plan.kind, PlanKind::FourStep(_)) {
+            p.create_temps(&self.work)?;
         }
-        for s in 0..self.stages.len() {
-            let d = self.marker_dir(s);
-            std::fs::create_dir_all(&d).map_err(|e| write_err(&d, e))?;
-        }
-        Ok(())
+        (0..self.d.stages.len()).try_for_each(|s| self.marker_dir(s).make_dir())
     }
 
-    /// The job as JSON, for [`FftJob::from_json`].
+    /// The job's description as JSON, for [`FftJob::from_json`]: no storage options.
     ///
     /// # Panics
     ///
     /// Never: every field serialises (paths, numbers, names).
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a job serialises")
+        serde_json::to_string(&self.d).expect("a job serialises")
     }
 
-    /// A job from [`FftJob::to_json`].
-    pub fn from_json(json: &str) -> Result<FftJob, FftError> {
-        let job: FftJob = serde_json::from_str(json)
-            .map_err(|e| FftError::InvalidArgument(format!("not an FFT job description: {e}")))?;
-        if job.format != FORMAT {
-            return Err(FftError::InvalidArgument(format!(
-                "an FFT job description of format {} (this zcrop reads {FORMAT})",
-                job.format
-            )));
-        }
-        Ok(job)
+    /// A job from [`FftJob::to_json`], whose object-store URLs this process opens with
+    /// `storage`.
+    pub fn from_json(json: &str, storage: &StorageOptions) -> Result<FftJob, FftError> {
+        let d = parse_description(json)?;
+        let place = |s: &str, o: &[(String, String)]| Place::new(Path::new(s), o);
+        Ok(FftJob {
+            input: place(&d.input, &storage.input)?,
+            output: place(&d.output, &storage.output)?,
+            work: place(&d.work_dir, &storage.output)?,
+            storage: storage.clone(),
+            d,
+        })
     }
 
-    fn read_description(&self) -> Result<FftJob, FftError> {
-        let path = self.work_dir.join("job.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| write_err(&path, e))?;
-        FftJob::from_json(&text)
+    /// The storage options this process opens the job's URLs with.
+    pub fn storage(&self) -> &StorageOptions {
+        &self.storage
+    }
+
+    fn read_description(&self) -> Result<Description, FftError> {
+        let place = self.work.join("job.json");
+        let bytes = place
+            .read()?
+            .ok_or_else(|| FftError::InvalidArgument(format!("there is no {}", place.show())))?;
+        let text = String::from_utf8_lossy(&bytes);
+        parse_description(&text)
     }
 
     /// The stages, in the order they must run.
     pub fn stages(&self) -> &[StageInfo] {
-        &self.stages
+        &self.d.stages
     }
 
-    /// The output array's path.
-    pub fn output(&self) -> &Path {
-        &self.output
+    /// The output array's path or URL.
+    pub fn output(&self) -> &str {
+        &self.d.output
     }
 
-    /// The work directory's path.
-    pub fn work_dir(&self) -> &Path {
-        &self.work_dir
+    /// The work directory's path or URL.
+    pub fn work_dir(&self) -> &str {
+        &self.d.work_dir
     }
 
     /// The output's chunk shape.
     pub fn output_chunks(&self) -> &[u64] {
-        &self.output_chunks
+        &self.d.output_chunks
     }
 
     /// The one-process FFT's strategy name for this plan: `"in_memory"` or `"four_step"`.
     pub fn strategy(&self) -> &'static str {
-        match self.plan.kind {
+        match self.d.plan.kind {
             PlanKind::InMemory { .. } => "in_memory",
             PlanKind::FourStep(_) => "four_step",
         }
     }
 
-    fn marker_dir(&self, stage: usize) -> PathBuf {
-        self.work_dir.join("done").join(stage.to_string())
+    fn marker_dir(&self, stage: usize) -> Place {
+        self.work.join(&format!("done/{stage}"))
     }
 
-    fn marker(&self, stage: usize, task: u64) -> PathBuf {
-        self.marker_dir(stage).join(task.to_string())
+    fn marker(&self, stage: usize, task: u64) -> Place {
+        self.marker_dir(stage).join(&task.to_string())
     }
 
-    /// Tasks of stage `stage` already done.
-    pub fn done_in(&self, stage: usize) -> u64 {
-        std::fs::read_dir(self.marker_dir(stage)).map_or(0, |d| {
-            d.filter_map(Result::ok)
-                .filter(|e| {
-                    e.file_name()
-                        .to_str()
-                        .and_then(|n| n.parse::<u64>().ok())
-                        .is_some_and(|t| t < self.stages[stage].tasks)
-                })
-                .count() as u64
-        })
+    /// Tasks of stage `stage` already done (one listing of its markers).
+    pub fn done_in(&self, stage: usize) -> Result<u64, FftError> {
+        let tasks = self.d.stages.get(stage).map_or(0, |s| s.tasks);
+        let names = self.marker_dir(stage).names()?;
+        Ok(names
+            .iter()
+            .filter(|n| n.parse::<u64>().is_ok_and(|t| t < tasks))
+            .count() as u64)
     }
 
     /// Checks, in the calling process, that this job's storage is reachable: its description
@@ -334,20 +389,20 @@ impl FftJob {
         let found = self.read_description().map_err(|e| {
             FftError::InvalidArgument(format!(
                 "cannot read the job description in the work directory {}: {e}",
-                self.work_dir.display()
+                self.d.work_dir
             ))
         })?;
-        if found != *self {
+        if found != self.d {
             return Err(FftError::InvalidArgument(format!(
                 "the work directory {} holds another job's description",
-                self.work_dir.display()
+                self.d.work_dir
             )));
         }
-        open_input(&self.input, &open_options(self.memory_budget)?)?;
-        for dir in [&self.work_dir, &self.output] {
-            let probe = dir.join(format!(".zcrop-probe-{}", std::process::id()));
-            std::fs::write(&probe, b"").map_err(|e| write_err(&probe, e))?;
-            std::fs::remove_file(&probe).map_err(|e| write_err(&probe, e))?;
+        open_input(&self.input, &open_options(self.d.memory_budget)?)?;
+        for place in [&self.work, &self.output] {
+            let probe = place.join(&format!(".zcrop-probe-{}", std::process::id()));
+            probe.write(b"")?;
+            probe.remove()?;
         }
         Ok(())
     }
@@ -362,10 +417,11 @@ impl FftJob {
         cancel: Option<&AtomicBool>,
     ) -> Result<TaskReport, FftError> {
         let t0 = Instant::now();
-        let info = *self.stages.get(stage).ok_or_else(|| {
+        let stages = &self.d.stages;
+        let info = *stages.get(stage).ok_or_else(|| {
             FftError::InvalidArgument(format!(
                 "stage {stage} of a job with {} stages",
-                self.stages.len()
+                stages.len()
             ))
         })?;
         if task >= info.tasks {
@@ -378,7 +434,7 @@ impl FftJob {
         let marker = self.marker(stage, task);
         let first = task * info.items_per_task;
         let last = (first + info.items_per_task).min(info.items);
-        if marker.exists() {
+        if marker.exists()? {
             return Ok(TaskReport {
                 stage,
                 task,
@@ -391,36 +447,43 @@ impl FftJob {
             });
         }
         if stage > 0 && !self.seen_complete(stage - 1) {
-            let (before, needed) = (self.done_in(stage - 1), self.stages[stage - 1].tasks);
+            let (before, needed) = (self.done_in(stage - 1)?, stages[stage - 1].tasks);
             if before < needed {
                 return Err(FftError::InvalidArgument(format!(
                     "stage {stage} ({}) cannot start: stage {} ({}) has {before} of {needed} \
                      tasks done",
                     info.stage.name(),
                     stage - 1,
-                    self.stages[stage - 1].stage.name()
+                    stages[stage - 1].stage.name()
                 )));
             }
             self.remember_complete(stage - 1);
         }
-        let open = open_options(self.memory_budget)?;
+        let open = open_options(self.d.memory_budget)?;
         let input = open_input(&self.input, &open)?;
-        if input.shape() != self.shape.as_slice() || input.data_type() != self.data_type {
+        if input.shape() != self.d.shape.as_slice() || input.data_type() != self.d.data_type {
             return Err(FftError::InvalidArgument(format!(
                 "the input {} changed since the job was planned: now {:?} {}, planned {:?} {}",
-                self.input.display(),
+                self.d.input,
                 input.shape(),
                 input.data_type(),
-                self.shape,
-                self.data_type
+                self.d.shape,
+                self.d.data_type
             )));
         }
-        let ty = InType::from_name(&self.data_type).ok_or_else(|| {
-            FftError::InvalidArgument(format!("cannot transform data type {}", self.data_type))
+        let ty = InType::from_name(&self.d.data_type).ok_or_else(|| {
+            FftError::InvalidArgument(format!("cannot transform data type {}", self.d.data_type))
         })?;
-        let c = ctx(&input, ty, self.axis, &self.plan, self.norm, self.max_read);
-        let mut out = Writer::open(&self.output, self.output_type)?;
-        let mut temps = match self.plan.kind {
+        let c = ctx(
+            &input,
+            ty,
+            self.d.axis,
+            &self.d.plan,
+            self.d.norm,
+            self.d.max_read,
+        );
+        let mut out = Writer::open(&self.output, self.d.output_type)?;
+        let mut temps = match self.d.plan.kind {
             PlanKind::InMemory { .. } => None,
             PlanKind::FourStep(f) => Some(self.open_temps(f.z.is_some(), &open)?),
         };
@@ -431,7 +494,7 @@ impl FftJob {
         }
         let (read_bytes, block_bytes) = (passes.read, passes.largest);
         let written_bytes = out.written + temps.as_ref().map_or(0, Temps::written);
-        std::fs::write(&marker, b"").map_err(|e| write_err(&marker, e))?;
+        marker.write(b"")?;
         Ok(TaskReport {
             stage,
             task,
@@ -463,24 +526,17 @@ impl FftJob {
         seen.insert(self.stage_key(stage));
     }
 
-    /// A stage of this job: the work directory, when its description was written (a job
-    /// created again there is another job) and the stage.
+    /// A stage of this job: the work directory, the job's token (a job created again there is
+    /// another job) and the stage.
     fn stage_key(&self, stage: usize) -> StageKey {
-        let written = std::fs::metadata(self.work_dir.join("job.json"))
-            .and_then(|m| m.modified())
-            .ok();
-        (self.work_dir.clone(), written, stage)
+        (self.d.work_dir.clone(), self.d.token.clone(), stage)
     }
 
     fn open_temps(&self, z: bool, open: &zcrop_zarr::OpenOptions) -> Result<Temps, FftError> {
         let one = |name: &str| -> Result<(Writer, Array), FftError> {
-            let dir = self.work_dir.join(name);
-            let w = Writer::open(&dir, ComplexType::Complex128)?;
-            let r = Array::open_with(&dir, open).map_err(|error| FftError::Read {
-                what: format!("temporary array {}", dir.display()),
-                error,
-            })?;
-            Ok((w, r))
+            let place = self.work.join(name);
+            let w = Writer::open(&place, ComplexType::Complex128)?;
+            Ok((w, open_temp(&place, open)?))
         };
         Ok(Temps {
             x0: one("x0")?,
@@ -492,8 +548,8 @@ impl FftJob {
     /// Checks that every task ran, then removes the work directory (temporary arrays,
     /// markers, description).
     pub fn finish(&self) -> Result<(), FftError> {
-        for (s, info) in self.stages.iter().enumerate() {
-            let done = self.done_in(s);
+        for (s, info) in self.d.stages.iter().enumerate() {
+            let done = self.done_in(s)?;
             if done < info.tasks {
                 return Err(FftError::InvalidArgument(format!(
                     "stage {s} ({}) has {done} of {} tasks done",
@@ -502,34 +558,27 @@ impl FftJob {
                 )));
             }
         }
-        std::fs::remove_dir_all(&self.work_dir).map_err(|e| write_err(&self.work_dir, e))
+        self.work.remove_all()
     }
 }
 
+fn parse_description(json: &str) -> Result<Description, FftError> {
+    let d: Description = serde_json::from_str(json)
+        .map_err(|e| FftError::InvalidArgument(format!("not an FFT job description: {e}")))?;
+    if d.format != FORMAT {
+        return Err(FftError::InvalidArgument(format!(
+            "an FFT job description of format {} (this zcrop reads {FORMAT})",
+            d.format
+        )));
+    }
+    Ok(d)
+}
+
 /// A stage of one job, see [`FftJob::stage_key`].
-type StageKey = (PathBuf, Option<SystemTime>, usize);
+type StageKey = (String, String, usize);
 
 /// Stages this process has seen complete (a child of `fork` starts with none).
 fn complete_stages() -> &'static Mutex<HashSet<StageKey>> {
     static SEEN: PerProcess<Mutex<HashSet<StageKey>>> = PerProcess::new();
     SEEN.get_or_init(|| Mutex::new(HashSet::new()))
-}
-
-fn is_empty_dir(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none())
-}
-
-/// Removes the Zarr array at `dir`, refusing a directory that is not one (so a mistyped
-/// output path cannot delete anything else).
-fn remove_zarr(dir: &Path) -> Result<(), FftError> {
-    let is_array = ["zarr.json", ".zarray"]
-        .iter()
-        .any(|m| dir.join(m).is_file());
-    if !is_array {
-        return Err(FftError::InvalidArgument(format!(
-            "the output {} exists and is not a Zarr array; it is not removed even with overwrite",
-            dir.display()
-        )));
-    }
-    std::fs::remove_dir_all(dir).map_err(|e| write_err(dir, e))
 }

@@ -47,6 +47,7 @@ mod io;
 mod job;
 mod options;
 mod passes;
+mod place;
 mod plan;
 
 use std::path::Path;
@@ -59,16 +60,22 @@ use crate::spectral::FftNorm;
 use crate::transform::InType;
 
 pub use self::job::{FftJob, JobOptions, JobStart, StageInfo, TaskReport};
-pub use self::options::{ChunkedFftOptions, ComplexType, FftError, FftReport, FftStrategy};
+pub use self::options::{
+    ChunkedFftOptions, ComplexType, FftError, FftReport, FftStrategy, StorageOptions,
+};
 pub use self::passes::Stage;
 pub use self::plan::MIN_BUDGET;
 
 use self::io::{Ctx, ToComplex, Writer, temp_array, write_err};
 use self::passes::{Passes, Temps, run_all};
+use self::place::Place;
 use self::plan::{Budgets, Plan, PlanKind, SLACK, WORK, make_plan};
 
 /// FFT of the array at `input` along `options.axis`, written as a new Zarr v3 array at
-/// `output` (which must not exist or be an empty directory). See the module documentation.
+/// `output` (which must not exist or be an empty directory, unless `options.overwrite` and it
+/// is a Zarr array). Either may be a local path or an
+/// object-store URL (`s3://bucket/a.zarr`; see [`ChunkedFftOptions::storage`]). See the
+/// module documentation.
 pub fn fft_along_axis(
     input: impl AsRef<Path>,
     output: impl AsRef<Path>,
@@ -86,15 +93,18 @@ pub fn fft_along_axis_cancellable(
     cancel: Option<&AtomicBool>,
 ) -> Result<FftReport, FftError> {
     let t0 = Instant::now();
-    let output = output.as_ref();
-    if output.exists() && std::fs::read_dir(output).map_or(true, |mut d| d.next().is_some()) {
-        return Err(FftError::InvalidArgument(format!(
-            "the output {} exists and is not an empty directory",
-            output.display()
-        )));
+    let output = Place::new(output.as_ref(), &options.storage.output)?;
+    if !output.is_empty()? {
+        if !options.overwrite {
+            return Err(FftError::InvalidArgument(format!(
+                "the output {} exists; pass overwrite to replace it",
+                output.show()
+            )));
+        }
+        output.remove_zarr()?;
     }
     let p = Prepared::new(input.as_ref(), options)?;
-    let mut writer = p.create_output(output)?;
+    let mut writer = p.create_output(&output)?;
     let ctx = p.ctx(&p.array);
     let (strategy, block_bytes, read_bytes, temp_bytes, passes) = match p.plan.kind {
         PlanKind::InMemory { .. } => {
@@ -109,7 +119,7 @@ pub fn fft_along_axis_cancellable(
                 .prefix("zcrop-fft-")
                 .tempdir_in(&temp_root)
                 .map_err(|e| write_err(&temp_root, e))?;
-            let mut temps = p.create_temps(temp.path())?;
+            let mut temps = p.create_temps(&Place::Local(temp.path().to_path_buf()))?;
             let mut passes = Passes::new(&ctx, &mut writer, Some(&mut temps));
             passes.cancel = cancel;
             run_all(&mut passes)?;
@@ -157,9 +167,9 @@ fn open_options(budget: usize) -> Result<OpenOptions, FftError> {
     .map_err(FftError::Engine)
 }
 
-fn open_input(path: &Path, open: &OpenOptions) -> Result<Array, FftError> {
-    Array::open_with(path, open).map_err(|error| FftError::Read {
-        what: format!("input {}", path.display()),
+fn open_input(place: &Place, open: &OpenOptions) -> Result<Array, FftError> {
+    Array::open_with(place.location(), &place.open_options(open)).map_err(|error| FftError::Read {
+        what: format!("input {}", place.show()),
         error,
     })
 }
@@ -169,7 +179,7 @@ fn open_input(path: &Path, open: &OpenOptions) -> Result<Array, FftError> {
 struct Prepared {
     array: Array,
     open: OpenOptions,
-    input: std::path::PathBuf,
+    input: Place,
     shape: Vec<u64>,
     axis: usize,
     ty: InType,
@@ -192,7 +202,8 @@ impl Prepared {
         }
         let open = open_options(budget)?;
         log::debug!("fft: engine started");
-        let array = open_input(input, &open)?;
+        let input = Place::new(input, &options.storage.input)?;
+        let array = open_input(&input, &open)?;
         let shape = array.shape().to_vec();
         let axis = options.axis;
         if axis >= shape.len() {
@@ -268,7 +279,7 @@ impl Prepared {
         Ok(Prepared {
             array,
             open,
-            input: input.to_path_buf(),
+            input,
             shape,
             axis,
             ty,
@@ -281,14 +292,14 @@ impl Prepared {
     }
 
     /// Creates the output array (metadata only).
-    fn create_output(&self, output: &Path) -> Result<Writer, FftError> {
+    fn create_output(&self, output: &Place) -> Result<Writer, FftError> {
         let mut attrs = serde_json::Map::new();
         attrs.insert(
             "zcrop_fft".into(),
             serde_json::json!({
                 "axis": self.axis,
                 "norm": norm_name(self.norm),
-                "source": self.input.display().to_string(),
+                "source": self.input.show(),
             }),
         );
         Writer::create(
@@ -302,7 +313,7 @@ impl Prepared {
     }
 
     /// Creates the four-step's temporary arrays under `dir`.
-    fn create_temps(&self, dir: &Path) -> Result<Temps, FftError> {
+    fn create_temps(&self, dir: &Place) -> Result<Temps, FftError> {
         let PlanKind::FourStep(f) = self.plan.kind else {
             unreachable!("temporaries of an in-memory plan")
         };

@@ -50,6 +50,44 @@ pub struct ChunkedFftOptions {
     /// Where the temporary store goes (a directory removed at the end); `None`: the system's
     /// temporary directory.
     pub temp_dir: Option<PathBuf>,
+    /// Replace an existing output (only a Zarr array is ever removed); without it an existing
+    /// output is an error.
+    pub overwrite: bool,
+    /// Options of the object stores that URLs name (the input, the output, a job's work
+    /// directory). Not used for local paths.
+    pub storage: StorageOptions,
+}
+
+/// Options of the object stores a transform's URLs name: `endpoint`, `region`, `anon`,
+/// credentials, ... as [`zcrop_io::ObjectEngine::open`] takes them. The input has its own, so
+/// that a public dataset read anonymously can be transformed into a private bucket.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StorageOptions {
+    /// For the input's URL.
+    pub input: Vec<(String, String)>,
+    /// For the output's and the work directory's URLs.
+    pub output: Vec<(String, String)>,
+}
+
+impl StorageOptions {
+    /// The same options for every URL.
+    pub fn all(options: Vec<(String, String)>) -> StorageOptions {
+        StorageOptions {
+            input: options.clone(),
+            output: options,
+        }
+    }
+}
+
+impl std::fmt::Debug for StorageOptions {
+    // Values may be credentials: only the keys are shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys = |o: &[(String, String)]| o.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+        f.debug_struct("StorageOptions")
+            .field("input", &keys(&self.input))
+            .field("output", &keys(&self.output))
+            .finish()
+    }
 }
 
 impl ChunkedFftOptions {
@@ -61,6 +99,8 @@ impl ChunkedFftOptions {
             output: ComplexType::Complex64,
             norm: FftNorm::Backward,
             temp_dir: None,
+            overwrite: false,
+            storage: StorageOptions::default(),
         }
     }
 }

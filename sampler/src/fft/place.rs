@@ -1,0 +1,341 @@
+//! Where the FFT's arrays and a job's state live: a local directory, or a prefix of an object
+//! store (`s3://`, `gs://`, `az://`) that many machines share. One interface for both, and the
+//! zarrs store that writes chunks there.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use zarrs::filesystem::FilesystemStore;
+use zarrs::storage::byte_range::{ByteRangeIterator, extract_byte_ranges};
+use zarrs::storage::{
+    MaybeBytes, MaybeBytesIterator, OffsetBytesIterator, ReadableStorageTraits,
+    ReadableWritableStorageTraits, StorageError, StoreKey, StorePrefix, WritableStorageTraits,
+};
+use zcrop_io::{ObjectConfig, ObjectEngine, is_object_url};
+use zcrop_zarr::OpenOptions;
+
+use super::io::write_err;
+use super::options::FftError;
+
+/// A directory, or a prefix of an object store; see the module documentation.
+#[derive(Clone, Debug)]
+pub(crate) enum Place {
+    /// An absolute local path.
+    Local(PathBuf),
+    /// `key` (no leading or trailing `/`) under the root of `engine` (its bucket).
+    Object {
+        /// The engine of the bucket, shared with every reader of it in the process.
+        engine: ObjectEngine,
+        /// The key of this place in the bucket.
+        key: String,
+    },
+}
+
+impl Place {
+    /// The place `location` names: a local path (made absolute), or an object-store URL opened
+    /// with `storage_options` (which a local path must not have).
+    pub(crate) fn new(
+        location: &Path,
+        storage_options: &[(String, String)],
+    ) -> Result<Place, FftError> {
+        let Some(url) = location.to_str().filter(|s| is_object_url(s)) else {
+            let local = location
+                .to_str()
+                .and_then(|s| s.strip_prefix("file://"))
+                .map_or_else(|| location.to_path_buf(), PathBuf::from);
+            let abs = std::path::absolute(&local).map_err(|e| write_err(&local, e))?;
+            return Ok(Place::Local(abs));
+        };
+        let config = ObjectConfig::from_env().map_err(|e| FftError::Engine(e.into()))?;
+        let (engine, key) = ObjectEngine::open_container_shared(url, storage_options, config)
+            .map_err(|e| {
+                FftError::InvalidArgument(format!("cannot open the object store of {url}: {e}"))
+            })?;
+        Ok(Place::Object {
+            engine,
+            key: key.trim_matches('/').to_string(),
+        })
+    }
+
+    /// The path or URL, for messages and for [`zcrop_zarr::Array::open_with`].
+    pub(crate) fn location(&self) -> PathBuf {
+        match self {
+            Place::Local(p) => p.clone(),
+            Place::Object { engine, key } => PathBuf::from(engine.url_of(Path::new(key))),
+        }
+    }
+
+    /// The path or URL as text.
+    pub(crate) fn show(&self) -> String {
+        self.location().display().to_string()
+    }
+
+    /// `name` (one or more `/`-separated parts) under this place.
+    pub(crate) fn join(&self, name: &str) -> Place {
+        match self {
+            Place::Local(p) => Place::Local(p.join(name)),
+            Place::Object { engine, key } => Place::Object {
+                engine: engine.clone(),
+                key: if key.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{key}/{name}")
+                },
+            },
+        }
+    }
+
+    /// Whether `self` and `other` are the same place or one lies under the other.
+    pub(crate) fn overlaps(&self, other: &Place) -> bool {
+        let under = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
+        match (self, other) {
+            (Place::Local(a), Place::Local(b)) => a.starts_with(b) || b.starts_with(a),
+            (Place::Object { engine: e, key: a }, Place::Object { engine: f, key: b }) => {
+                e.url() == f.url() && (under(a, b) || under(b, a) || a.is_empty() || b.is_empty())
+            }
+            _ => false,
+        }
+    }
+
+    /// The engine options that read arrays under this place through its engine.
+    pub(crate) fn open_options(&self, base: &OpenOptions) -> OpenOptions {
+        let mut o = base.clone();
+        if let Place::Object { engine, .. } = self {
+            o.object_engine = Some(engine.clone());
+        }
+        o
+    }
+
+    /// The file or object's bytes; `None` if there is none.
+    pub(crate) fn read(&self) -> Result<Option<Vec<u8>>, FftError> {
+        match self {
+            Place::Local(p) => match std::fs::read(p) {
+                Ok(b) => Ok(Some(b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(write_err(p, e)),
+            },
+            Place::Object { engine, key } => engine
+                .get(Path::new(key))
+                .map(|b| b.map(|b| b.to_vec()))
+                .map_err(|e| write_err(&self.location(), e)),
+        }
+    }
+
+    /// Writes the file or object, replacing any there at once (a reader sees the old or the
+    /// new bytes, never a part).
+    pub(crate) fn write(&self, data: &[u8]) -> Result<(), FftError> {
+        match self {
+            Place::Local(p) => {
+                let mut tmp = p.clone().into_os_string();
+                tmp.push(format!(".tmp-{}", std::process::id()));
+                let tmp = PathBuf::from(tmp);
+                std::fs::write(&tmp, data).map_err(|e| write_err(&tmp, e))?;
+                std::fs::rename(&tmp, p).map_err(|e| write_err(p, e))
+            }
+            Place::Object { engine, key } => engine
+                .put(Path::new(key), Bytes::copy_from_slice(data))
+                .map_err(|e| write_err(&self.location(), e)),
+        }
+    }
+
+    /// Whether the file or object exists.
+    pub(crate) fn exists(&self) -> Result<bool, FftError> {
+        match self {
+            Place::Local(p) => Ok(p.is_file()),
+            Place::Object { .. } => self.read().map(|b| b.is_some()),
+        }
+    }
+
+    /// Removes the file or object, if there is one.
+    pub(crate) fn remove(&self) -> Result<(), FftError> {
+        match self {
+            Place::Local(p) => match std::fs::remove_file(p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(write_err(p, e)),
+                _ => Ok(()),
+            },
+            Place::Object { engine, key } => engine
+                .delete(Path::new(key))
+                .map_err(|e| write_err(&self.location(), e)),
+        }
+    }
+
+    /// Whether nothing lies under this place (a directory that is absent or empty, a prefix
+    /// with no object under it); a local path that is a file is not empty.
+    pub(crate) fn is_empty(&self) -> Result<bool, FftError> {
+        match self {
+            Place::Local(p) => match std::fs::read_dir(p) {
+                Ok(mut d) => Ok(d.next().is_none()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+                Err(_) => Ok(false),
+            },
+            Place::Object { engine, key } => engine
+                .list(Path::new(key))
+                .map(|l| l.is_empty())
+                .map_err(|e| write_err(&self.location(), e)),
+        }
+    }
+
+    /// The names of the files or objects directly under this place.
+    pub(crate) fn names(&self) -> Result<Vec<String>, FftError> {
+        match self {
+            Place::Local(p) => match std::fs::read_dir(p) {
+                Ok(d) => Ok(d
+                    .filter_map(Result::ok)
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+                Err(e) => Err(write_err(p, e)),
+            },
+            Place::Object { engine, key } => {
+                let listed = engine
+                    .list(Path::new(key))
+                    .map_err(|e| write_err(&self.location(), e))?;
+                let prefix = format!("{key}/");
+                Ok(listed
+                    .into_iter()
+                    .filter_map(|(k, _)| {
+                        let rest = k.strip_prefix(&prefix)?;
+                        (!rest.contains('/')).then(|| rest.to_string())
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    /// Removes everything under this place (a local directory and what it holds).
+    pub(crate) fn remove_all(&self) -> Result<(), FftError> {
+        match self {
+            Place::Local(p) => match std::fs::remove_dir_all(p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(write_err(p, e)),
+                _ => Ok(()),
+            },
+            Place::Object { engine, key } => engine
+                .delete_prefix(Path::new(key))
+                .map(|_| ())
+                .map_err(|e| write_err(&self.location(), e)),
+        }
+    }
+
+    /// Removes the Zarr array here, refusing a place that is not one (so a mistyped output
+    /// path cannot delete anything else).
+    pub(crate) fn remove_zarr(&self) -> Result<(), FftError> {
+        if !(self.join("zarr.json").exists()? || self.join(".zarray").exists()?) {
+            return Err(FftError::InvalidArgument(format!(
+                "the output {} exists and is not a Zarr array; it is not removed even with \
+                 overwrite",
+                self.show()
+            )));
+        }
+        self.remove_all()
+    }
+
+    /// Makes the local directory (and its parents); an object store needs none.
+    pub(crate) fn make_dir(&self) -> Result<(), FftError> {
+        match self {
+            Place::Local(p) => std::fs::create_dir_all(p).map_err(|e| write_err(p, e)),
+            Place::Object { .. } => Ok(()),
+        }
+    }
+
+    /// A zarrs store rooted at this place.
+    pub(crate) fn store(&self) -> Result<Arc<dyn ReadableWritableStorageTraits>, FftError> {
+        match self {
+            Place::Local(p) => Ok(Arc::new(
+                FilesystemStore::new(p).map_err(|e| write_err(p, e))?,
+            )),
+            Place::Object { engine, key } => Ok(Arc::new(ObjectStorage {
+                engine: engine.clone(),
+                key: key.clone(),
+            })),
+        }
+    }
+}
+
+/// A zarrs store over the objects under `key` of an [`ObjectEngine`]: whole values are read,
+/// written and removed (object stores write no part of an object).
+struct ObjectStorage {
+    engine: ObjectEngine,
+    key: String,
+}
+
+impl ObjectStorage {
+    fn path(&self, key: &str) -> PathBuf {
+        if self.key.is_empty() {
+            PathBuf::from(key)
+        } else {
+            PathBuf::from(format!("{}/{key}", self.key))
+        }
+    }
+}
+
+fn storage_err(e: std::io::Error) -> StorageError {
+    StorageError::IOError(Arc::new(e))
+}
+
+impl ReadableStorageTraits for ObjectStorage {
+    fn get(&self, key: &StoreKey) -> Result<MaybeBytes, StorageError> {
+        self.engine
+            .get(&self.path(key.as_str()))
+            .map_err(storage_err)
+    }
+
+    fn get_partial_many<'a>(
+        &'a self,
+        key: &StoreKey,
+        byte_ranges: ByteRangeIterator<'a>,
+    ) -> Result<MaybeBytesIterator<'a>, StorageError> {
+        let Some(value) = self.get(key)? else {
+            return Ok(None);
+        };
+        let parts = extract_byte_ranges(&value, byte_ranges)?;
+        Ok(Some(Box::new(
+            parts.into_iter().map(|p| Ok(Bytes::from(p))),
+        )))
+    }
+
+    fn size_key(&self, key: &StoreKey) -> Result<Option<u64>, StorageError> {
+        Ok(self.get(key)?.map(|b| b.len() as u64))
+    }
+
+    fn supports_get_partial(&self) -> bool {
+        false
+    }
+}
+
+impl WritableStorageTraits for ObjectStorage {
+    fn set(&self, key: &StoreKey, value: Bytes) -> Result<(), StorageError> {
+        self.engine
+            .put(&self.path(key.as_str()), value)
+            .map_err(storage_err)
+    }
+
+    fn set_partial_many(
+        &self,
+        key: &StoreKey,
+        _offset_values: OffsetBytesIterator,
+    ) -> Result<(), StorageError> {
+        Err(StorageError::Unsupported(format!(
+            "{}: an object store writes whole objects only",
+            self.engine.url_of(&self.path(key.as_str()))
+        )))
+    }
+
+    fn erase(&self, key: &StoreKey) -> Result<(), StorageError> {
+        self.engine
+            .delete(&self.path(key.as_str()))
+            .map_err(storage_err)
+    }
+
+    fn erase_prefix(&self, prefix: &StorePrefix) -> Result<(), StorageError> {
+        let p = prefix.as_str().trim_end_matches('/');
+        self.engine
+            .delete_prefix(&self.path(p))
+            .map(|_| ())
+            .map_err(storage_err)
+    }
+
+    fn supports_set_partial(&self) -> bool {
+        false
+    }
+}
