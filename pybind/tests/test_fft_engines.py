@@ -131,8 +131,7 @@ def test_the_same_plan_moves_the_same_bytes(data, client, tmp_path):
 
 
 def test_cubed_processes_executor(data, tmp_path):
-    """Cubed's multi-process executor (its Dask executor, in Cubed 0.27, cannot start against
-    dask.distributed 2026.8: its memory check finds no workers in ``scheduler_info()``)."""
+    """Cubed's multi-process executor."""
     from cubed.runtime.executors.local import ProcessesExecutor
 
     path, x = data
@@ -142,6 +141,24 @@ def test_cubed_processes_executor(data, tmp_path):
         spec=cubed.Spec(work_dir=str(tmp_path / "cubed"), allowed_mem="500MB"),
         memory_per_task=SMALL, task_bytes=1 << 20,
     )
+    close(read(out), np.fft.fft(x.astype("f8"), axis=1), 2e-6)
+
+
+def test_cubed_dask_executor(data, client, tmp_path):
+    """Cubed's Dask executor on the worker processes of a dask.distributed cluster (Cubed 0.27
+    needs distributed 2026.6 or older: from 2026.7 an asynchronous client's
+    ``scheduler_info()`` lists no workers, and Cubed's memory check refuses to start)."""
+    from cubed.runtime.executors.dask import DaskExecutor
+
+    path, x = data
+    out = tmp_path / "o.zarr"
+    report = zcrop.fft.fft_along_axis(
+        path, 1, out, engine="cubed",
+        executor=DaskExecutor(compute_kwargs={"address": client.scheduler.address}),
+        spec=cubed.Spec(work_dir=str(tmp_path / "cubed"), allowed_mem="500MB"),
+        memory_per_task=SMALL, task_bytes=1 << 20,
+    )
+    assert [n for n, _ in report.stages][:3] == ["rechunk", "columns", "rows"]
     close(read(out), np.fft.fft(x.astype("f8"), axis=1), 2e-6)
 
 
