@@ -21,6 +21,7 @@ fn options(
     dtype: &str,
     temp_dir: Option<PathBuf>,
     storage: StorageOptions,
+    axis_name: Option<String>,
 ) -> PyResult<ChunkedFftOptions> {
     let mut o = ChunkedFftOptions::new(axis, memory_budget);
     o.norm = match norm {
@@ -44,6 +45,7 @@ fn options(
     };
     o.temp_dir = temp_dir;
     o.storage = storage;
+    o.axis_name = axis_name;
     Ok(o)
 }
 
@@ -104,7 +106,7 @@ fn set_numbers(d: &Bound<'_, PyDict>, items: &[(&str, u64)]) -> PyResult<()> {
 /// given), in this process within `memory_budget` bytes, replacing an existing Zarr array there
 /// with `overwrite`; returns its report.
 #[pyfunction]
-#[pyo3(signature = (input, output, axis, memory_budget, norm, dtype, temp_dir=None, overwrite=false, storage_options=None, input_storage_options=None))]
+#[pyo3(signature = (input, output, axis, memory_budget, norm, dtype, temp_dir=None, overwrite=false, storage_options=None, input_storage_options=None, axis_name=None))]
 // pyo3 extracts arguments by value; the arguments mirror the Python signature.
 #[allow(clippy::needless_pass_by_value, clippy::too_many_arguments)]
 pub(crate) fn fft_local<'py>(
@@ -119,9 +121,10 @@ pub(crate) fn fft_local<'py>(
     overwrite: bool,
     storage_options: Options,
     input_storage_options: Options,
+    axis_name: Option<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let s = storage(storage_options, input_storage_options);
-    let mut o = options(axis, memory_budget, norm, dtype, temp_dir, s)?;
+    let mut o = options(axis, memory_budget, norm, dtype, temp_dir, s, axis_name)?;
     o.overwrite = overwrite;
     let report = blocking::run(py, u64::MAX, |cancel| {
         fft_along_axis_cancellable(&input, &output, &o, Some(cancel)).map_err(Failure::Fft)
@@ -160,7 +163,7 @@ impl NativeFftJob {
     /// `(job, done)`, `done` being `None` for a new job and the number of tasks already done
     /// for a resumed one.
     #[staticmethod]
-    #[pyo3(signature = (input, output, axis, memory_budget, norm, dtype, work_dir, task_bytes, max_tasks, overwrite, storage_options=None, input_storage_options=None))]
+    #[pyo3(signature = (input, output, axis, memory_budget, norm, dtype, work_dir, task_bytes, max_tasks, overwrite, storage_options=None, input_storage_options=None, axis_name=None))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn create(
         py: Python<'_>,
@@ -176,9 +179,10 @@ impl NativeFftJob {
         overwrite: bool,
         storage_options: Options,
         input_storage_options: Options,
+        axis_name: Option<String>,
     ) -> PyResult<(NativeFftJob, Option<u64>)> {
         let s = storage(storage_options, input_storage_options);
-        let mut o = options(axis, memory_budget, norm, dtype, None, s)?;
+        let mut o = options(axis, memory_budget, norm, dtype, None, s, axis_name)?;
         o.overwrite = overwrite;
         let jo = JobOptions {
             work_dir,

@@ -458,3 +458,85 @@ def test_an_opened_array_keeps_its_storage_options(data, s3, tmp_path):
         zcrop.fft.fft_along_axis(
             source, "time", tmp_path / "p.zarr", work_dir="s3://fft-opened/work"
         )
+
+
+def _weather(tmp_path: Path, **open_kwargs):
+    """An hourly dataset (two variables along time, one without, a time-dependent coordinate)
+    written by xarray, opened with engine="zcrop"."""
+    xr = pytest.importorskip("xarray")
+    rng = np.random.default_rng(5)
+    times = np.arange("2020-01-01T00", "2020-01-11T00", dtype="datetime64[h]").astype(
+        "datetime64[ns]"
+    )
+    lat = np.array([10.0, 20.0, 30.0])
+    lon = np.array([0.0, 90.0])
+    shape = (times.size, lat.size, lon.size)
+    ds = xr.Dataset(
+        {
+            "t2m": (("time", "lat", "lon"), rng.standard_normal(shape).astype("f4")),
+            "u10": (("time", "lat", "lon"), rng.standard_normal(shape).astype("f4")),
+            "orography": (("lat", "lon"), rng.standard_normal((3, 2)).astype("f4")),
+        },
+        coords={"time": times, "lat": ("lat", lat, {"units": "degrees_north"}), "lon": lon,
+                "step": ("time", np.arange(times.size))},
+        attrs={"title": "hourly"},
+    )
+    enc = {v: {"chunks": (16, 3, 2), "_FillValue": None} for v in ("t2m", "u10")}
+    ds.to_zarr(tmp_path / "w.zarr", encoding=enc, consolidated=False, zarr_format=3)
+    return ds, xr.open_dataset(tmp_path / "w.zarr", engine="zcrop", **open_kwargs)
+
+
+@pytest.mark.parametrize("engine", ["local", "dask"])
+def test_dataset_in_dataset_out(engine, client, tmp_path):
+    """Every variable along time transformed into one group, with a frequency coordinate in
+    cycles per second from the hourly spacing; xarray's own zarr backend reads the same."""
+    xr = pytest.importorskip("xarray")
+    ds, opened = _weather(tmp_path)
+    kwargs = {"client": client} if engine == "dask" else {}
+    out = zcrop.fft.fft_dataset(
+        opened, "time", tmp_path / "spec.zarr", memory_per_task="1MiB", engine=engine, **kwargs
+    )
+    assert set(out.data_vars) == {"t2m", "u10"}
+    assert out["t2m"].dims == ("freq_time", "lat", "lon")
+    np.testing.assert_array_equal(out["freq_time"], np.fft.fftfreq(240, 3600.0))
+    assert out["freq_time"].attrs["units"] == "s-1"
+    np.testing.assert_array_equal(out["lat"], ds["lat"])
+    assert out["lat"].attrs["units"] == "degrees_north"
+    assert "step" not in out.coords and out.attrs["title"] == "hourly"
+    for name in ("t2m", "u10"):
+        close(out[name].values, np.fft.fft(ds[name].values.astype("f8"), axis=0), 2e-6)
+    theirs = xr.open_zarr(tmp_path / "spec.zarr", consolidated=False)
+    xr.testing.assert_identical(theirs.load(), out.load())
+    # Existing targets: refused, then replaced; a directory that is not a group is kept.
+    with pytest.raises(zcrop.InvalidArgumentError, match="exists"):
+        zcrop.fft.fft_dataset(opened, "time", tmp_path / "spec.zarr")
+    again = zcrop.fft.fft_dataset(
+        opened, "time", tmp_path / "spec.zarr", variables=["u10"], overwrite=True
+    )
+    assert set(again.data_vars) == {"u10"}
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "notes.txt").write_text("keep")
+    with pytest.raises(zcrop.InvalidArgumentError, match="not a Zarr group"):
+        zcrop.fft.fft_dataset(opened, "time", tmp_path / "keep", overwrite=True)
+    assert (tmp_path / "keep" / "notes.txt").exists()
+
+
+def test_frequencies_from_cf_times_and_uneven_labels(tmp_path):
+    """Undecoded CF times give the same frequencies as decoded ones; uneven labels, a
+    variable without the dimension and a missing dimension are refused."""
+    xr = pytest.importorskip("xarray")
+    _, raw = _weather(tmp_path, decode_times=False)
+    assert "since" in raw["time"].attrs["units"]
+    freq, attrs = zcrop.fft.frequencies(raw["time"], raw.sizes["time"])
+    np.testing.assert_allclose(freq, np.fft.fftfreq(240, 3600.0), rtol=1e-12)
+    assert attrs["units"] == "s-1"
+    freq, attrs = zcrop.fft.frequencies(raw["lat"], 3)
+    np.testing.assert_allclose(freq, np.fft.fftfreq(3, 10.0))
+    assert attrs["units"] == "1/(degrees_north)"
+    uneven = xr.DataArray([0.0, 1.0, 3.0], dims="x", name="x")
+    with pytest.raises(zcrop.InvalidArgumentError, match="evenly spaced"):
+        zcrop.fft.frequencies(uneven, 3)
+    with pytest.raises(ValueError, match="not data variables"):
+        zcrop.fft.fft_dataset(raw, "time", tmp_path / "o.zarr", variables=["orography"])
+    with pytest.raises(ValueError, match="no dimension"):
+        zcrop.fft.fft_dataset(raw, "level", tmp_path / "o.zarr")

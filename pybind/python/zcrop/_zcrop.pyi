@@ -358,6 +358,7 @@ def fft_local(
     overwrite: bool = False,
     storage_options: list[tuple[str, str]] | None = None,
     input_storage_options: list[tuple[str, str]] | None = None,
+    axis_name: str | None = None,
 ) -> dict[str, Any]:
     """The out-of-core FFT along ``axis`` in this process; returns its report."""
 
@@ -379,6 +380,7 @@ class NativeFftJob:
         overwrite: bool,
         storage_options: list[tuple[str, str]] | None = None,
         input_storage_options: list[tuple[str, str]] | None = None,
+        axis_name: str | None = None,
     ) -> tuple[NativeFftJob, int | None]: ...
     @staticmethod
     def from_json(

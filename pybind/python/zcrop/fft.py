@@ -38,11 +38,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from zcrop._api import Options, is_url, storage_option_pairs
 from zcrop._zcrop import NativeFftJob, fft_local
 from zcrop.errors import InvalidArgumentError
 
-__all__ = ["FftReport", "fft_along_axis"]
+__all__ = ["FftReport", "fft_along_axis", "fft_dataset", "frequencies"]
 
 #: Most tasks in one stage; larger arrays get larger tasks.
 MAX_TASKS = 100_000
@@ -212,6 +214,7 @@ def fft_along_axis(
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
     source_storage_options: dict[str, Any] | None = None,
+    axis_name: str | None = None,
 ) -> FftReport:
     """``numpy.fft.fft(source, axis=axis, norm=norm)`` written as a Zarr v3 array at ``target``,
     for arrays of any size: the axis may span many chunks and nothing need fit in memory.
@@ -265,6 +268,9 @@ def fft_along_axis(
         Options of the source's object store, when they differ (a public dataset read with
         ``{"anon": True}``, for example). Default: ``storage_options``, or those a
         :class:`zcrop.Array` or xarray variable was opened with.
+    axis_name:
+        The target's name for the transformed dimension (``"freq_time"``, say); default: the
+        source's.
 
     Raises
     ------
@@ -308,6 +314,7 @@ def fft_along_axis(
             overwrite=overwrite,
             storage_options=options,
             input_storage_options=src.options,
+            axis_name=axis_name,
         )
         return FftReport(
             path=target,
@@ -346,6 +353,7 @@ def fft_along_axis(
         overwrite,
         storage_options=options,
         input_storage_options=src.options,
+        axis_name=axis_name,
     )
     stages = job.stages()
     task = _Task(job.to_json(), _frozen(options), _frozen(src.options))
@@ -365,6 +373,161 @@ def fft_along_axis(
         resumed_tasks=sum(r["skipped"] for r in reports),
         seconds=time.perf_counter() - t0,
     )
+
+
+# --- Dataset in, Dataset out ---------------------------------------------------------------------
+
+#: Seconds per unit of CF time units (``"hours since 2000-01-01"``).
+_CF_SECONDS = {
+    "nanoseconds": 1e-9,
+    "microseconds": 1e-6,
+    "milliseconds": 1e-3,
+    "seconds": 1.0,
+    "minutes": 60.0,
+    "hours": 3600.0,
+    "days": 86400.0,
+}
+
+
+def frequencies(coord: Any, n: int) -> tuple[np.ndarray[Any, Any], dict[str, Any]]:
+    """``numpy.fft.fftfreq`` for ``n`` samples spaced as the labels of ``coord`` (``None``: one
+    per sample), and the attributes of the frequency coordinate. Times (datetime64,
+    timedelta64, or numbers in CF units such as ``"hours since 2000-01-01"``) give cycles per
+    second; other numbers cycles per their unit. Labels must be evenly spaced."""
+    if coord is None:
+        return np.fft.fftfreq(n), {"long_name": "frequency", "units": "cycles per sample"}
+    values = np.asarray(coord.values)
+    name = coord.name
+    if values.size < 2:
+        raise InvalidArgumentError(f"one label along {name!r}: no spacing to take frequencies from")
+    units = str(coord.attrs.get("units", ""))
+    if values.dtype.kind in "mM":
+        steps = np.diff(values).astype("timedelta64[ns]").astype(np.int64).astype(np.float64) * 1e-9
+        unit = "s-1"
+    else:
+        steps = np.diff(values.astype(np.float64))
+        word = units.split(" since ")[0].strip().lower() if " since " in units else ""
+        if word in _CF_SECONDS:
+            steps = steps * _CF_SECONDS[word]
+            unit = "s-1"
+        else:
+            unit = f"1/({units})" if units else "cycles per unit"
+    d = float(steps[0])
+    if d == 0 or not np.allclose(steps, d, rtol=1e-9, atol=0):
+        raise InvalidArgumentError(
+            f"the FFT's frequencies need evenly spaced labels along {name!r}; the spacings "
+            f"run from {steps.min()} to {steps.max()}"
+            + (" seconds" if unit == "s-1" else "")
+        )
+    return np.fft.fftfreq(n, d), {"long_name": "frequency", "units": unit, "spacing": d}
+
+
+def _existing(target: str, options: dict[str, str] | None) -> str:
+    """What is at ``target``: ``"absent"`` (nothing, or an empty directory), ``"group"`` (a
+    Zarr group) or ``"other"``."""
+    from zcrop._api import open as zopen
+    from zcrop._group import Group
+    from zcrop.errors import NodeNotFoundError
+
+    if not is_url(target) and (
+        not os.path.exists(target) or (os.path.isdir(target) and not os.listdir(target))
+    ):
+        return "absent"
+    try:
+        node = zopen(target, storage_options=options)
+    except NodeNotFoundError:
+        return "absent" if is_url(target) else "other"
+    return "group" if isinstance(node, Group) else "other"
+
+
+def fft_dataset(
+    ds: Any,
+    dim: str,
+    target: str | os.PathLike[str],
+    *,
+    variables: list[str] | None = None,
+    work_dir: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """The FFT along dimension ``dim`` of the variables of an xarray Dataset opened with
+    ``engine="zcrop"``, written as a Zarr v3 group at ``target`` and returned as a Dataset
+    (opened lazily with ``engine="zcrop"``).
+
+    Every variable named in ``variables`` (default: every data variable along ``dim``) goes
+    through :func:`fft_along_axis` (its stored values: open the dataset with
+    ``mask_and_scale=False`` where xarray would decode them). In the result, dimension ``dim``
+    becomes ``freq_<dim>``, whose coordinate is ``numpy.fft.fftfreq`` of the spacing of
+    ``dim``'s labels (cycles per second for times, see :func:`frequencies`); the other
+    coordinates that do not run along ``dim``, and the dataset's attributes, are kept.
+    ``kwargs`` go to :func:`fft_along_axis` (``memory_per_task``, ``engine``, ``client``,
+    ``norm``, ``dtype``, ...); a ``work_dir`` gets one subdirectory per variable.
+
+    The group's coordinates are written with xarray's ``to_zarr`` (for a URL target that needs
+    zarr-python's fsspec store for it, e.g. s3fs); an existing target is replaced only with
+    ``overwrite=True`` and only if it is a Zarr group.
+    """
+    import xarray as xr
+
+    if isinstance(ds, xr.DataArray):
+        ds = ds.to_dataset(name=ds.name if ds.name is not None else "data")
+    if not isinstance(ds, xr.Dataset):
+        raise TypeError(f"ds must be an xarray Dataset or DataArray, not {type(ds).__name__}")
+    if dim not in ds.dims:
+        raise ValueError(f"no dimension {dim!r} in the dataset (its: {list(ds.dims)})")
+    names = (
+        [str(v) for v in ds.data_vars if dim in ds[v].dims] if variables is None else variables
+    )
+    missing = [v for v in names if v not in ds.data_vars or dim not in ds[v].dims]
+    if missing or not names:
+        raise ValueError(
+            f"no data variable along {dim!r} to transform"
+            if not names
+            else f"not data variables along {dim!r}: {missing}"
+        )
+    freq_dim = f"freq_{dim}"
+    freq, attrs = frequencies(ds[dim] if dim in ds.coords else None, int(ds.sizes[dim]))
+    target = _location(target)
+    options = storage_option_pairs(storage_options)
+    opts = None if options is None else dict(options)
+    found = _existing(target, opts)
+    if found != "absent":
+        if not overwrite:
+            raise InvalidArgumentError(
+                f"the target {target} exists; pass overwrite=True to replace it"
+            )
+        if found != "group":
+            raise InvalidArgumentError(
+                f"the target {target} exists and is not a Zarr group; it is not removed even "
+                "with overwrite=True"
+            )
+    coords = {
+        str(k): v.variable
+        for k, v in ds.coords.items()
+        if dim not in v.dims and str(k) != dim
+    }
+    coords[freq_dim] = xr.Variable((freq_dim,), freq, attrs)
+    skeleton = xr.Dataset(coords=coords, attrs=dict(ds.attrs))
+    skeleton.attrs["zcrop_fft"] = {"dim": dim, "variables": names}
+    skeleton.to_zarr(
+        target,
+        mode="w" if found == "group" else "w-",
+        zarr_format=3,
+        consolidated=False,
+        storage_options=opts,
+    )
+    for name in names:
+        fft_along_axis(
+            ds[name],
+            dim,
+            f"{target}/{name}",
+            work_dir=None if work_dir is None else f"{os.fspath(work_dir)}/{name}",
+            storage_options=storage_options,
+            axis_name=freq_dim,
+            **kwargs,
+        )
+    return xr.open_dataset(target, engine="zcrop", storage_options=opts)
 
 
 # --- the tasks, as the workers run them ----------------------------------------------------------
@@ -519,7 +682,6 @@ def _run_cubed(
     report; a stage reads the first block of the stage before, which orders the stages. Cubed
     checks each task's projected memory (``memory`` plus its own) against ``allowed_mem``."""
     import cubed
-    import numpy as np
 
     problem = _check_access(task)
     if problem is not None:

@@ -185,6 +185,7 @@ struct Prepared {
     ty: InType,
     norm: FftNorm,
     output: ComplexType,
+    axis_name: Option<String>,
     budgets: Budgets,
     plan: Plan,
     out_chunks: Vec<u64>,
@@ -285,6 +286,7 @@ impl Prepared {
             ty,
             norm: options.norm,
             output: options.output,
+            axis_name: options.axis_name.clone(),
             budgets,
             plan,
             out_chunks,
@@ -302,12 +304,17 @@ impl Prepared {
                 "source": self.input.show(),
             }),
         );
+        let mut names = self.array.dimension_names();
+        if let Some(name) = &self.axis_name {
+            let all = names.get_or_insert_with(|| vec![None; self.shape.len()]);
+            all[self.axis] = Some(name.clone());
+        }
         Writer::create(
             output,
             self.shape.clone(),
             self.out_chunks.clone(),
             self.output,
-            self.array.dimension_names(),
+            names,
             attrs,
         )
     }

@@ -50,6 +50,9 @@ pub struct ChunkedFftOptions {
     /// Where the temporary store goes (a directory removed at the end); `None`: the system's
     /// temporary directory.
     pub temp_dir: Option<PathBuf>,
+    /// The output's name for the transformed dimension (e.g. `freq_time`); `None` keeps the
+    /// input's.
+    pub axis_name: Option<String>,
     /// Replace an existing output (only a Zarr array is ever removed); without it an existing
     /// output is an error.
     pub overwrite: bool,
@@ -99,6 +102,7 @@ impl ChunkedFftOptions {
             output: ComplexType::Complex64,
             norm: FftNorm::Backward,
             temp_dir: None,
+            axis_name: None,
             overwrite: false,
             storage: StorageOptions::default(),
         }
