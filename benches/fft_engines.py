@@ -12,6 +12,9 @@ Cases (written uncompressed with zarr-python into DIR, default a temporary direc
 - ``line``: one float32 line of 2**25 samples (128 MiB) in chunks of 2**18, a 64 MiB task
   budget (so the four-step plan) and workers limited to 1 GiB each: Dask's one-chunk FFT of
   the line needs more than that.
+- ``line-fits``: one float32 line of 2**24 samples (64 MiB) in chunks of 2**18, a 4 GiB task
+  budget (whole lines fit: the in-memory plan) and Dask's default worker memory: the case where
+  Dask's one-chunk FFT fits too.
 
 Run it with the package built in release mode (maturin develop --release).
 """
@@ -35,6 +38,7 @@ import zcrop.fft
 CASES = {
     "era5": ((8760, 64, 128), (24, 64, 128), 0, "256MiB", None),
     "line": ((1 << 25,), (1 << 18,), 0, "64MiB", "1GiB"),
+    "line-fits": ((1 << 24,), (1 << 18,), 0, "4GiB", None),
 }
 
 
