@@ -472,6 +472,48 @@ fn whole_objects_are_written_read_and_removed() {
 }
 
 #[test]
+fn background_writes_report_once_each() {
+    let Some(moto) = Moto::shared() else { return };
+    let (url, _dir) = setup(moto, "io-write-bg", &[]);
+    let e = ObjectEngine::open(&url, &moto.storage_options(), quick(2)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..20u8 {
+        let tx = tx.clone();
+        e.put_background(
+            Path::new(&format!("bg/{i}")),
+            bytes::Bytes::from(vec![i; 1000 + usize::from(i)]),
+            move |outcome| tx.send((i, outcome.map_err(|e| e.to_string()))).unwrap(),
+        );
+    }
+    drop(tx);
+    let mut got: Vec<_> = rx.iter().collect();
+    got.sort_by_key(|(i, _)| *i);
+    assert_eq!(got.len(), 20, "each callback once");
+    for (i, outcome) in got {
+        outcome.unwrap();
+        let back = e.get(Path::new(&format!("bg/{i}"))).unwrap().unwrap();
+        assert_eq!(back.len(), 1000 + usize::from(i));
+        assert!(back.iter().all(|&b| b == i));
+    }
+    // A failure reaches the callback, naming the URL.
+    let missing = ObjectEngine::open(
+        "s3://io-no-such-bucket/store",
+        &moto.storage_options(),
+        quick(1),
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    missing.put_background(Path::new("a"), bytes::Bytes::from_static(b"x"), move |o| {
+        tx.send(o.map_err(|e| e.to_string())).unwrap();
+    });
+    let err = rx.recv().unwrap().unwrap_err();
+    assert!(
+        err.contains("writing s3://io-no-such-bucket/store/a"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_write_that_fails_names_its_url() {
     let Some(moto) = Moto::shared() else { return };
     let e = ObjectEngine::open(

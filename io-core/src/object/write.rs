@@ -43,6 +43,32 @@ impl ObjectEngine {
         }
     }
 
+    /// Starts writing `data` as the object `key` (replacing any) and returns at once; `done`
+    /// gets the outcome, on the engine's runtime (it must not block). It is called exactly
+    /// once, with an error if the runtime stops first.
+    pub fn put_background(
+        &self,
+        key: &Path,
+        data: Bytes,
+        done: impl FnOnce(std::io::Result<()>) + Send + 'static,
+    ) {
+        let what = self.url_of(key);
+        let location = match self.location_or_err(key) {
+            Ok(l) => l,
+            Err(e) => return done(Err(e)),
+        };
+        let shared = Arc::clone(self.live());
+        let runtime = shared.runtime;
+        let mut once = Once(Some(Box::new(done)), what.clone());
+        runtime.spawn(async move {
+            let put = shared
+                .store
+                .put_opts(&location, data.into(), PutOptions::default());
+            let outcome = put.await.map(|_| ());
+            once.call(outcome.map_err(|e| store_error("writing", &what, &e)));
+        });
+    }
+
     /// The whole object `key`, or `None` if there is none.
     pub fn get(&self, key: &Path) -> std::io::Result<Option<Bytes>> {
         let shared = Arc::clone(self.live());
@@ -106,5 +132,26 @@ impl ObjectEngine {
             })
             .ok_or_else(|| shutdown_io(&what))?;
         removed.map_err(|e| store_error("removing", &what, &e))
+    }
+}
+
+type Callback = Box<dyn FnOnce(std::io::Result<()>) + Send>;
+
+/// A completion callback called exactly once: by [`Once::call`], or on drop (a task the
+/// runtime dropped unrun) with a shutdown error naming the object.
+struct Once(Option<Callback>, String);
+
+impl Once {
+    fn call(&mut self, outcome: std::io::Result<()>) {
+        if let Some(f) = self.0.take() {
+            f(outcome);
+        }
+    }
+}
+
+impl Drop for Once {
+    fn drop(&mut self) {
+        let what = std::mem::take(&mut self.1);
+        self.call(Err(shutdown_io(&what)));
     }
 }

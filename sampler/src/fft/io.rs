@@ -2,6 +2,7 @@
 //! stay within the budget, and writing output and temporary chunks with zarrs.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use rustfft::num_complex::Complex;
 use zarrs::array::{ArrayBuilder, ArrayBytes, CodecOptions, DataType, FillValue};
@@ -11,7 +12,7 @@ use zcrop_zarr::{Array, OpenOptions, ReadOptions, StitchTransform, ZarrError};
 use crate::transform::{InType, for_each_value};
 
 use super::options::{ComplexType, FftError};
-use super::place::Place;
+use super::place::{Place, Writes};
 use super::plan::{Plan, WORK};
 
 pub(crate) fn write_err(
@@ -78,6 +79,7 @@ type Store = dyn ReadableWritableStorageTraits;
 pub(crate) struct Writer {
     array: zarrs::array::Array<Store>,
     place: Place,
+    writes: Arc<Writes>,
     es: usize,
     staging: Vec<u8>,
     pub(crate) written: u64,
@@ -93,15 +95,16 @@ const STORE_RESET: usize = 256;
 impl Writer {
     pub(crate) fn create(
         place: &Place,
-        shape: Vec<u64>,
-        chunks: Vec<u64>,
-        ty: ComplexType,
+        layout: Layout,
+        in_flight: usize,
         dimension_names: Option<Vec<Option<String>>>,
         attributes: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Writer, FftError> {
+        let Layout { shape, chunks, ty } = layout;
         let path = &place.location();
         place.make_dir()?;
-        let store = place.store()?;
+        let writes = Writes::new(in_flight);
+        let store = place.store(&writes)?;
         let dt = DataType::from_metadata(&zarrs::metadata::v3::MetadataV3::new(ty.name()))
             .map_err(|e| write_err(path, e))?;
         let mut b = ArrayBuilder::new(shape, chunks, dt, FillValue::new(vec![0u8; ty.size()]));
@@ -111,20 +114,35 @@ impl Writer {
         }
         let array = b.build(store, "/").map_err(|e| write_err(path, e))?;
         array.store_metadata().map_err(|e| write_err(path, e))?;
-        Ok(Writer::with(array, place, ty))
+        let w = Writer::with(array, place, writes, ty);
+        // Others open the array next: its metadata must be there.
+        w.finish()?;
+        Ok(w)
     }
 
-    /// Opens an array [`Writer::create`] made, to write more of its chunks.
-    pub(crate) fn open(place: &Place, ty: ComplexType) -> Result<Writer, FftError> {
-        let array = zarrs::array::Array::open(place.store()?, "/")
+    /// Opens an array [`Writer::create`] made, to write more of its chunks, with at most
+    /// `in_flight` bytes of writes to an object store in flight.
+    pub(crate) fn open(
+        place: &Place,
+        ty: ComplexType,
+        in_flight: usize,
+    ) -> Result<Writer, FftError> {
+        let writes = Writes::new(in_flight);
+        let array = zarrs::array::Array::open(place.store(&writes)?, "/")
             .map_err(|e| write_err(&place.location(), e))?;
-        Ok(Writer::with(array, place, ty))
+        Ok(Writer::with(array, place, writes, ty))
     }
 
-    fn with(array: zarrs::array::Array<Store>, place: &Place, ty: ComplexType) -> Writer {
+    fn with(
+        array: zarrs::array::Array<Store>,
+        place: &Place,
+        writes: Arc<Writes>,
+        ty: ComplexType,
+    ) -> Writer {
         Writer {
             array,
             place: place.clone(),
+            writes,
             es: ty.size(),
             staging: Vec::new(),
             written: 0,
@@ -176,7 +194,7 @@ impl Writer {
         }
         if self.since_reset >= STORE_RESET {
             self.array = zarrs::array::Array::new_with_metadata(
-                self.place.store()?,
+                self.place.store(&self.writes)?,
                 "/",
                 self.array.metadata().clone(),
             )
@@ -194,6 +212,30 @@ impl Writer {
         self.written += self.staging.len() as u64;
         Ok(())
     }
+}
+
+impl Writer {
+    /// Waits until every chunk written has reached the store (object stores write in the
+    /// background); the first write that failed, if one did.
+    pub(crate) fn finish(&self) -> Result<(), FftError> {
+        self.writes
+            .wait()
+            .map_err(|e| write_err(&self.place.location(), e))
+    }
+}
+
+/// An array's shape, chunk shape and element type.
+pub(crate) struct Layout {
+    pub(crate) shape: Vec<u64>,
+    pub(crate) chunks: Vec<u64>,
+    pub(crate) ty: ComplexType,
+}
+
+/// Bytes of chunk writes an FFT with `budget` bytes keeps in flight to an object store: as
+/// much as its reads may have in flight (`fft_memory.rs` finds the local path's peak about a
+/// fifth of the budget below it, more than this sixteenth).
+pub(crate) fn write_in_flight(budget: usize) -> usize {
+    budget / 16
 }
 
 pub(crate) struct Ctx<'a> {
@@ -299,15 +341,14 @@ pub(crate) fn temp_array(
     shape: [u64; 3],
     chunks: [u64; 3],
     open: &OpenOptions,
+    in_flight: usize,
 ) -> Result<(Writer, Array), FftError> {
-    let w = Writer::create(
-        place,
-        shape.to_vec(),
-        chunks.to_vec(),
-        ComplexType::Complex128,
-        None,
-        serde_json::Map::new(),
-    )?;
+    let layout = Layout {
+        shape: shape.to_vec(),
+        chunks: chunks.to_vec(),
+        ty: ComplexType::Complex128,
+    };
+    let w = Writer::create(place, layout, in_flight, None, serde_json::Map::new())?;
     Ok((w, open_temp(place, open)?))
 }
 

@@ -29,7 +29,7 @@ use zcrop_zarr::Array;
 use crate::spectral::FftNorm;
 use crate::transform::InType;
 
-use super::io::{Writer, open_temp};
+use super::io::{Writer, open_temp, write_in_flight};
 use super::options::{ChunkedFftOptions, ComplexType, FftError, StorageOptions};
 use super::passes::{Passes, Stage, Temps, item_bytes, items, stages};
 use super::place::Place;
@@ -484,7 +484,8 @@ impl FftJob {
             self.d.norm,
             self.d.max_read,
         );
-        let mut out = Writer::open(&self.output, self.d.output_type)?;
+        let in_flight = write_in_flight(self.d.memory_budget);
+        let mut out = Writer::open(&self.output, self.d.output_type, in_flight)?;
         let mut temps = match self.d.plan.kind {
             PlanKind::InMemory { .. } => None,
             PlanKind::FourStep(f) => Some(self.open_temps(f.z.is_some(), &open)?),
@@ -496,6 +497,9 @@ impl FftJob {
         }
         let (read_bytes, block_bytes) = (passes.read, passes.largest);
         let written_bytes = out.written + temps.as_ref().map_or(0, Temps::written);
+        // The marker says the chunks are stored: every write has reached the store first.
+        out.finish()?;
+        temps.as_ref().map_or(Ok(()), Temps::finish)?;
         marker.write(b"")?;
         Ok(TaskReport {
             stage,
@@ -537,7 +541,8 @@ impl FftJob {
     fn open_temps(&self, z: bool, open: &zcrop_zarr::OpenOptions) -> Result<Temps, FftError> {
         let one = |name: &str| -> Result<(Writer, Array), FftError> {
             let place = self.work.join(name);
-            let w = Writer::open(&place, ComplexType::Complex128)?;
+            let in_flight = write_in_flight(self.d.memory_budget);
+            let w = Writer::open(&place, ComplexType::Complex128, in_flight)?;
             Ok((w, open_temp(&place, open)?))
         };
         Ok(Temps {

@@ -28,7 +28,8 @@
 //!
 //! Every buffer is sized from the budget: the working blocks, the FFT plans and line buffers
 //! take at most half of it; chunks written or read back are capped so that the per-thread
-//! decode buffers, the IO in flight (a private in-flight budget of the budget's sixteenth), the
+//! decode buffers, the IO in flight (a private in-flight budget of the budget's sixteenth, and
+//! as much again of chunk writes to an object store, which go out in the background), the
 //! staging and encode buffers fit in the other half; reads are split so that zarr-front never
 //! holds more than a quarter block of encoded chunks. `tests/fft_memory.rs` measures the peak.
 //! The process's baseline (code, thread stacks, allocator) comes on top.
@@ -66,7 +67,7 @@ pub use self::options::{
 pub use self::passes::Stage;
 pub use self::plan::MIN_BUDGET;
 
-use self::io::{Ctx, ToComplex, Writer, temp_array, write_err};
+use self::io::{Ctx, Layout, ToComplex, Writer, temp_array, write_err, write_in_flight};
 use self::passes::{Passes, Temps, run_all};
 use self::place::Place;
 use self::plan::{Budgets, Plan, PlanKind, SLACK, WORK, make_plan};
@@ -139,6 +140,7 @@ pub fn fft_along_axis_cancellable(
             )
         }
     };
+    writer.finish()?;
     Ok(FftReport {
         strategy,
         tile: p.plan.tile.clone(),
@@ -186,6 +188,8 @@ struct Prepared {
     norm: FftNorm,
     output: ComplexType,
     axis_name: Option<String>,
+    /// The whole budget; `budgets` are its parts.
+    memory_budget: usize,
     budgets: Budgets,
     plan: Plan,
     out_chunks: Vec<u64>,
@@ -287,6 +291,7 @@ impl Prepared {
             norm: options.norm,
             output: options.output,
             axis_name: options.axis_name.clone(),
+            memory_budget: budget,
             budgets,
             plan,
             out_chunks,
@@ -309,14 +314,13 @@ impl Prepared {
             let all = names.get_or_insert_with(|| vec![None; self.shape.len()]);
             all[self.axis] = Some(name.clone());
         }
-        Writer::create(
-            output,
-            self.shape.clone(),
-            self.out_chunks.clone(),
-            self.output,
-            names,
-            attrs,
-        )
+        let layout = Layout {
+            shape: self.shape.clone(),
+            chunks: self.out_chunks.clone(),
+            ty: self.output,
+        };
+        let in_flight = write_in_flight(self.memory_budget);
+        Writer::create(output, layout, in_flight, names, attrs)
     }
 
     /// Creates the four-step's temporary arrays under `dir`.
@@ -329,18 +333,21 @@ impl Prepared {
             .map(|d| self.shape[d])
             .product();
         let open = &self.open;
+        let in_flight = write_in_flight(self.memory_budget);
         Ok(Temps {
             x0: temp_array(
                 &dir.join("x0"),
                 [lines, f.n2, f.n1],
                 [1, f.rho_c, f.w],
                 open,
+                in_flight,
             )?,
             y: temp_array(
                 &dir.join("y"),
                 [lines, f.n2, f.n1],
                 [1, f.y_rows, f.w],
                 open,
+                in_flight,
             )?,
             z: match f.z {
                 None => None,
@@ -349,6 +356,7 @@ impl Prepared {
                     [lines, f.n1, f.n2],
                     [1, z_rows, f.h],
                     open,
+                    in_flight,
                 )?),
             },
         })

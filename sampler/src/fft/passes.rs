@@ -74,6 +74,13 @@ impl Temps {
     pub(crate) fn written(&self) -> u64 {
         self.x0.0.written + self.y.0.written + self.z.as_ref().map_or(0, |z| z.0.written)
     }
+
+    /// Waits until every chunk written to them has reached the store.
+    pub(crate) fn finish(&self) -> Result<(), FftError> {
+        self.x0.0.finish()?;
+        self.y.0.finish()?;
+        self.z.as_ref().map_or(Ok(()), |z| z.0.finish())
+    }
 }
 
 /// Runs items: holds the arrays, the FFT plans and one reusable working block.

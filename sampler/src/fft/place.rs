@@ -3,7 +3,7 @@
 //! zarrs store that writes chunks there.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use zarrs::filesystem::FilesystemStore;
@@ -238,8 +238,12 @@ impl Place {
         }
     }
 
-    /// A zarrs store rooted at this place.
-    pub(crate) fn store(&self) -> Result<Arc<dyn ReadableWritableStorageTraits>, FftError> {
+    /// A zarrs store rooted at this place. On an object store its writes go out in the
+    /// background, tracked by `writes` (see [`Writes`]); a local store writes at once.
+    pub(crate) fn store(
+        &self,
+        writes: &Arc<Writes>,
+    ) -> Result<Arc<dyn ReadableWritableStorageTraits>, FftError> {
         match self {
             Place::Local(p) => Ok(Arc::new(
                 FilesystemStore::new(p).map_err(|e| write_err(p, e))?,
@@ -247,16 +251,83 @@ impl Place {
             Place::Object { engine, key } => Ok(Arc::new(ObjectStorage {
                 engine: engine.clone(),
                 key: key.clone(),
+                writes: Arc::clone(writes),
             })),
         }
     }
 }
 
+/// PUTs in flight to an object store: up to `limit` bytes of them at once (one of any size
+/// when none is), so that a writer waits on the store's latency once per batch of chunks, not
+/// once per chunk. The first failure is kept and returned by the next write or [`Writes::wait`].
+pub(crate) struct Writes {
+    state: Mutex<InFlight>,
+    changed: Condvar,
+    limit: usize,
+}
+
+#[derive(Default)]
+struct InFlight {
+    bytes: usize,
+    count: usize,
+    error: Option<std::io::Error>,
+}
+
+impl Writes {
+    /// At most `limit` bytes in flight.
+    pub(crate) fn new(limit: usize) -> Arc<Writes> {
+        Arc::new(Writes {
+            state: Mutex::new(InFlight::default()),
+            changed: Condvar::new(),
+            limit,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, InFlight> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until `bytes` more fit, then counts them in; the first failure so far instead.
+    fn admit(&self, bytes: usize) -> std::io::Result<()> {
+        let mut s = self.lock();
+        while s.error.is_none() && s.count > 0 && s.bytes + bytes > self.limit {
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        if let Some(e) = s.error.take() {
+            return Err(e);
+        }
+        s.bytes += bytes;
+        s.count += 1;
+        Ok(())
+    }
+
+    fn done(&self, bytes: usize, outcome: std::io::Result<()>) {
+        let mut s = self.lock();
+        s.bytes -= bytes;
+        s.count -= 1;
+        if let Err(e) = outcome {
+            s.error.get_or_insert(e);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits for every write in flight; the first that failed, if one did.
+    pub(crate) fn wait(&self) -> std::io::Result<()> {
+        let mut s = self.lock();
+        while s.count > 0 {
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        s.error.take().map_or(Ok(()), Err)
+    }
+}
+
 /// A zarrs store over the objects under `key` of an [`ObjectEngine`]: whole values are read,
-/// written and removed (object stores write no part of an object).
+/// written (in the background, see [`Writes`]) and removed (object stores write no part of an
+/// object).
 struct ObjectStorage {
     engine: ObjectEngine,
     key: String,
+    writes: Arc<Writes>,
 }
 
 impl ObjectStorage {
@@ -275,6 +346,8 @@ fn storage_err(e: std::io::Error) -> StorageError {
 
 impl ReadableStorageTraits for ObjectStorage {
     fn get(&self, key: &StoreKey) -> Result<MaybeBytes, StorageError> {
+        // A value read back is the one last written.
+        self.writes.wait().map_err(storage_err)?;
         self.engine
             .get(&self.path(key.as_str()))
             .map_err(storage_err)
@@ -305,9 +378,14 @@ impl ReadableStorageTraits for ObjectStorage {
 
 impl WritableStorageTraits for ObjectStorage {
     fn set(&self, key: &StoreKey, value: Bytes) -> Result<(), StorageError> {
+        let n = value.len();
+        self.writes.admit(n).map_err(storage_err)?;
+        let writes = Arc::clone(&self.writes);
         self.engine
-            .put(&self.path(key.as_str()), value)
-            .map_err(storage_err)
+            .put_background(&self.path(key.as_str()), value, move |outcome| {
+                writes.done(n, outcome);
+            });
+        Ok(())
     }
 
     fn set_partial_many(
@@ -322,12 +400,15 @@ impl WritableStorageTraits for ObjectStorage {
     }
 
     fn erase(&self, key: &StoreKey) -> Result<(), StorageError> {
+        // After any write of the same key still in flight.
+        self.writes.wait().map_err(storage_err)?;
         self.engine
             .delete(&self.path(key.as_str()))
             .map_err(storage_err)
     }
 
     fn erase_prefix(&self, prefix: &StorePrefix) -> Result<(), StorageError> {
+        self.writes.wait().map_err(storage_err)?;
         let p = prefix.as_str().trim_end_matches('/');
         self.engine
             .delete_prefix(&self.path(p))
@@ -337,5 +418,43 @@ impl WritableStorageTraits for ObjectStorage {
 
     fn supports_set_partial(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chunk write that fails in the background is reported by the next write or by
+    /// `wait`, naming the object; writes within the limit all land.
+    #[test]
+    fn background_write_failures_are_reported() {
+        let Some(moto) = zcrop_fixtures::s3::Moto::shared() else {
+            return;
+        };
+        let key = |k: &str| StoreKey::new(k).unwrap();
+        moto.create_bucket("fft-place");
+        let place = Place::new(Path::new("s3://fft-place/a"), &moto.storage_options()).unwrap();
+        let writes = Writes::new(3000);
+        let store = place.store(&writes).unwrap();
+        for i in 0..10u8 {
+            store
+                .set(&key(&format!("c/{i}")), Bytes::from(vec![i; 1000]))
+                .unwrap();
+        }
+        writes.wait().unwrap();
+        assert_eq!(place.join("c").names().unwrap().len(), 10);
+        // Reads wait for the writes before them.
+        store.set(&key("c/0"), Bytes::from_static(b"new")).unwrap();
+        assert_eq!(store.get(&key("c/0")).unwrap().unwrap(), &b"new"[..]);
+
+        let gone = Place::new(Path::new("s3://fft-no-bucket/a"), &moto.storage_options()).unwrap();
+        let writes = Writes::new(3000);
+        let store = gone.store(&writes).unwrap();
+        store.set(&key("c/0"), Bytes::from_static(b"x")).unwrap();
+        let e = writes.wait().unwrap_err().to_string();
+        assert!(e.contains("s3://fft-no-bucket/a/c/0"), "{e}");
+        // Once reported, the failure is not reported again.
+        writes.wait().unwrap();
     }
 }
