@@ -116,14 +116,14 @@ pub(crate) fn sampler_pyerr(py: Python<'_>, e: &SamplerError) -> PyErr {
 
 /// The Python exception for an FFT error: a read error keeps the class of its zarr-front error
 /// (with the FFT's message), a bad argument or budget is `InvalidArgumentError`, a write error
-/// `StoreError`.
+/// or a failed read of the job's state `StoreError`.
 pub(crate) fn fft_pyerr(py: Python<'_>, e: &FftError) -> PyErr {
     let message = e.to_string();
     let built = match e {
         FftError::Read { error, .. } | FftError::Engine(error) => {
             build_with(py, error, Some(message))
         }
-        FftError::Write { .. } => {
+        FftError::Write { .. } | FftError::Storage(_) => {
             store(py).and_then(|c| c.call1((message,)).map(PyErr::from_value))
         }
         FftError::Cancelled => {

@@ -540,3 +540,56 @@ def test_frequencies_from_cf_times_and_uneven_labels(tmp_path):
         zcrop.fft.fft_dataset(raw, "time", tmp_path / "o.zarr", variables=["orography"])
     with pytest.raises(ValueError, match="no dimension"):
         zcrop.fft.fft_dataset(raw, "level", tmp_path / "o.zarr")
+
+
+def test_a_worker_whose_environment_cannot_reach_the_bucket_is_named(data, s3, tmp_path):
+    """Without storage_options each process finds the store from its environment (as with
+    AWS_* variables on a cluster): a worker whose environment points elsewhere is named before
+    any task is submitted, and nothing is written to the job's work directory after that."""
+    path, _ = data
+    s3.upload_tree("fft-env", Path(path), "in.zarr")
+    env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": "us-east-1",
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "ZCROP_OBJECT_MAX_RETRIES": "0"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        with (
+            distributed.LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)
+            as cluster,
+            distributed.Client(cluster) as c,
+        ):
+            with socket_closed_port() as dead:
+                elsewhere = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{dead}"}
+                lost = subprocess.Popen(
+                    [sys.executable, "-m", "distributed.cli.dask_worker",
+                     cluster.scheduler_address, "--nthreads", "1", "--no-nanny",
+                     "--no-dashboard"],
+                    env=elsewhere, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )
+                try:
+                    c.wait_for_workers(2, timeout=60)
+                    with pytest.raises(zcrop.InvalidArgumentError, match="1 worker") as e:
+                        zcrop.fft.fft_along_axis(
+                            "s3://fft-env/in.zarr", 1, "s3://fft-env/out.zarr",
+                            engine="dask", client=c, memory_per_task=SMALL,
+                        )
+                    assert f"127.0.0.1:{dead}" in str(e.value)
+                finally:
+                    lost.send_signal(signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        lost.wait(30)
+                    lost.kill()
+    listed = s3.client().list_objects_v2(Bucket="fft-env", Prefix="out.zarr.zcrop-fft/done/")
+    assert listed.get("KeyCount", 0) == 0
+
+
+@contextlib.contextmanager
+def socket_closed_port():
+    """A loopback port nothing listens on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield port

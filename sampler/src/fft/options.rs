@@ -199,6 +199,10 @@ pub enum FftError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A request for the job's own files or objects (its description, markers, probes, a
+    /// listing) failed; the message names the action and the path or URL.
+    #[error("{0}")]
+    Storage(#[source] std::io::Error),
     /// The cancellation flag was set.
     #[error("cancelled")]
     Cancelled,

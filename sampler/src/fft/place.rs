@@ -113,12 +113,12 @@ impl Place {
             Place::Local(p) => match std::fs::read(p) {
                 Ok(b) => Ok(Some(b)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(write_err(p, e)),
+                Err(e) => Err(read_err(p, &e)),
             },
             Place::Object { engine, key } => engine
                 .get(Path::new(key))
                 .map(|b| b.map(|b| b.to_vec()))
-                .map_err(|e| write_err(&self.location(), e)),
+                .map_err(FftError::Storage),
         }
     }
 
@@ -135,7 +135,7 @@ impl Place {
             }
             Place::Object { engine, key } => engine
                 .put(Path::new(key), Bytes::copy_from_slice(data))
-                .map_err(|e| write_err(&self.location(), e)),
+                .map_err(FftError::Storage),
         }
     }
 
@@ -154,9 +154,9 @@ impl Place {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(write_err(p, e)),
                 _ => Ok(()),
             },
-            Place::Object { engine, key } => engine
-                .delete(Path::new(key))
-                .map_err(|e| write_err(&self.location(), e)),
+            Place::Object { engine, key } => {
+                engine.delete(Path::new(key)).map_err(FftError::Storage)
+            }
         }
     }
 
@@ -172,7 +172,7 @@ impl Place {
             Place::Object { engine, key } => engine
                 .list(Path::new(key))
                 .map(|l| l.is_empty())
-                .map_err(|e| write_err(&self.location(), e)),
+                .map_err(FftError::Storage),
         }
     }
 
@@ -185,12 +185,10 @@ impl Place {
                     .filter_map(|e| e.file_name().into_string().ok())
                     .collect()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-                Err(e) => Err(write_err(p, e)),
+                Err(e) => Err(read_err(p, &e)),
             },
             Place::Object { engine, key } => {
-                let listed = engine
-                    .list(Path::new(key))
-                    .map_err(|e| write_err(&self.location(), e))?;
+                let listed = engine.list(Path::new(key)).map_err(FftError::Storage)?;
                 let prefix = format!("{key}/");
                 Ok(listed
                     .into_iter()
@@ -213,7 +211,7 @@ impl Place {
             Place::Object { engine, key } => engine
                 .delete_prefix(Path::new(key))
                 .map(|_| ())
-                .map_err(|e| write_err(&self.location(), e)),
+                .map_err(FftError::Storage),
         }
     }
 
@@ -319,6 +317,12 @@ impl Writes {
         }
         s.error.take().map_or(Ok(()), Err)
     }
+}
+
+/// A failed read or listing of the local `path`.
+fn read_err(path: &Path, e: &std::io::Error) -> FftError {
+    let message = format!("reading {}: {e}", path.display());
+    FftError::Storage(std::io::Error::new(e.kind(), message))
 }
 
 /// A zarrs store over the objects under `key` of an [`ObjectEngine`]: whole values are read,
