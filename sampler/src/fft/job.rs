@@ -17,7 +17,7 @@
 //! credentials: every process gives its storage options itself ([`FftJob::from_json`]).
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -45,7 +45,7 @@ pub struct JobOptions {
     /// Directory (a local path or an object-store URL) for the temporary arrays, the job
     /// description (`job.json`) and the task markers; every process that runs tasks must reach
     /// it at this path.
-    pub work_dir: std::path::PathBuf,
+    pub work_dir: PathBuf,
     /// Work per task: consecutive items are grouped until their working blocks add up to
     /// about this many bytes.
     pub task_bytes: u64,

@@ -33,8 +33,8 @@ pub(crate) enum Place {
 }
 
 impl Place {
-    /// The place `location` names: a local path (made absolute), or an object-store URL opened
-    /// with `storage_options` (which a local path must not have).
+    /// The place `location` names: a local path (made absolute; `storage_options` are then
+    /// not used), or an object-store URL opened with `storage_options`.
     pub(crate) fn new(
         location: &Path,
         storage_options: &[(String, String)],
