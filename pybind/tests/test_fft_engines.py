@@ -514,6 +514,10 @@ def test_dataset_in_dataset_out(engine, client, tmp_path):
         opened, "time", tmp_path / "spec.zarr", variables=["u10"], overwrite=True
     )
     assert set(again.data_vars) == {"u10"}
+    # Storage options meant for a source's bucket do not trouble a local target.
+    zcrop.fft.fft_dataset(
+        opened, "time", tmp_path / "opts.zarr", variables=["u10"], storage_options={"anon": True}
+    )
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "notes.txt").write_text("keep")
     with pytest.raises(zcrop.InvalidArgumentError, match="not a Zarr group"):

@@ -489,7 +489,8 @@ def fft_dataset(
     freq_dim = f"freq_{dim}"
     freq, attrs = frequencies(ds[dim] if dim in ds.coords else None, int(ds.sizes[dim]))
     target = _location(target)
-    options = storage_option_pairs(storage_options)
+    options = storage_option_pairs(storage_options) if is_url(target) else None
+    # The target's store options (a local target has none; they may still serve the source).
     opts = None if options is None else dict(options)
     found = _existing(target, opts)
     if found != "absent":
