@@ -420,7 +420,8 @@ proptest! {
             (None, false) => 0u16.to_ne_bytes().to_vec(),
             (None, true) => f32::NAN.to_ne_bytes().to_vec(),
         };
-        let mut outside = 0;
+        let (mut outside, mut past_y) = (0, 0);
+        let reach_y = ((cy - 1) * ey + 1) as i64;
         for step in 0..4 {
             let plan = sampler.plan(step, Shard::SINGLE).unwrap();
             let got = sampler.read(&plan).unwrap();
@@ -428,6 +429,9 @@ proptest! {
                 let p = plan.position(i);
                 let o = plan.origin(0, i);
                 prop_assert!((o[2] - (p[1] as i64 + oy)).unsigned_abs() <= jy);
+                if o[2] < 0 || o[2] + reach_y > shape[2] as i64 {
+                    past_y += 1;
+                }
                 if !wrap_x {
                     prop_assert!(table[p[2] as usize] >= 0);
                     prop_assert_eq!(o[3], table[p[2] as usize] - 3);
@@ -452,8 +456,9 @@ proptest! {
                 prop_assert_eq!(&plan.sample(i).sources[0].origin, o);
             }
         }
-        if oy < -3 {
-            prop_assert!(outside > 0, "no crop passed an end");
+        // Whether a draw lands near an end is chance; a crop that does reads fill there.
+        if past_y > 0 {
+            prop_assert!(outside > 0, "{} crops passed an end along y, none read fill", past_y);
         }
     }
 }
