@@ -19,6 +19,7 @@ mod buffer;
 mod errors;
 mod fft;
 mod group;
+mod icechunk;
 mod loader;
 mod pool;
 mod read;
@@ -46,6 +47,8 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(group::open_node, m)?)?;
+    m.add_function(wrap_pyfunction!(icechunk::open_icechunk, m)?)?;
+    m.add_class::<icechunk::NativeIcechunk>()?;
     m.add_function(wrap_pyfunction!(group::submit_open, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::spare_outputs, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::counter_add, m)?)?;

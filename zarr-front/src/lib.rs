@@ -40,6 +40,7 @@ mod decode;
 mod dtype;
 pub mod error;
 mod hierarchy;
+pub mod icechunk;
 mod layout;
 mod place;
 pub mod plan;

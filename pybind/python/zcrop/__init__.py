@@ -24,6 +24,7 @@ from typing import Any
 from zcrop._api import open, open_array, open_async, open_group
 from zcrop._array import Array, ArrayMetadata, AsyncArray, Attributes
 from zcrop._group import AsyncGroup, Group
+from zcrop._icechunk import IcechunkSnapshot, open_icechunk
 from zcrop._fields import ValidMask
 from zcrop._loader import Dim, Loader, Samples, Source
 from zcrop._valid import valid_windows
@@ -57,6 +58,7 @@ __all__ = [
     "CodecError",
     "Dim",
     "Group",
+    "IcechunkSnapshot",
     "InternalError",
     "InvalidArgumentError",
     "Loader",
@@ -78,6 +80,7 @@ __all__ = [
     "open_array",
     "open_async",
     "open_dataset",
+    "open_icechunk",
     "open_datatree",
     "open_group",
     "read_windows",

@@ -18,6 +18,7 @@ __all__ = [
     "NativeBatch",
     "NativeFftJob",
     "NativeGroup",
+    "NativeIcechunk",
     "NativeLoader",
     "NativeSampler",
     "Pending",
@@ -28,6 +29,7 @@ __all__ = [
     "counter_add",
     "fft_local",
     "missing_map",
+    "open_icechunk",
     "open_node",
     "read_crops_many",
     "spare_outputs",
@@ -186,6 +188,25 @@ class NativeArray:
         self, origins: npt.NDArray[np.uint64], shape: Sequence[int], notify: _Notify
     ) -> Pending:
         """:meth:`read_crops` in the background."""
+
+def open_icechunk(
+    path: str | PathLike[str],
+    branch: str | None = None,
+    tag: str | None = None,
+    snapshot: str | None = None,
+    storage_options: Sequence[tuple[str, str]] | None = None,
+    chunk_cache: int | str | None = None,
+) -> NativeIcechunk:
+    """Opens one snapshot of an Icechunk repository."""
+
+@final
+class NativeIcechunk:
+    """One snapshot of an Icechunk repository (the Rust side of ``zcrop.IcechunkSnapshot``)."""
+
+    @property
+    def id(self) -> str: ...
+    def nodes(self) -> list[tuple[str, bool]]: ...
+    def array(self, path: str) -> NativeArray: ...
 
 @final
 class NativeGroup:

@@ -132,6 +132,8 @@ pub(crate) enum Source {
     Cached(Arc<[u8]>),
     /// These bytes of storage chunk `storage`.
     Read { storage: usize, range: ReadRange },
+    /// Encoded bytes at hand (an Icechunk chunk inline in its manifest, `storage`).
+    Inline { storage: usize, bytes: Bytes },
 }
 
 /// A storage chunk (a file) a read touches.
@@ -149,6 +151,8 @@ pub(crate) struct Storages {
     pub(crate) list: Vec<Storage>,
     /// Each one's index in `list`, by its coordinates in the storage grid.
     pub(crate) index: FxHashMap<Vec<u64>, usize>,
+    /// Each one's index in `list`, by its key (an Icechunk array's chunk objects).
+    pub(crate) by_key: FxHashMap<String, usize>,
 }
 
 /// A leaf's encoded bytes, as read, and where they are from.
@@ -660,6 +664,22 @@ pub(crate) fn fetch_and_stitch_parts(
                         Source::Cached(chunk) => {
                             let chunk = Arc::clone(chunk);
                             scope.spawn(move |_| ctx.stitch_leaf(i, &chunk));
+                        }
+                        Source::Inline { storage, bytes } => {
+                            groups[k].push(Fetched {
+                                leaf: i,
+                                bytes: bytes.clone(),
+                                storage: *storage,
+                                range: ReadRange::new(0, bytes.len() as u64),
+                                stamp: None,
+                            });
+                            if groups[k].len() == group_sizes[k] {
+                                let full = std::mem::replace(
+                                    &mut groups[k],
+                                    Vec::with_capacity(group_sizes[k]),
+                                );
+                                spawn_group(k, full);
+                            }
                         }
                         Source::Read { storage, range } => {
                             batches[submitter[k]].push(ReadRequest::new(

@@ -50,9 +50,14 @@ impl FileStamp {
 }
 
 /// Where the bytes of an inner shard sit inside its file, while walking the shard levels.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Cursor {
     Missing,
+    /// Encoded bytes at hand (an Icechunk chunk inline in manifest `storage`).
+    Inline {
+        storage: usize,
+        bytes: bytes::Bytes,
+    },
     /// `len` (unknown for a whole file) bytes at `base` of storage chunk `storage`.
     In {
         storage: usize,
@@ -102,6 +107,7 @@ impl Array {
         let mut cursors: Vec<Cursor> = Vec::with_capacity(leaves.len());
         let mut coords = Vec::new();
         let (mut last_coords, mut last_storage) = (Vec::new(), None::<usize>);
+        let mut last_icechunk: Option<(Vec<u64>, Cursor)> = None;
         for ((leaf, known), inner) in plan.leaves[leaves]
             .iter()
             .zip(&known)
@@ -112,6 +118,16 @@ impl Array {
                 continue;
             }
             layout.locate(&leaf.coords, &mut coords, &mut inner[..levels]);
+            if let Some(chunks) = &core.icechunk {
+                // Leaves of one shard follow each other: one manifest lookup serves them all.
+                let cursor = match &last_icechunk {
+                    Some((at, c)) if *at == coords => c.clone(),
+                    _ => self.icechunk_cursor(chunks, &coords, storages)?,
+                };
+                last_icechunk = Some((coords.clone(), cursor.clone()));
+                cursors.push(cursor);
+                continue;
+            }
             // Leaves come in C order of their coordinates: most share the last one's file.
             let s = if let Some(s) = last_storage.filter(|_| coords == last_coords) {
                 s
@@ -264,6 +280,7 @@ impl Array {
             .map(|(k, c)| match (k, c) {
                 (Some(s), _) => s,
                 (None, Cursor::Missing) => Source::Missing,
+                (None, Cursor::Inline { storage, bytes }) => Source::Inline { storage, bytes },
                 (None, Cursor::In { storage, base, len }) => Source::Read {
                     storage,
                     range: match len {
@@ -274,6 +291,59 @@ impl Array {
             })
             .collect();
         Ok(sources)
+    }
+}
+
+impl Array {
+    /// Where the storage chunk at `coords` of an Icechunk array is: a range of a chunk object,
+    /// bytes inline in a manifest, or nowhere (never written: fill value).
+    fn icechunk_cursor(
+        &self,
+        chunks: &crate::icechunk::ArrayChunks,
+        coords: &[u64],
+        storages: &mut Storages,
+    ) -> Result<Cursor> {
+        use crate::icechunk::Payload;
+        let mut storage = |key: String| -> usize {
+            let path: Arc<Path> = Arc::from(chunks.path(&key).as_path());
+            if let Some(&s) = storages.by_key.get(&key) {
+                return s;
+            }
+            storages.list.push(Storage {
+                key: chunks.show(&key),
+                path,
+                stamp: None,
+            });
+            storages.by_key.insert(key, storages.list.len() - 1);
+            storages.list.len() - 1
+        };
+        match chunks.payload(coords)? {
+            None => Ok(Cursor::Missing),
+            Some(Payload::Stored {
+                key,
+                offset,
+                length,
+            }) => Ok(Cursor::In {
+                storage: storage(key),
+                base: offset,
+                len: Some(length),
+            }),
+            Some(Payload::Inline(bytes)) if self.core.layout.levels.is_empty() => {
+                // Named in messages as the chunk's entry in the array's manifests.
+                Ok(Cursor::Inline {
+                    storage: storage(format!("manifests/(inline chunk {coords:?})")),
+                    bytes,
+                })
+            }
+            Some(Payload::Inline(_)) => Err(ZarrError::Unsupported {
+                array: self.core.place.name.clone(),
+                feature: format!("an inline shard in an Icechunk manifest (chunk {coords:?})"),
+            }),
+            Some(Payload::Virtual { url, .. }) => Err(ZarrError::Unsupported {
+                array: self.core.place.name.clone(),
+                feature: format!("a virtual Icechunk chunk (chunk {coords:?} at {url})"),
+            }),
+        }
     }
 }
 

@@ -87,6 +87,8 @@ pub(crate) struct Core {
     /// Built on first use in each process: a child of `fork` must not wait on a cache lock
     /// that a parent thread held at the fork.
     caches: PerProcess<Caches>,
+    /// For an array of an Icechunk repository: where its chunks are (not at their keys).
+    pub(crate) icechunk: Option<Arc<crate::icechunk::ArrayChunks>>,
 }
 
 /// An array's caches.
@@ -135,6 +137,7 @@ impl Array {
                 options: options.clone(),
                 verify_checksums: options.verify_checksums,
                 caches: PerProcess::new(),
+                icechunk: None,
             }),
         })
     }

@@ -63,7 +63,13 @@ impl Array {
             )),
             _ => None,
         });
-        let mut by_leaf: Vec<Option<Bytes>> = vec![None; plan.num_leaves()];
+        let mut by_leaf: Vec<Option<Bytes>> = sources
+            .iter()
+            .map(|s| match s {
+                Source::Inline { bytes, .. } => Some(bytes.clone()),
+                _ => None,
+            })
+            .collect();
         for done in self.core.reader.submit(requests) {
             let i = done.id as usize;
             let Source::Read { storage, .. } = &sources[i] else {

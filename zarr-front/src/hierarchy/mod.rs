@@ -3,7 +3,7 @@
 
 mod metadata;
 mod node;
-mod open;
+pub(crate) mod open;
 
 pub use self::metadata::NodeKind;
 pub use self::node::{Group, Node};

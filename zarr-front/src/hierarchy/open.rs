@@ -103,6 +103,17 @@ pub(crate) fn array_from_json(
     dir: &Path,
     options: &OpenOptions,
 ) -> Result<Array> {
+    array_from_json_in(&Store::Local, json, zarr_format, dir, options)
+}
+
+/// [`array_from_json`] for an array of `store`.
+pub(crate) fn array_from_json_in(
+    store: &Store,
+    json: &[u8],
+    zarr_format: u8,
+    dir: &Path,
+    options: &OpenOptions,
+) -> Result<Array> {
     let path = dir.join(if zarr_format == 2 {
         ".zarray"
     } else {
@@ -124,12 +135,7 @@ pub(crate) fn array_from_json(
             }
         }
     };
-    make_array(
-        NodePlace::root(dir.to_path_buf()),
-        &Store::Local,
-        md,
-        options,
-    )
+    make_array(NodePlace::root(dir.to_path_buf()), store, md, options)
 }
 
 /// Opens the array at `path`; a group there is an error.

@@ -1,0 +1,713 @@
+//! Icechunk repositories, read-only: a version (branch, tag or snapshot id) resolved to its
+//! snapshot, the snapshot's nodes (each with its `zarr.json`), and where each chunk's bytes
+//! are (inline in a manifest, a byte range of a chunk object, or a virtual reference).
+//!
+//! The `icechunk-format` crate parses the metadata files (flatbuffers behind a 39-byte header,
+//! zstd-compressed); zcrop reads every file itself, from a directory or an object store, so
+//! the chunk reads can go through its own planner. Both spec versions are read: v1 keeps refs
+//! as `refs/{branch,tag}.<name>/ref.json`, v2 keeps them in one `repo` file.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use icechunk_format::format_constants::{
+    CompressionAlgorithmBin, FileTypeBin, ICECHUNK_FILE_HEADER_LEN, SpecVersionBin,
+    parse_file_header,
+};
+use icechunk_format::manifest::{ChunkPayload, Manifest};
+use icechunk_format::serializers::{
+    deserialize_manifest, deserialize_repo_info, deserialize_snapshot,
+};
+use icechunk_format::snapshot::{NodeData, Snapshot};
+use icechunk_format::{ChunkIndices, IcechunkFormatErrorKind, ManifestId, NodeId, SnapshotId};
+
+use crate::error::{Result, ZarrError};
+use crate::store::Store;
+
+/// The largest metadata file zcrop decompresses (a snapshot or manifest this large is
+/// refused rather than allowed to exhaust memory).
+const MAX_METADATA_BYTES: u64 = 1 << 31;
+
+/// Which version of a repository to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Version {
+    /// The tip of a branch (`"main"`).
+    Branch(String),
+    /// A tag.
+    Tag(String),
+    /// A snapshot id (20 characters of Crockford base32).
+    Snapshot(String),
+}
+
+/// One snapshot of an Icechunk repository, read-only: its nodes, and its arrays read through
+/// zcrop's planner (chunks inline in the manifests, or byte ranges of the repository's chunk
+/// objects, batched and coalesced like any shard's).
+pub struct IcechunkSnapshot {
+    repo: Arc<Repository>,
+    id: String,
+    nodes: Vec<Node>,
+    options: crate::array::OpenOptions,
+}
+
+impl IcechunkSnapshot {
+    /// The snapshot `version` names in the repository at `location` (a local directory or an
+    /// object-store URL, opened with `options.storage_options`).
+    pub fn open(
+        location: impl AsRef<Path>,
+        version: &Version,
+        options: &crate::array::OpenOptions,
+    ) -> Result<IcechunkSnapshot> {
+        let (store, root) = crate::hierarchy::open::locate(location.as_ref(), options)?;
+        let repo = Arc::new(Repository::open(store, root)?);
+        let id = repo.snapshot_id(version)?;
+        let snapshot = repo.snapshot(&id)?;
+        let nodes = repo.nodes(&snapshot)?;
+        Ok(IcechunkSnapshot {
+            repo,
+            id: id.to_string(),
+            nodes,
+            options: options.clone(),
+        })
+    }
+
+    /// The snapshot's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Every node's path (`/`, `/group/array`) and whether it is an array, in path order.
+    pub fn nodes(&self) -> Vec<(String, bool)> {
+        let mut all: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|n| (n.path.clone(), n.array.is_some()))
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// The array at `path`.
+    pub fn array(&self, path: &str) -> Result<crate::Array> {
+        let want = format!("/{}", path.trim_matches('/'));
+        let node =
+            self.nodes
+                .iter()
+                .find(|n| n.path == want)
+                .ok_or_else(|| ZarrError::NodeNotFound {
+                    path: self
+                        .repo
+                        .store
+                        .show(&self.repo.root.join(want.trim_start_matches('/'))),
+                })?;
+        self.repo.array(node.clone(), &self.options)
+    }
+}
+
+/// A repository at `root` of `store`.
+pub(crate) struct Repository {
+    store: Store,
+    root: PathBuf,
+}
+
+/// One node of a snapshot.
+#[derive(Clone)]
+pub(crate) struct Node {
+    /// Its path in the hierarchy (`/`, `/group/array`).
+    pub(crate) path: String,
+    /// Its Zarr v3 `zarr.json`.
+    pub(crate) zarr_json: Bytes,
+    /// For an array: its id and manifests.
+    pub(crate) array: Option<ArrayNode>,
+}
+
+/// What locating an array's chunks needs.
+#[derive(Clone)]
+pub(crate) struct ArrayNode {
+    pub(crate) id: NodeId,
+    pub(crate) manifests: Vec<ManifestId>,
+}
+
+impl Repository {
+    /// The array `node` of a snapshot, reading its chunks where the manifests say.
+    pub(crate) fn array(
+        self: &Arc<Self>,
+        node: Node,
+        options: &crate::array::OpenOptions,
+    ) -> Result<crate::Array> {
+        let Some(array) = node.array else {
+            return Err(ZarrError::WrongNodeType {
+                path: self
+                    .store
+                    .show(&self.root.join(node.path.trim_start_matches('/'))),
+                expected: "array",
+                found: "group",
+            });
+        };
+        let dir = self.root.join(node.path.trim_start_matches('/'));
+        let mut a = crate::hierarchy::open::array_from_json_in(
+            &self.store,
+            &node.zarr_json,
+            3,
+            &dir,
+            options,
+        )?;
+        let chunks = ArrayChunks::load(Arc::clone(self), array)?;
+        Arc::get_mut(&mut a.core)
+            .expect("a new array's core is its own")
+            .icechunk = Some(Arc::new(chunks));
+        Ok(a)
+    }
+}
+
+/// An Icechunk array's chunk locations, as its [`crate::Array`] holds them: the repository
+/// and the array's manifests, loaded when it was opened.
+pub(crate) struct ArrayChunks {
+    repo: Arc<Repository>,
+    node: ArrayNode,
+    manifests: Vec<Arc<Manifest>>,
+}
+
+impl ArrayChunks {
+    /// Loads the manifests of `node`.
+    pub(crate) fn load(repo: Arc<Repository>, node: ArrayNode) -> Result<ArrayChunks> {
+        let manifests = node
+            .manifests
+            .iter()
+            .map(|m| repo.manifest(m))
+            .collect::<Result<_>>()?;
+        Ok(ArrayChunks {
+            repo,
+            node,
+            manifests,
+        })
+    }
+
+    /// Where the chunk (for a sharded array: the shard) at `coords` of the storage grid is.
+    pub(crate) fn payload(&self, coords: &[u64]) -> Result<Option<Payload>> {
+        let index: Vec<u32> = coords
+            .iter()
+            .map(|&c| u32::try_from(c))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| ZarrError::InvalidArgument(format!("chunk {coords:?} past u32")))?;
+        self.repo.payload(&self.node, &self.manifests, &index)
+    }
+
+    /// The path (local) or key (object store) of the repository's file `rel`.
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
+        self.repo.root.join(rel)
+    }
+
+    /// `rel` as messages name it.
+    pub(crate) fn show(&self, rel: &str) -> String {
+        self.repo
+            .store
+            .show(&self.repo.root.join(rel))
+            .display()
+            .to_string()
+    }
+}
+
+/// Where one chunk's encoded bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Payload {
+    /// In the manifest itself.
+    Inline(Bytes),
+    /// `length` bytes at `offset` of the repository's object `key` (`chunks/<id>`).
+    Stored {
+        key: String,
+        offset: u64,
+        length: u64,
+    },
+    /// `length` bytes at `offset` of the file or object at `url`, outside the repository.
+    Virtual {
+        url: String,
+        offset: u64,
+        length: u64,
+    },
+}
+
+impl Repository {
+    /// The repository at `root`: an error naming it if it has neither a `repo` file (spec v2)
+    /// nor a `refs` directory (spec v1).
+    pub(crate) fn open(store: Store, root: PathBuf) -> Result<Repository> {
+        let repo = Repository { store, root };
+        let v2 = repo.read("repo")?.is_some();
+        if !v2 && !repo.has_v1_refs() {
+            return Err(ZarrError::NodeNotFound {
+                path: repo.store.show(&repo.root.join("repo")),
+            });
+        }
+        Ok(repo)
+    }
+
+    fn has_v1_refs(&self) -> bool {
+        !self
+            .store
+            .child_dirs(&self.root.join("refs"))
+            .unwrap_or_default()
+            .is_empty()
+    }
+
+    /// The file or object `rel` under the root; `None` if there is none.
+    fn read(&self, rel: &str) -> Result<Option<Bytes>> {
+        let path = self.root.join(rel);
+        match &self.store {
+            Store::Local => match std::fs::read(&path) {
+                Ok(b) => Ok(Some(Bytes::from(b))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(self.io_error(&path, &e)),
+            },
+            Store::Object(engine) => engine.get(&path).map_err(|e| self.io_error(&path, &e)),
+        }
+    }
+
+    fn io_error(&self, path: &Path, e: &std::io::Error) -> ZarrError {
+        self.invalid(path, format!("cannot read it: {e}"))
+    }
+
+    fn invalid(&self, path: &Path, reason: impl std::fmt::Display) -> ZarrError {
+        ZarrError::InvalidMetadata {
+            path: self.store.show(path),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// A metadata file's spec version and body (decompressed), checking its header says
+    /// `kind`.
+    fn metadata_file(&self, rel: &str, kind: FileTypeBin) -> Result<(SpecVersionBin, Vec<u8>)> {
+        let path = self.root.join(rel);
+        let raw = self.read(rel)?.ok_or_else(|| ZarrError::NodeNotFound {
+            path: self.store.show(&path),
+        })?;
+        let header = parse_file_header(&raw).map_err(|e| self.invalid(&path, e))?;
+        if header.file_type != kind {
+            return Err(self.invalid(
+                &path,
+                format!(
+                    "an Icechunk {:?} file where a {kind:?} was expected",
+                    header.file_type
+                ),
+            ));
+        }
+        let body = &raw[ICECHUNK_FILE_HEADER_LEN..];
+        let body = match header.compression {
+            CompressionAlgorithmBin::Zstd => {
+                let mut out = Vec::new();
+                zstd::stream::Decoder::new(body)
+                    .and_then(|d| d.take(MAX_METADATA_BYTES + 1).read_to_end(&mut out))
+                    .map_err(|e| self.invalid(&path, format!("bad zstd body: {e}")))?;
+                if out.len() as u64 > MAX_METADATA_BYTES {
+                    return Err(self.invalid(
+                        &path,
+                        format!("decompresses to more than {MAX_METADATA_BYTES} bytes"),
+                    ));
+                }
+                out
+            }
+            CompressionAlgorithmBin::None => body.to_vec(),
+        };
+        Ok((header.spec_version, body))
+    }
+
+    /// The snapshot id `version` names.
+    pub(crate) fn snapshot_id(&self, version: &Version) -> Result<SnapshotId> {
+        let (kind, name) = match version {
+            Version::Snapshot(id) => {
+                return SnapshotId::try_from(id.as_str()).map_err(|e| {
+                    ZarrError::InvalidArgument(format!(
+                        "{id:?} is not an Icechunk snapshot id: {e}"
+                    ))
+                });
+            }
+            Version::Branch(n) => ("branch", n),
+            Version::Tag(n) => ("tag", n),
+        };
+        let missing = || {
+            ZarrError::InvalidArgument(format!(
+                "the Icechunk repository {} has no {kind} {name:?}",
+                self.store.show(&self.root).display()
+            ))
+        };
+        if self.read("repo")?.is_some() {
+            let (spec, body) = self.metadata_file("repo", FileTypeBin::RepoInfo)?;
+            let path = self.root.join("repo");
+            let info = deserialize_repo_info(spec, body).map_err(|e| self.invalid(&path, e))?;
+            let found = if kind == "tag" {
+                info.resolve_tag(name)
+            } else {
+                info.resolve_branch(name)
+            };
+            return found.map_err(|_| missing());
+        }
+        let rel = format!("refs/{kind}.{name}/ref.json");
+        if kind == "tag"
+            && self
+                .read(&format!("refs/tag.{name}/ref.json.deleted"))?
+                .is_some()
+        {
+            return Err(missing());
+        }
+        let path = self.root.join(&rel);
+        let text = self.read(&rel)?.ok_or_else(missing)?;
+        let doc: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| self.invalid(&path, e))?;
+        let id = doc["snapshot"]
+            .as_str()
+            .ok_or_else(|| self.invalid(&path, "no \"snapshot\" field"))?;
+        SnapshotId::try_from(id).map_err(|e| self.invalid(&path, e))
+    }
+
+    /// The snapshot `id`.
+    pub(crate) fn snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
+        let rel = format!("snapshots/{id}");
+        let (spec, body) = self.metadata_file(&rel, FileTypeBin::Snapshot)?;
+        deserialize_snapshot(spec, body).map_err(|e| self.invalid(&self.root.join(&rel), e))
+    }
+
+    /// Every node of `snapshot`.
+    pub(crate) fn nodes(&self, snapshot: &Snapshot) -> Result<Vec<Node>> {
+        let path = self.root.join(format!("snapshots/{}", snapshot.id()));
+        snapshot
+            .iter()
+            .map(|node| {
+                let node = node.map_err(|e| self.invalid(&path, e))?;
+                let array = match node.node_data {
+                    NodeData::Array { manifests, .. } => Some(ArrayNode {
+                        id: node.id.clone(),
+                        manifests: manifests.into_iter().map(|m| m.object_id).collect(),
+                    }),
+                    NodeData::Group => None,
+                };
+                Ok(Node {
+                    path: node.path.to_string(),
+                    zarr_json: node.user_data,
+                    array,
+                })
+            })
+            .collect()
+    }
+
+    /// The manifest `id`.
+    pub(crate) fn manifest(&self, id: &ManifestId) -> Result<Arc<Manifest>> {
+        let rel = format!("manifests/{id}");
+        let (spec, body) = self.metadata_file(&rel, FileTypeBin::Manifest)?;
+        deserialize_manifest(spec, body)
+            .map(Arc::new)
+            .map_err(|e| self.invalid(&self.root.join(&rel), e))
+    }
+
+    /// Where chunk `index` of `array` is, looked up in `manifests` (the array's, loaded);
+    /// `None` for a chunk that was never written (fill value).
+    pub(crate) fn payload(
+        &self,
+        array: &ArrayNode,
+        manifests: &[Arc<Manifest>],
+        index: &[u32],
+    ) -> Result<Option<Payload>> {
+        let coords = ChunkIndices(index.to_vec());
+        for (m, id) in manifests.iter().zip(&array.manifests) {
+            let p = match m.get_chunk_payload(&array.id, &coords) {
+                Ok(p) => p,
+                // Not in this manifest (an array's chunks may span several).
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        IcechunkFormatErrorKind::ChunkCoordinatesNotFound { .. }
+                            | IcechunkFormatErrorKind::NodeNotFound { .. }
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => {
+                    let path = self.root.join(format!("manifests/{id}"));
+                    return Err(self.invalid(&path, format!("chunk {index:?}: {e}")));
+                }
+            };
+            return Ok(Some(match p {
+                ChunkPayload::Inline(b) => Payload::Inline(b),
+                ChunkPayload::Ref(r) => Payload::Stored {
+                    key: format!("chunks/{}", r.id),
+                    offset: r.offset,
+                    length: r.length,
+                },
+                ChunkPayload::Virtual(v) => Payload::Virtual {
+                    url: v.location.url().to_string(),
+                    offset: v.offset,
+                    length: v.length,
+                },
+                other => {
+                    let path = self.root.join(format!("manifests/{id}"));
+                    return Err(self.invalid(
+                        &path,
+                        format!("chunk {index:?}: a payload zcrop does not know: {other:?}"),
+                    ));
+                }
+            }));
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+// Values are compared exactly: they were written exactly.
+#[allow(clippy::float_cmp)]
+mod tests {
+    use super::*;
+
+    fn repo(spec: &str) -> Repository {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/icechunk-repos")
+            .join(spec);
+        Repository::open(Store::Local, root).unwrap()
+    }
+
+    /// The bytes of chunk `index` of the array at `path` in the snapshot `version` names.
+    fn chunk(r: &Repository, version: &Version, path: &str, index: &[u32]) -> Option<Vec<u8>> {
+        let snap = r.snapshot(&r.snapshot_id(version).unwrap()).unwrap();
+        let nodes = r.nodes(&snap).unwrap();
+        let node = nodes.iter().find(|n| n.path == path).unwrap();
+        let array = node.array.as_ref().unwrap();
+        let manifests: Vec<_> = array
+            .manifests
+            .iter()
+            .map(|m| r.manifest(m).unwrap())
+            .collect();
+        match r.payload(array, &manifests, index).unwrap()? {
+            Payload::Inline(b) => Some(b.to_vec()),
+            Payload::Stored {
+                key,
+                offset,
+                length,
+            } => {
+                let all = r.read(&key).unwrap().unwrap();
+                Some(all[offset as usize..(offset + length) as usize].to_vec())
+            }
+            Payload::Virtual { url, .. } => panic!("no virtual chunks in the fixtures: {url}"),
+        }
+    }
+
+    fn floats(encoded: &[u8]) -> Vec<f32> {
+        let raw = zstd::stream::decode_all(encoded).unwrap();
+        raw.chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    fn ints(raw: &[u8]) -> Vec<i32> {
+        raw.chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Spec v1 (icechunk 1.1.21) and v2 (2.3.0), written by `fixtures/icechunk_generate.py`:
+    /// branches, tags and snapshot ids resolve, every node has its zarr.json, and chunks inline
+    /// and in chunk objects hold what was written in each commit.
+    #[test]
+    fn both_spec_versions_read_as_written() {
+        for spec in ["v1", "v2"] {
+            let r = repo(spec);
+            let main = Version::Branch("main".into());
+            let tag = Version::Tag("v1".into());
+            let (tip, first) = (r.snapshot_id(&main).unwrap(), r.snapshot_id(&tag).unwrap());
+            assert_ne!(tip, first, "{spec}");
+            assert_eq!(
+                r.snapshot_id(&Version::Snapshot(first.to_string()))
+                    .unwrap(),
+                first
+            );
+
+            let snap = r.snapshot(&tip).unwrap();
+            let nodes = r.nodes(&snap).unwrap();
+            let mut paths: Vec<_> = nodes.iter().map(|n| n.path.as_str()).collect();
+            paths.sort_unstable();
+            assert_eq!(
+                paths,
+                ["/", "/grp", "/grp/big", "/grp/raw", "/small"],
+                "{spec}"
+            );
+            for n in &nodes {
+                let doc: serde_json::Value = serde_json::from_slice(&n.zarr_json).unwrap();
+                let kind = if n.array.is_some() { "array" } else { "group" };
+                assert_eq!(doc["node_type"], kind, "{spec} {}", n.path);
+            }
+
+            // grp/big: zstd, inline; its first chunk was overwritten in the second commit.
+            let want_first: Vec<f32> = (0..5)
+                .flat_map(|y| (0..10).map(move |x| (y * 20 + x) as f32))
+                .collect();
+            let got = floats(&chunk(&r, &tag, "/grp/big", &[0, 0]).unwrap());
+            assert_eq!(got, want_first, "{spec}");
+            let got = floats(&chunk(&r, &main, "/grp/big", &[0, 0]).unwrap());
+            assert_eq!(got, vec![-1.0; 50], "{spec}");
+            let got = floats(&chunk(&r, &main, "/grp/big", &[1, 1]).unwrap());
+            assert_eq!(got[0], 110.0, "{spec}");
+            // small: inline, uncompressed; raw: chunk objects.
+            assert_eq!(ints(&chunk(&r, &main, "/small", &[1]).unwrap()), [3, 4]);
+            let got = ints(&chunk(&r, &main, "/grp/raw", &[1]).unwrap());
+            assert_eq!(got, (200..400).collect::<Vec<_>>(), "{spec}");
+            // A chunk past the grid was never written: fill value.
+            assert!(chunk(&r, &main, "/grp/raw", &[7]).is_none());
+        }
+    }
+
+    /// Arrays of both spec versions read through zcrop's planner equal what was written, at
+    /// the branch tip and at the tag.
+    #[test]
+    fn arrays_read_through_the_planner() {
+        for spec in ["v1", "v2"] {
+            let r = Arc::new(repo(spec));
+            for (version, first_chunk) in [("main", -1.0f32), ("v1", f32::NAN)] {
+                let v = if version == "main" {
+                    Version::Branch(version.into())
+                } else {
+                    Version::Tag(version.into())
+                };
+                let snap = r.snapshot(&r.snapshot_id(&v).unwrap()).unwrap();
+                let open = |path: &str| {
+                    let node = r.nodes(&snap).unwrap().into_iter().find(|n| n.path == path);
+                    r.array(node.unwrap(), &crate::array::OpenOptions::default())
+                        .unwrap()
+                };
+                let big = open("/grp/big");
+                let got: Vec<f32> = big
+                    .read_region(&[0, 0], &[10, 20])
+                    .unwrap()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+                    .collect();
+                for (i, g) in got.iter().enumerate() {
+                    let (y, x) = (i / 20, i % 20);
+                    let want = if y < 5 && x < 10 && !first_chunk.is_nan() {
+                        first_chunk
+                    } else {
+                        i as f32
+                    };
+                    assert_eq!(*g, want, "{spec} {version} element {i}");
+                }
+                let raw = open("/grp/raw").read_region(&[150], &[100]).unwrap();
+                let want: Vec<u8> = (150..250i32).flat_map(i32::to_ne_bytes).collect();
+                assert_eq!(raw, want, "{spec} {version}");
+                let small = open("/small").read_region(&[0], &[4]).unwrap();
+                let want: Vec<u8> = [1i32, 2, 3, 4]
+                    .iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .collect();
+                assert_eq!(small, want, "{spec} {version}");
+            }
+        }
+    }
+
+    /// The public API, on the local fixture and on a copy uploaded to an S3 server.
+    #[test]
+    fn snapshots_open_locally_and_from_an_object_store() {
+        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/icechunk-repos/v2");
+        let mut places = vec![(
+            local.display().to_string(),
+            crate::array::OpenOptions::default(),
+        )];
+        if let Some(moto) = zcrop_fixtures::s3::Moto::shared() {
+            moto.create_bucket("icechunk-v2");
+            moto.upload_dir("icechunk-v2", "repo", &local);
+            let options = crate::array::OpenOptions {
+                storage_options: moto.storage_options(),
+                ..crate::array::OpenOptions::default()
+            };
+            places.push(("s3://icechunk-v2/repo".into(), options));
+        }
+        for (location, options) in places {
+            let tip = IcechunkSnapshot::open(&location, &Version::Branch("main".into()), &options)
+                .unwrap();
+            let tag =
+                IcechunkSnapshot::open(&location, &Version::Tag("v1".into()), &options).unwrap();
+            assert_ne!(tip.id(), tag.id());
+            let again =
+                IcechunkSnapshot::open(&location, &Version::Snapshot(tag.id().into()), &options)
+                    .unwrap();
+            assert_eq!(again.id(), tag.id());
+            let arrays: Vec<String> = tip
+                .nodes()
+                .into_iter()
+                .filter(|(_, a)| *a)
+                .map(|(p, _)| p)
+                .collect();
+            assert_eq!(arrays, ["/grp/big", "/grp/raw", "/small"], "{location}");
+            let raw = tip
+                .array("grp/raw")
+                .unwrap()
+                .read_region(&[0], &[400])
+                .unwrap();
+            let want: Vec<u8> = (0..400i32).flat_map(i32::to_ne_bytes).collect();
+            assert_eq!(raw, want, "{location}");
+            let big = tag
+                .array("/grp/big")
+                .unwrap()
+                .read_region(&[0, 0], &[1, 3])
+                .unwrap();
+            let want: Vec<u8> = [0f32, 1.0, 2.0]
+                .iter()
+                .flat_map(|v| v.to_ne_bytes())
+                .collect();
+            assert_eq!(big, want, "{location}");
+            let e = tip.array("nope").unwrap_err();
+            assert!(matches!(e, ZarrError::NodeNotFound { .. }), "{e}");
+        }
+    }
+
+    /// Unknown versions and damaged files are typed errors naming the file, not panics.
+    #[test]
+    fn bad_versions_and_damaged_files_are_errors() {
+        let r = repo("v1");
+        let e = r.snapshot_id(&Version::Branch("nope".into())).unwrap_err();
+        assert!(e.to_string().contains("no branch \"nope\""), "{e}");
+        assert!(
+            r.snapshot_id(&Version::Snapshot("not-an-id".into()))
+                .is_err()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Repository::open(Store::Local, dir.path().to_path_buf()).is_err());
+
+        // A copy of the v2 repository whose files are cut short or flipped.
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/icechunk-repos/v2");
+        let r2 = repo("v2");
+        let tip = r2.snapshot_id(&Version::Branch("main".into())).unwrap();
+        let snap = std::fs::read(src.join(format!("snapshots/{tip}"))).unwrap();
+        for (name, bytes) in [
+            ("short", snap[..20].to_vec()),
+            ("truncated", snap[..snap.len() / 2].to_vec()),
+            ("flipped", {
+                let mut b = snap.clone();
+                let mid = b.len() - 10;
+                b[mid] ^= 0xff;
+                b
+            }),
+        ] {
+            let root = dir.path().join(name);
+            copy_tree(&src, &root);
+            std::fs::write(root.join(format!("snapshots/{tip}")), bytes).unwrap();
+            let r = Repository::open(Store::Local, root).unwrap();
+            let got = r.snapshot(&tip).and_then(|s| r.nodes(&s));
+            let e = got
+                .err()
+                .unwrap_or_else(|| panic!("{name}: a damaged snapshot read"));
+            assert!(
+                e.to_string().contains(&format!("snapshots/{tip}")),
+                "{name}: {e}"
+            );
+        }
+    }
+
+    fn copy_tree(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let dest = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy_tree(&e.path(), &dest);
+            } else {
+                std::fs::copy(e.path(), dest).unwrap();
+            }
+        }
+    }
+}
