@@ -232,8 +232,8 @@ pub(crate) struct Layout {
 }
 
 /// Bytes of chunk writes an FFT with `budget` bytes keeps in flight to an object store: as
-/// much as its reads may have in flight (`fft_memory.rs` finds the local path's peak about a
-/// fifth of the budget below it, more than this sixteenth).
+/// much as its reads may have in flight, a share the budget's other half leaves room for
+/// (`fft_memory.rs` checks the peak against the budget).
 pub(crate) fn write_in_flight(budget: usize) -> usize {
     budget / 16
 }
