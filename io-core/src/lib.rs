@@ -71,7 +71,7 @@ pub use files::mapping::{check_mapped, mapped_intact};
 pub use metrics::MetricsSnapshot;
 pub use object::{
     DEFAULT_OBJECT_CONCURRENCY, INITIAL_OBJECT_CONCURRENCY, MIN_OBJECT_CONCURRENCY, ObjectBatch,
-    ObjectConfig, ObjectEngine, ObjectMetrics, RetryPolicy, is_object_url,
+    ObjectConfig, ObjectEngine, ObjectMetrics, ObjectVersion, RetryPolicy, is_object_url,
 };
 pub use request::{Completion, ReadRange, ReadRequest, RequestId};
 

@@ -65,7 +65,9 @@ fn build_with(py: Python<'_>, e: &ZarrError, message: Option<String>) -> PyResul
         | ZarrError::Unsupported { .. } => (unsupported(py)?, None, None),
         ZarrError::OutOfBounds { .. } => (bounds(py)?, None, None),
         ZarrError::InvalidArgument(_) => (invalid_argument(py)?, None, None),
-        ZarrError::Io { at, .. } => (store(py)?, Some(at.as_ref()), None),
+        ZarrError::Io { at, .. } | ZarrError::VirtualChunk { at, .. } => {
+            (store(py)?, Some(at.as_ref()), None)
+        }
         // A URL or storage option that cannot be used, or a bad engine setting: the
         // caller's argument.
         ZarrError::Engine(e)

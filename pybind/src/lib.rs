@@ -48,6 +48,7 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(group::open_node, m)?)?;
     m.add_function(wrap_pyfunction!(icechunk::open_icechunk, m)?)?;
+    m.add_function(wrap_pyfunction!(icechunk::icechunk_session_repository, m)?)?;
     m.add_class::<icechunk::NativeIcechunk>()?;
     m.add_function(wrap_pyfunction!(group::submit_open, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::spare_outputs, m)?)?;

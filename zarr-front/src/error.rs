@@ -137,6 +137,18 @@ pub enum ZarrError {
         /// What is wrong.
         reason: String,
     },
+    /// A virtual chunk (an Icechunk reference to a range of another file or object) that
+    /// cannot be read: its target is missing, changed since the reference was written, too
+    /// short, or not under a container the caller allowed.
+    #[error("{at}: virtual chunk {chunk:?}: {reason}")]
+    VirtualChunk {
+        /// The array, the target's URL and the referenced range.
+        at: Box<Location>,
+        /// The chunk's coordinates in the storage grid.
+        chunk: Vec<u64>,
+        /// What is wrong.
+        reason: String,
+    },
     /// A read was cancelled through its cancellation flag.
     #[error("the read was cancelled")]
     Cancelled,

@@ -67,6 +67,7 @@ pub use self::config::{
     DEFAULT_OBJECT_CONCURRENCY, DEFAULT_WHOLE_OBJECT_CHARGE, INITIAL_OBJECT_CONCURRENCY,
     MIN_OBJECT_CONCURRENCY, ObjectConfig, RetryPolicy, is_object_url,
 };
+pub use self::write::ObjectVersion;
 
 /// What every request of an engine shares.
 struct Shared {

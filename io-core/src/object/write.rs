@@ -10,6 +10,17 @@ use object_store::{GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions}
 
 use super::{ObjectEngine, shutdown_io, store_error};
 
+/// What a HEAD request says about an object's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectVersion {
+    /// Its length in bytes.
+    pub size: u64,
+    /// When it was last written, in seconds since the Unix epoch.
+    pub last_modified_secs: i64,
+    /// Its entity tag, where the store gives one.
+    pub e_tag: Option<String>,
+}
+
 impl ObjectEngine {
     /// Writes `data` as the object `key` (relative to the root), replacing any object there.
     pub fn put(&self, key: &Path, data: Bytes) -> std::io::Result<()> {
@@ -88,6 +99,49 @@ impl ObjectEngine {
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(store_error("reading", &what, &e)),
         }
+    }
+
+    /// The version of each object of `keys` (`None` for one that does not exist), asked for
+    /// with HEAD requests sent together (as many at a time as the engine's concurrency).
+    pub fn head_many(&self, keys: &[&Path]) -> Vec<std::io::Result<Option<ObjectVersion>>> {
+        let shared = Arc::clone(self.live());
+        let mut out: Vec<std::io::Result<Option<ObjectVersion>>> = Vec::with_capacity(keys.len());
+        let mut asked = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            match self.location_or_err(key) {
+                Ok(location) => {
+                    asked.push((i, location));
+                    out.push(Ok(None));
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        let locations: Vec<_> = asked.iter().map(|(_, l)| l.clone()).collect();
+        let in_flight = self.max_concurrency().max(1);
+        let answers = self.wait(async move {
+            let store = &shared.store;
+            futures_util::stream::iter(locations)
+                .map(|l| async move { store.head(&l).await })
+                .buffered(in_flight)
+                .collect::<Vec<_>>()
+                .await
+        });
+        let Some(answers) = answers else {
+            let what = self.url();
+            return keys.iter().map(|_| Err(shutdown_io(what))).collect();
+        };
+        for ((i, _), answer) in asked.into_iter().zip(answers) {
+            out[i] = match answer {
+                Ok(meta) => Ok(Some(ObjectVersion {
+                    size: meta.size,
+                    last_modified_secs: meta.last_modified.timestamp(),
+                    e_tag: meta.e_tag,
+                })),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(store_error("asking for", &self.url_of(keys[i]), &e)),
+            };
+        }
+        out
     }
 
     /// Removes the object `key`; removing one that does not exist is not an error.

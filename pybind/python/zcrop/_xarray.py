@@ -24,6 +24,7 @@ import numpy as np
 from zcrop import _api
 from zcrop._array import Array, AsyncArray, read_crops_many
 from zcrop._group import Group
+from zcrop._icechunk import IcechunkSnapshot, is_icechunk, open_icechunk
 from zcrop.errors import UnsupportedError, ZcropError
 
 try:
@@ -200,7 +201,14 @@ def _reopen_backend_array(
     reopen: tuple[str, str, dict[str, Any]], dtype: np.dtype[Any]
 ) -> ZcropBackendArray:
     root, path, options = reopen
-    array = _api.open_array(root, path=path, **options)
+    options = dict(options)
+    snapshot = options.pop("icechunk_snapshot", None)
+    if snapshot is not None:
+        node = open_icechunk(root, snapshot=snapshot, **options)[path]
+        assert isinstance(node, Array)
+        array = node
+    else:
+        array = _api.open_array(root, path=path, **options)
     return ZcropBackendArray(array, dtype, reopen)
 
 
@@ -408,17 +416,33 @@ def _open_stores(
     use_zarr_fill_value_as_mask: bool | None,
     chunk_cache: Any,
     recursive: bool,
+    virtual_chunk_containers: Mapping[str, Any] | None = None,
 ) -> dict[str, ZcropStore]:
     """One :class:`ZcropStore` per group (``"/"``-rooted paths relative to the store's root):
     ``group`` alone, or it and every group below it when ``recursive``."""
-    root = os.fspath(filename_or_obj) if isinstance(filename_or_obj, os.PathLike) else filename_or_obj
-    if not isinstance(root, str):
-        raise TypeError(
-            f"engine='zcrop' opens a path or URL, got {type(filename_or_obj).__name__}"
-        )
-    options = _open_kwargs(storage_options, chunk_cache)
     sub = (group or "").strip("/")
-    top = _api.open_group(root, path=sub or None, zarr_format=zarr_format, **options)
+    if is_icechunk(filename_or_obj):
+        snap = open_icechunk(filename_or_obj, storage_options=dict(storage_options or {}),
+                             chunk_cache=chunk_cache,
+                             virtual_chunk_containers=virtual_chunk_containers)
+        root = snap.uri
+        options = _open_kwargs(snap.storage_options, snap.chunk_cache)
+        options["icechunk_snapshot"] = snap.snapshot_id
+        if snap.virtual_chunk_containers:
+            options["virtual_chunk_containers"] = snap.virtual_chunk_containers
+        top = snap.group(sub)
+    else:
+        if virtual_chunk_containers:
+            raise ValueError("virtual_chunk_containers= applies to Icechunk snapshots")
+        root = (os.fspath(filename_or_obj) if isinstance(filename_or_obj, os.PathLike)
+                else filename_or_obj)
+        if not isinstance(root, str):
+            raise TypeError(
+                "engine='zcrop' opens a path or URL, a zcrop.IcechunkSnapshot or an "
+                f"icechunk Session, got {type(filename_or_obj).__name__}"
+            )
+        options = _open_kwargs(storage_options, chunk_cache)
+        top = _api.open_group(root, path=sub or None, zarr_format=zarr_format, **options)
     if consolidated and not top.metadata["consolidated"]:
         raise ValueError(f"{root}: no consolidated metadata (consolidated=True was asked for)")
     drop = frozenset(
@@ -445,14 +469,18 @@ def _open_stores(
 
 
 class ZcropBackendEntrypoint(BackendEntrypoint):
-    """Opens Zarr v2 and v3 stores (local paths and object-store URLs) with zcrop.
+    """Opens Zarr v2 and v3 stores (local paths and object-store URLs) and Icechunk snapshots
+    (a ``zcrop.IcechunkSnapshot``, an ``icechunk.Session`` or its store) with zcrop.
 
     ``xr.open_dataset(path, engine="zcrop", chunks=..., storage_options=..., group=...)``:
     the dataset ``xr.open_zarr`` gives (same variables, coordinates, attributes, encodings and
     CF decoding); zcrop reads the metadata and, lazily, the values.
     """
 
-    description = "Open Zarr stores (v2, v3, sharded; local or s3://, gs://, https://) with zcrop"
+    description = (
+        "Open Zarr stores (v2, v3, sharded; local or s3://, gs://, https://) and Icechunk "
+        "snapshots with zcrop"
+    )
     url = "https://github.com/zcrop/zcrop/blob/main/docs/python.md#xarray"
     supports_groups = True
     open_dataset_parameters = (
@@ -470,9 +498,12 @@ class ZcropBackendEntrypoint(BackendEntrypoint):
         "zarr_format",
         "use_zarr_fill_value_as_mask",
         "chunk_cache",
+        "virtual_chunk_containers",
     )
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
+        if isinstance(filename_or_obj, IcechunkSnapshot):
+            return True
         if isinstance(filename_or_obj, os.PathLike):
             filename_or_obj = os.fspath(filename_or_obj)
         if not isinstance(filename_or_obj, str):
@@ -504,6 +535,7 @@ class ZcropBackendEntrypoint(BackendEntrypoint):
         zarr_format: int | None = None,
         use_zarr_fill_value_as_mask: bool | None = None,
         chunk_cache: Any = None,
+        virtual_chunk_containers: Mapping[str, Any] | None = None,
     ) -> xr.Dataset:
         decode = dict(
             mask_and_scale=mask_and_scale,
@@ -522,6 +554,7 @@ class ZcropBackendEntrypoint(BackendEntrypoint):
             zarr_format=zarr_format,
             use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
             chunk_cache=chunk_cache,
+            virtual_chunk_containers=virtual_chunk_containers,
             _recursive=False,
             **decode,
         )
@@ -538,6 +571,7 @@ class ZcropBackendEntrypoint(BackendEntrypoint):
         zarr_format: int | None = None,
         use_zarr_fill_value_as_mask: bool | None = None,
         chunk_cache: Any = None,
+        virtual_chunk_containers: Mapping[str, Any] | None = None,
         _recursive: bool = True,
         **decode: Any,
     ) -> dict[str, xr.Dataset]:
@@ -554,6 +588,7 @@ class ZcropBackendEntrypoint(BackendEntrypoint):
             use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
             chunk_cache=chunk_cache,
             recursive=_recursive,
+            virtual_chunk_containers=virtual_chunk_containers,
         )
         parent = "/" + (group or "").strip("/")
         out = {}

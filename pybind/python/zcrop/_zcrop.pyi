@@ -28,6 +28,7 @@ __all__ = [
     "cli_main",
     "counter_add",
     "fft_local",
+    "icechunk_session_repository",
     "missing_map",
     "open_icechunk",
     "open_node",
@@ -196,6 +197,7 @@ def open_icechunk(
     snapshot: str | None = None,
     storage_options: Sequence[tuple[str, str]] | None = None,
     chunk_cache: int | str | None = None,
+    virtual_chunk_containers: Sequence[tuple[str, Sequence[tuple[str, str]]]] | None = None,
 ) -> NativeIcechunk:
     """Opens one snapshot of an Icechunk repository."""
 
@@ -205,8 +207,15 @@ class NativeIcechunk:
 
     @property
     def id(self) -> str: ...
+    @property
+    def uri(self) -> str: ...
     def nodes(self) -> list[tuple[str, bool]]: ...
     def array(self, path: str) -> NativeArray: ...
+    def get(self, path: str) -> NativeArray | NativeGroup: ...
+
+def icechunk_session_repository(session: bytes) -> tuple[str, list[tuple[str, str]]]:
+    """Where the repository of a serialized icechunk ``Session`` is: its path or URL and
+    storage options."""
 
 @final
 class NativeGroup:

@@ -142,6 +142,9 @@ pub(crate) struct Storage {
     pub(crate) path: Arc<Path>,
     /// Its version, for the caches (see [`FileStamp`]).
     pub(crate) stamp: Option<FileStamp>,
+    /// The reader of a storage chunk outside the array's store (an Icechunk virtual chunk's
+    /// file or object); `None` for the array's own reader.
+    pub(crate) reader: Option<Reader>,
 }
 
 /// The storage chunks a read has located so far: the list grows as the read locates more of
@@ -647,7 +650,10 @@ pub(crate) fn fetch_and_stitch_parts(
             group_sizes.iter().map(|&g| Vec::with_capacity(g)).collect();
         // Fetches, decodes and stitches the leaves `located[k]` of each part.
         let mut run = |located: &[Option<Located>], storages: &[Storages]| {
-            let mut batches: Vec<Vec<ReadRequest>> = vec![Vec::new(); parts.len()];
+            // One batch per engine: each part's (sharing its submitter's), then the engines of
+            // storage chunks outside the parts' stores.
+            let mut batches: Vec<(Option<Reader>, Vec<ReadRequest>)> =
+                (0..parts.len()).map(|_| (None, Vec::new())).collect();
             for (k, loc) in located.iter().enumerate() {
                 let Some(Located { base, sources }) = loc else {
                     continue;
@@ -682,22 +688,38 @@ pub(crate) fn fetch_and_stitch_parts(
                             }
                         }
                         Source::Read { storage, range } => {
-                            batches[submitter[k]].push(ReadRequest::new(
+                            let st = &storages[k].list[*storage];
+                            let request = ReadRequest::new(
                                 (offsets[k] + i) as u64,
-                                Arc::clone(&storages[k].list[*storage].path),
+                                Arc::clone(&st.path),
                                 *range,
-                            ));
+                            );
+                            match &st.reader {
+                                None => batches[submitter[k]].1.push(request),
+                                Some(r) => {
+                                    let own = batches[parts.len()..].iter_mut().find(|(b, _)| {
+                                        b.as_ref().is_some_and(|b| b.same_engine(r))
+                                    });
+                                    match own {
+                                        Some((_, requests)) => requests.push(request),
+                                        None => batches.push((Some(r.clone()), vec![request])),
+                                    }
+                                }
+                            }
                         }
                     }
                 }
                 ctx.stats.lock().chunks_missing += missing;
             }
-            for (j, requests) in batches.into_iter().enumerate() {
+            for (j, (reader, requests)) in batches.into_iter().enumerate() {
                 if requests.is_empty() {
                     continue;
                 }
+                let reader = reader
+                    .as_ref()
+                    .unwrap_or_else(|| &parts[j].array.core.reader);
                 // Mapped results are checked once decoded (`decode_group`).
-                for done in parts[j].array.core.reader.submit_mapped(requests) {
+                for done in reader.submit_mapped(requests) {
                     if any_failed() {
                         break;
                     }
@@ -735,8 +757,9 @@ pub(crate) fn fetch_and_stitch_parts(
                                 spawn_group(k, full);
                             }
                         }
-                        // An unsharded chunk that does not exist is all fill value.
-                        Err(e) if e.is_not_found() && !sharded => {
+                        // An unsharded chunk that does not exist is all fill value (not so
+                        // an Icechunk chunk: its manifest says it exists).
+                        Err(e) if e.is_not_found() && !sharded && core.icechunk.is_none() => {
                             scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
                             ctx.stats.lock().chunks_missing += 1;
                         }

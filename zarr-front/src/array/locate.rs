@@ -4,7 +4,7 @@
 //! first [`FIRST_LOCATED`] leaves alone, so their reads go out while the rest is located.
 
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -108,6 +108,7 @@ impl Array {
         let mut coords = Vec::new();
         let (mut last_coords, mut last_storage) = (Vec::new(), None::<usize>);
         let mut last_icechunk: Option<(Vec<u64>, Cursor)> = None;
+        let mut virtual_checks: Vec<VirtualCheck> = Vec::new();
         for ((leaf, known), inner) in plan.leaves[leaves]
             .iter()
             .zip(&known)
@@ -122,7 +123,7 @@ impl Array {
                 // Leaves of one shard follow each other: one manifest lookup serves them all.
                 let cursor = match &last_icechunk {
                     Some((at, c)) if *at == coords => c.clone(),
-                    _ => self.icechunk_cursor(chunks, &coords, storages)?,
+                    _ => self.icechunk_cursor(chunks, &coords, storages, &mut virtual_checks)?,
                 };
                 last_icechunk = Some((coords.clone(), cursor.clone()));
                 cursors.push(cursor);
@@ -140,6 +141,7 @@ impl Array {
                     key: core.place.key(&rel),
                     stamp: self.stamp(&path),
                     path,
+                    reader: None,
                 });
                 storages
                     .index
@@ -156,6 +158,8 @@ impl Array {
                 len: None,
             });
         }
+
+        self.check_virtual(&virtual_checks, storages)?;
 
         for (level_no, level) in layout.levels.iter().enumerate() {
             // The indexes this level needs: one per distinct (file, shard start).
@@ -302,21 +306,35 @@ impl Array {
         chunks: &crate::icechunk::ArrayChunks,
         coords: &[u64],
         storages: &mut Storages,
+        virtual_checks: &mut Vec<VirtualCheck>,
     ) -> Result<Cursor> {
         use crate::icechunk::Payload;
-        let mut storage = |key: String| -> usize {
-            let path: Arc<Path> = Arc::from(chunks.path(&key).as_path());
+        let mut storage = |key: String, reader: Option<(Reader, PathBuf)>| -> usize {
             if let Some(&s) = storages.by_key.get(&key) {
                 return s;
             }
+            let (reader, path) = match reader {
+                Some((r, p)) => (Some(r), p),
+                None => (None, chunks.path(&key)),
+            };
             storages.list.push(Storage {
-                key: chunks.show(&key),
-                path,
+                key: if reader.is_some() {
+                    key.clone()
+                } else {
+                    chunks.show(&key)
+                },
+                path: Arc::from(path.as_path()),
                 stamp: None,
+                reader,
             });
             storages.by_key.insert(key, storages.list.len() - 1);
             storages.list.len() - 1
         };
+        let unsupported = |feature: String| ZarrError::Unsupported {
+            array: self.core.place.name.clone(),
+            feature,
+        };
+        let sharded = !self.core.layout.levels.is_empty();
         match chunks.payload(coords)? {
             None => Ok(Cursor::Missing),
             Some(Payload::Stored {
@@ -324,27 +342,104 @@ impl Array {
                 offset,
                 length,
             }) => Ok(Cursor::In {
-                storage: storage(key),
+                storage: storage(key, None),
                 base: offset,
                 len: Some(length),
             }),
-            Some(Payload::Inline(bytes)) if self.core.layout.levels.is_empty() => {
+            Some(Payload::Inline(bytes)) if !sharded => {
                 // Named in messages as the chunk's entry in the array's manifests.
                 Ok(Cursor::Inline {
-                    storage: storage(format!("manifests/(inline chunk {coords:?})")),
+                    storage: storage(format!("manifests/(inline chunk {coords:?})"), None),
                     bytes,
                 })
             }
-            Some(Payload::Inline(_)) => Err(ZarrError::Unsupported {
-                array: self.core.place.name.clone(),
-                feature: format!("an inline shard in an Icechunk manifest (chunk {coords:?})"),
-            }),
-            Some(Payload::Virtual { url, .. }) => Err(ZarrError::Unsupported {
-                array: self.core.place.name.clone(),
-                feature: format!("a virtual Icechunk chunk (chunk {coords:?} at {url})"),
-            }),
+            Some(Payload::Inline(_)) => Err(unsupported(format!(
+                "an inline shard in an Icechunk manifest (chunk {coords:?})"
+            ))),
+            Some(Payload::Virtual { url, .. }) if sharded => Err(unsupported(format!(
+                "a virtual Icechunk shard (chunk {coords:?} at {url})"
+            ))),
+            Some(Payload::Virtual {
+                url,
+                offset,
+                length,
+                checksum,
+            }) => {
+                let at = |reason: String| ZarrError::VirtualChunk {
+                    at: self.location(&url, Some(ReadRange::new(offset, length))),
+                    chunk: coords.to_vec(),
+                    reason,
+                };
+                let target = chunks.virtual_targets().resolve(&url).map_err(at)?;
+                let s = storage(url.clone(), Some(target));
+                virtual_checks.push(VirtualCheck {
+                    storage: s,
+                    chunk: coords.to_vec(),
+                    end: offset.saturating_add(length),
+                    range: ReadRange::new(offset, length),
+                    checksum,
+                });
+                Ok(Cursor::In {
+                    storage: s,
+                    base: offset,
+                    len: Some(length),
+                })
+            }
         }
     }
+
+    /// Checks the targets of the virtual chunks a read located, before any is read: each
+    /// exists, holds the referenced range, and is the version the reference recorded. One
+    /// `stat` per local file and one HEAD per object (sent together).
+    fn check_virtual(&self, checks: &[VirtualCheck], storages: &Storages) -> Result<()> {
+        if checks.is_empty() {
+            return Ok(());
+        }
+        let mut distinct: Vec<usize> = checks.iter().map(|c| c.storage).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let targets: Vec<(&Reader, &Path)> = distinct
+            .iter()
+            .map(|&s| {
+                let st = &storages.list[s];
+                let reader = st.reader.as_ref().expect("a virtual chunk has its reader");
+                (reader, &*st.path)
+            })
+            .collect();
+        let versions = crate::icechunk::versions(&targets);
+        for c in checks {
+            let i = distinct.binary_search(&c.storage).expect("listed above");
+            let fail = |reason: String| ZarrError::VirtualChunk {
+                at: self.location(&storages.list[c.storage].key, Some(c.range)),
+                chunk: c.chunk.clone(),
+                reason,
+            };
+            let now = match &versions[i] {
+                Ok(Some(v)) => v,
+                Ok(None) => return Err(fail("its target does not exist".into())),
+                Err(e) => return Err(fail(e.clone())),
+            };
+            if now.size < c.end {
+                return Err(fail(format!(
+                    "its target has {} bytes, fewer than the reference's range needs",
+                    now.size
+                )));
+            }
+            if let Some(why) = c.checksum.as_ref().and_then(|k| k.mismatch(now)) {
+                return Err(fail(why));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A virtual chunk a read located, to check before its target is read.
+pub(crate) struct VirtualCheck {
+    storage: usize,
+    chunk: Vec<u64>,
+    range: ReadRange,
+    end: u64,
+    checksum: Option<crate::icechunk::VirtualChecksum>,
 }
 
 /// Where the index of a shard of `level` is: `len` bytes at `base` of its file (`len` unknown

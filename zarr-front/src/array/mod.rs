@@ -142,6 +142,14 @@ impl Array {
         })
     }
 
+    /// This new array as an array of an Icechunk snapshot, its chunks where `chunks` says.
+    pub(crate) fn in_icechunk(mut self, chunks: crate::icechunk::ArrayChunks) -> Array {
+        if let Some(core) = Arc::get_mut(&mut self.core) {
+            core.icechunk = Some(Arc::new(chunks));
+        }
+        self
+    }
+
     /// Decodes the bytes of one chunk (for a sharded array: one innermost chunk) into its
     /// elements: C order, native endian, the full chunk shape ([`Array::chunk_shape`]).
     pub fn decode_chunk(&self, encoded: &[u8]) -> Result<Vec<u8>> {

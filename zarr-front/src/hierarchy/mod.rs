@@ -1,8 +1,8 @@
 //! Zarr hierarchies: opening arrays and groups from a local directory or an object store (a
 //! URL), their metadata documents, and groups' members.
 
-mod metadata;
-mod node;
+pub(crate) mod metadata;
+pub(crate) mod node;
 pub(crate) mod open;
 
 pub use self::metadata::NodeKind;

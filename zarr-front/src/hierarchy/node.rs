@@ -192,6 +192,7 @@ pub(crate) fn node_from(
                 attributes,
                 consolidated,
                 options: options.clone(),
+                icechunk: None,
             }),
         })),
     }
@@ -211,9 +212,24 @@ struct GroupCore {
     attributes: Map<String, Value>,
     consolidated: Option<Arc<Consolidated>>,
     options: OpenOptions,
+    /// For a group of an Icechunk snapshot: the snapshot, which holds its members' metadata.
+    icechunk: Option<crate::icechunk::IcechunkSnapshot>,
 }
 
 impl Group {
+    /// This new group as a group of the Icechunk snapshot `snapshot`.
+    pub(crate) fn in_icechunk(mut self, snapshot: crate::icechunk::IcechunkSnapshot) -> Group {
+        if let Some(core) = Arc::get_mut(&mut self.core) {
+            core.icechunk = Some(snapshot);
+        }
+        self
+    }
+
+    /// The Icechunk snapshot the group belongs to, if it is one's.
+    pub fn icechunk(&self) -> Option<&crate::icechunk::IcechunkSnapshot> {
+        self.core.icechunk.as_ref()
+    }
+
     /// The group's path in its store (`/` for the root).
     pub fn name(&self) -> &str {
         &self.core.place.name
@@ -271,6 +287,9 @@ impl Group {
                 "invalid member path {path:?}"
             )));
         }
+        if let Some(snapshot) = &self.core.icechunk {
+            return snapshot.get(&self.core.place.key(rel));
+        }
         let place = self.core.place.child(rel);
         // A node's own metadata files are authoritative; consolidated metadata stands in where
         // they are absent.
@@ -311,6 +330,9 @@ impl Group {
 
     /// The direct members: `(name, kind)`, sorted by name.
     pub fn members(&self) -> Result<Vec<(String, NodeKind)>> {
+        if let Some(snapshot) = &self.core.icechunk {
+            return Ok(snapshot.members(&self.core.place.key_prefix));
+        }
         let mut out: BTreeMap<String, NodeKind> = BTreeMap::new();
         if let Some(c) = &self.core.consolidated {
             let prefix = self.core.place.key_prefix.clone();

@@ -195,6 +195,11 @@ impl Array {
     /// The group that holds the array's directory, opened the same way as the array (same
     /// store, same options); `None` where there is no group there (or no parent directory).
     pub fn parent(&self) -> Result<Option<Group>> {
+        if let Some(chunks) = &self.core.icechunk {
+            let name = self.name();
+            let parent = &name[..name.rfind('/').unwrap_or(0)];
+            return chunks.snapshot().group(parent).map(Some);
+        }
         let Some(parent) = self.core.place.dir.parent() else {
             return Ok(None);
         };

@@ -7,6 +7,7 @@
 //! the chunk reads can go through its own planner. Both spec versions are read: v1 keeps refs
 //! as `refs/{branch,tag}.<name>/ref.json`, v2 keeps them in one `repo` file.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,6 +27,12 @@ use icechunk_format::{ChunkIndices, IcechunkFormatErrorKind, ManifestId, NodeId,
 use crate::error::{Result, ZarrError};
 use crate::store::Store;
 
+mod session;
+mod virtuals;
+pub use session::{SessionRepository, session_repository};
+pub use virtuals::VirtualContainer;
+pub(crate) use virtuals::{VirtualChecksum, VirtualTargets, versions};
+
 /// The largest metadata file zcrop decompresses (a snapshot or manifest this large is
 /// refused rather than allowed to exhaust memory).
 const MAX_METADATA_BYTES: u64 = 1 << 31;
@@ -41,67 +48,169 @@ pub enum Version {
     Snapshot(String),
 }
 
-/// One snapshot of an Icechunk repository, read-only: its nodes, and its arrays read through
-/// zcrop's planner (chunks inline in the manifests, or byte ranges of the repository's chunk
-/// objects, batched and coalesced like any shard's).
+/// One snapshot of an Icechunk repository, read-only: its nodes, opened as zcrop groups and
+/// arrays whose chunks are read through zcrop's planner (inline in the manifests, or byte
+/// ranges of the repository's chunk objects, batched and coalesced like any shard's). Cheap to
+/// clone.
+#[derive(Clone)]
 pub struct IcechunkSnapshot {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     repo: Arc<Repository>,
     id: String,
-    nodes: Vec<Node>,
+    /// By path (`/`, `/group/array`).
+    nodes: BTreeMap<String, Node>,
     options: crate::array::OpenOptions,
+    virtuals: VirtualTargets,
+}
+
+impl std::fmt::Debug for IcechunkSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IcechunkSnapshot")
+            .field("repository", &self.shared.repo.show(""))
+            .field("id", &self.shared.id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl IcechunkSnapshot {
     /// The snapshot `version` names in the repository at `location` (a local directory or an
-    /// object-store URL, opened with `options.storage_options`).
+    /// object-store URL, opened with `options.storage_options`). Its virtual chunks are read
+    /// from under the prefixes of `containers` only (a virtual chunk elsewhere is an error when
+    /// it is read).
     pub fn open(
         location: impl AsRef<Path>,
         version: &Version,
         options: &crate::array::OpenOptions,
+        containers: Vec<VirtualContainer>,
     ) -> Result<IcechunkSnapshot> {
         let (store, root) = crate::hierarchy::open::locate(location.as_ref(), options)?;
         let repo = Arc::new(Repository::open(store, root)?);
         let id = repo.snapshot_id(version)?;
         let snapshot = repo.snapshot(&id)?;
-        let nodes = repo.nodes(&snapshot)?;
+        let nodes = repo
+            .nodes(&snapshot)?
+            .into_iter()
+            .map(|n| (n.path.clone(), n))
+            .collect();
         Ok(IcechunkSnapshot {
-            repo,
-            id: id.to_string(),
-            nodes,
-            options: options.clone(),
+            shared: Arc::new(Shared {
+                repo,
+                id: id.to_string(),
+                nodes,
+                options: options.clone(),
+                virtuals: VirtualTargets::new(containers, options.engine.clone()),
+            }),
         })
     }
 
     /// The snapshot's id.
     pub fn id(&self) -> &str {
-        &self.id
+        &self.shared.id
+    }
+
+    /// Where the repository is: its directory, or its URL.
+    pub fn uri(&self) -> String {
+        self.shared.repo.store.uri(&self.shared.repo.root)
     }
 
     /// Every node's path (`/`, `/group/array`) and whether it is an array, in path order.
     pub fn nodes(&self) -> Vec<(String, bool)> {
-        let mut all: Vec<_> = self
+        self.shared
             .nodes
-            .iter()
+            .values()
             .map(|n| (n.path.clone(), n.array.is_some()))
-            .collect();
-        all.sort();
-        all
+            .collect()
+    }
+
+    /// The node at `path` (`""` or `/` for the root group, `group/array`).
+    pub fn get(&self, path: &str) -> Result<crate::Node> {
+        let rel = path.trim_matches('/');
+        let repo = &self.shared.repo;
+        let node =
+            self.shared
+                .nodes
+                .get(&format!("/{rel}"))
+                .ok_or_else(|| ZarrError::NodeNotFound {
+                    path: repo.store.show(&repo.root.join(rel)),
+                })?;
+        let root = crate::place::NodePlace::root(repo.root.clone());
+        let place = if rel.is_empty() {
+            root
+        } else {
+            root.child(rel)
+        };
+        let doc_path = place.dir.join("zarr.json");
+        let doc = crate::hierarchy::metadata::parse_json(&doc_path, &node.zarr_json)?;
+        let (meta, _) = crate::hierarchy::metadata::parse_v3(&doc_path, doc)?;
+        let options = &self.shared.options;
+        match (meta, &node.array) {
+            (crate::hierarchy::metadata::NodeMeta::Array(md), Some(array)) => {
+                let a = crate::hierarchy::node::make_array(place, &repo.store, *md, options)?;
+                let chunks = ArrayChunks::load(self.clone(), array.clone())?;
+                Ok(crate::Node::Array(a.in_icechunk(chunks)))
+            }
+            (meta @ crate::hierarchy::metadata::NodeMeta::Group { .. }, None) => {
+                let group =
+                    crate::hierarchy::node::node_from(meta, None, place, &repo.store, options)?;
+                if let crate::Node::Group(g) = group {
+                    return Ok(crate::Node::Group(g.in_icechunk(self.clone())));
+                }
+                Err(repo.invalid(&doc_path, "group metadata that opens as an array"))
+            }
+            _ => Err(repo.invalid(
+                &doc_path,
+                "its node_type disagrees with the snapshot's node (array or group)",
+            )),
+        }
     }
 
     /// The array at `path`.
     pub fn array(&self, path: &str) -> Result<crate::Array> {
-        let want = format!("/{}", path.trim_matches('/'));
-        let node =
-            self.nodes
-                .iter()
-                .find(|n| n.path == want)
-                .ok_or_else(|| ZarrError::NodeNotFound {
-                    path: self
-                        .repo
-                        .store
-                        .show(&self.repo.root.join(want.trim_start_matches('/'))),
-                })?;
-        self.repo.array(node.clone(), &self.options)
+        match self.get(path)? {
+            crate::Node::Array(a) => Ok(a),
+            crate::Node::Group(g) => Err(ZarrError::WrongNodeType {
+                path: g.dir().to_path_buf(),
+                expected: "array",
+                found: "group",
+            }),
+        }
+    }
+
+    /// The group at `path` (`""` for the root).
+    pub fn group(&self, path: &str) -> Result<crate::Group> {
+        match self.get(path)? {
+            crate::Node::Group(g) => Ok(g),
+            crate::Node::Array(a) => Err(ZarrError::WrongNodeType {
+                path: a.dir().to_path_buf(),
+                expected: "group",
+                found: "array",
+            }),
+        }
+    }
+
+    /// The direct members of the group whose key prefix is `prefix` (`""` or `a/b/`), sorted
+    /// by name.
+    pub(crate) fn members(&self, prefix: &str) -> Vec<(String, crate::hierarchy::NodeKind)> {
+        let below = format!("/{prefix}");
+        self.shared
+            .nodes
+            .range(below.clone()..)
+            .take_while(|(p, _)| p.starts_with(&below))
+            .filter_map(|(p, n)| {
+                let name = &p[below.len()..];
+                (!name.is_empty() && !name.contains('/')).then(|| {
+                    let kind = if n.array.is_some() {
+                        crate::hierarchy::NodeKind::Array
+                    } else {
+                        crate::hierarchy::NodeKind::Group
+                    };
+                    (name.to_string(), kind)
+                })
+            })
+            .collect()
     }
 }
 
@@ -129,59 +238,37 @@ pub(crate) struct ArrayNode {
     pub(crate) manifests: Vec<ManifestId>,
 }
 
-impl Repository {
-    /// The array `node` of a snapshot, reading its chunks where the manifests say.
-    pub(crate) fn array(
-        self: &Arc<Self>,
-        node: Node,
-        options: &crate::array::OpenOptions,
-    ) -> Result<crate::Array> {
-        let Some(array) = node.array else {
-            return Err(ZarrError::WrongNodeType {
-                path: self
-                    .store
-                    .show(&self.root.join(node.path.trim_start_matches('/'))),
-                expected: "array",
-                found: "group",
-            });
-        };
-        let dir = self.root.join(node.path.trim_start_matches('/'));
-        let mut a = crate::hierarchy::open::array_from_json_in(
-            &self.store,
-            &node.zarr_json,
-            3,
-            &dir,
-            options,
-        )?;
-        let chunks = ArrayChunks::load(Arc::clone(self), array)?;
-        Arc::get_mut(&mut a.core)
-            .expect("a new array's core is its own")
-            .icechunk = Some(Arc::new(chunks));
-        Ok(a)
-    }
-}
-
-/// An Icechunk array's chunk locations, as its [`crate::Array`] holds them: the repository
-/// and the array's manifests, loaded when it was opened.
+/// An Icechunk array's chunk locations, as its [`crate::Array`] holds them: its snapshot and
+/// its manifests, loaded when it was opened.
 pub(crate) struct ArrayChunks {
-    repo: Arc<Repository>,
+    snapshot: IcechunkSnapshot,
     node: ArrayNode,
     manifests: Vec<Arc<Manifest>>,
 }
 
 impl ArrayChunks {
     /// Loads the manifests of `node`.
-    pub(crate) fn load(repo: Arc<Repository>, node: ArrayNode) -> Result<ArrayChunks> {
+    pub(crate) fn load(snapshot: IcechunkSnapshot, node: ArrayNode) -> Result<ArrayChunks> {
         let manifests = node
             .manifests
             .iter()
-            .map(|m| repo.manifest(m))
+            .map(|m| snapshot.shared.repo.manifest(m))
             .collect::<Result<_>>()?;
         Ok(ArrayChunks {
-            repo,
+            snapshot,
             node,
             manifests,
         })
+    }
+
+    /// The snapshot the array belongs to.
+    pub(crate) fn snapshot(&self) -> &IcechunkSnapshot {
+        &self.snapshot
+    }
+
+    /// Where the snapshot's virtual chunks are read from.
+    pub(crate) fn virtual_targets(&self) -> &VirtualTargets {
+        &self.snapshot.shared.virtuals
     }
 
     /// Where the chunk (for a sharded array: the shard) at `coords` of the storage grid is.
@@ -191,21 +278,20 @@ impl ArrayChunks {
             .map(|&c| u32::try_from(c))
             .collect::<std::result::Result<_, _>>()
             .map_err(|_| ZarrError::InvalidArgument(format!("chunk {coords:?} past u32")))?;
-        self.repo.payload(&self.node, &self.manifests, &index)
+        self.snapshot
+            .shared
+            .repo
+            .payload(&self.node, &self.manifests, &index)
     }
 
     /// The path (local) or key (object store) of the repository's file `rel`.
     pub(crate) fn path(&self, rel: &str) -> PathBuf {
-        self.repo.root.join(rel)
+        self.snapshot.shared.repo.root.join(rel)
     }
 
     /// `rel` as messages name it.
     pub(crate) fn show(&self, rel: &str) -> String {
-        self.repo
-            .store
-            .show(&self.repo.root.join(rel))
-            .display()
-            .to_string()
+        self.snapshot.shared.repo.show(rel)
     }
 }
 
@@ -225,6 +311,8 @@ pub(crate) enum Payload {
         url: String,
         offset: u64,
         length: u64,
+        /// The version of the target the reference recorded.
+        checksum: Option<VirtualChecksum>,
     },
 }
 
@@ -240,6 +328,11 @@ impl Repository {
             });
         }
         Ok(repo)
+    }
+
+    /// The repository's file `rel` as messages name it.
+    fn show(&self, rel: &str) -> String {
+        self.store.show(&self.root.join(rel)).display().to_string()
     }
 
     fn has_v1_refs(&self) -> bool {
@@ -436,6 +529,12 @@ impl Repository {
                     url: v.location.url().to_string(),
                     offset: v.offset,
                     length: v.length,
+                    checksum: v.checksum.map(|c| match c {
+                        icechunk_format::manifest::Checksum::LastModified(t) => {
+                            VirtualChecksum::LastModified(t.0)
+                        }
+                        icechunk_format::manifest::Checksum::ETag(t) => VirtualChecksum::ETag(t.0),
+                    }),
                 },
                 other => {
                     let path = self.root.join(format!("manifests/{id}"));
@@ -557,19 +656,23 @@ mod tests {
     #[test]
     fn arrays_read_through_the_planner() {
         for spec in ["v1", "v2"] {
-            let r = Arc::new(repo(spec));
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../fixtures/icechunk-repos")
+                .join(spec);
             for (version, first_chunk) in [("main", -1.0f32), ("v1", f32::NAN)] {
                 let v = if version == "main" {
                     Version::Branch(version.into())
                 } else {
                     Version::Tag(version.into())
                 };
-                let snap = r.snapshot(&r.snapshot_id(&v).unwrap()).unwrap();
-                let open = |path: &str| {
-                    let node = r.nodes(&snap).unwrap().into_iter().find(|n| n.path == path);
-                    r.array(node.unwrap(), &crate::array::OpenOptions::default())
-                        .unwrap()
-                };
+                let snap = IcechunkSnapshot::open(
+                    &root,
+                    &v,
+                    &crate::array::OpenOptions::default(),
+                    Vec::new(),
+                )
+                .unwrap();
+                let open = |path: &str| snap.array(path).unwrap();
                 let big = open("/grp/big");
                 let got: Vec<f32> = big
                     .read_region(&[0, 0], &[10, 20])
@@ -617,14 +720,24 @@ mod tests {
             places.push(("s3://icechunk-v2/repo".into(), options));
         }
         for (location, options) in places {
-            let tip = IcechunkSnapshot::open(&location, &Version::Branch("main".into()), &options)
-                .unwrap();
+            let tip = IcechunkSnapshot::open(
+                &location,
+                &Version::Branch("main".into()),
+                &options,
+                Vec::new(),
+            )
+            .unwrap();
             let tag =
-                IcechunkSnapshot::open(&location, &Version::Tag("v1".into()), &options).unwrap();
-            assert_ne!(tip.id(), tag.id());
-            let again =
-                IcechunkSnapshot::open(&location, &Version::Snapshot(tag.id().into()), &options)
+                IcechunkSnapshot::open(&location, &Version::Tag("v1".into()), &options, Vec::new())
                     .unwrap();
+            assert_ne!(tip.id(), tag.id());
+            let again = IcechunkSnapshot::open(
+                &location,
+                &Version::Snapshot(tag.id().into()),
+                &options,
+                Vec::new(),
+            )
+            .unwrap();
             assert_eq!(again.id(), tag.id());
             let arrays: Vec<String> = tip
                 .nodes()
@@ -653,6 +766,59 @@ mod tests {
             let e = tip.array("nope").unwrap_err();
             assert!(matches!(e, ZarrError::NodeNotFound { .. }), "{e}");
         }
+    }
+
+    /// A snapshot's groups list their members from the snapshot, open them as zcrop nodes
+    /// with their paths, and an array's parent is its group in the same snapshot.
+    #[test]
+    fn groups_walk_the_snapshot() {
+        use crate::hierarchy::NodeKind;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/icechunk-repos/v1");
+        let snap = IcechunkSnapshot::open(
+            &root,
+            &Version::Branch("main".into()),
+            &crate::array::OpenOptions::default(),
+            Vec::new(),
+        )
+        .unwrap();
+        let top = snap.group("").unwrap();
+        assert_eq!(top.name(), "/");
+        assert_eq!(
+            top.members().unwrap(),
+            [
+                ("grp".to_string(), NodeKind::Group),
+                ("small".to_string(), NodeKind::Array)
+            ]
+        );
+        let grp = match top.get("grp").unwrap() {
+            crate::Node::Group(g) => g,
+            crate::Node::Array(_) => panic!("grp is a group"),
+        };
+        assert_eq!((grp.name(), grp.path()), ("/grp", "grp"));
+        assert_eq!(grp.array_names().unwrap(), ["big", "raw"]);
+        let raw = match grp.get("raw").unwrap() {
+            crate::Node::Array(a) => a,
+            crate::Node::Group(_) => panic!("raw is an array"),
+        };
+        assert_eq!((raw.name(), raw.path()), ("/grp/raw", "grp/raw"));
+        let via_top = match top.get("grp/raw").unwrap() {
+            crate::Node::Array(a) => a,
+            crate::Node::Group(_) => panic!("grp/raw is an array"),
+        };
+        assert_eq!(
+            via_top.read_region(&[0], &[400]).unwrap(),
+            raw.read_region(&[0], &[400]).unwrap()
+        );
+        assert_eq!(raw.parent().unwrap().unwrap().name(), "/grp");
+        assert!(grp.get("nope").unwrap_err().is_not_found());
+        assert!(matches!(
+            snap.group("small").unwrap_err(),
+            ZarrError::WrongNodeType { .. }
+        ));
+        assert!(matches!(
+            snap.array("grp").unwrap_err(),
+            ZarrError::WrongNodeType { .. }
+        ));
     }
 
     /// Unknown versions and damaged files are typed errors naming the file, not panics.
