@@ -28,7 +28,7 @@ def test_snapshots_read_as_written(spec):
     assert tip.snapshot_id != first.snapshot_id
     again = zcrop.open_icechunk(REPOS / spec, snapshot=first.snapshot_id)
     assert again.snapshot_id == first.snapshot_id
-    assert tip.arrays() == ["/grp/big", "/grp/raw", "/small"]
+    assert tip.arrays() == ["/grp/big", "/grp/raw", "/grp/sharded", "/small"]
     np.testing.assert_array_equal(tip["grp/big"][:], expected_big(True))
     np.testing.assert_array_equal(first["/grp/big"][:], expected_big(False))
     np.testing.assert_array_equal(tip["grp/big"][3:7, 8:12], expected_big(True)[3:7, 8:12])

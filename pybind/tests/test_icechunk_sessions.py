@@ -339,3 +339,27 @@ def test_virtual_chunks_in_s3_objects(s3):
     assert e.value.key == url
     with pytest.raises(Exception, match="checksum"):
         zarr.open_array(session.store, path="v", mode="r")[...]
+
+
+def test_split_manifests(tmp_path):
+    """Manifests split along time (one per two chunks): a read fetches the manifests whose
+    extents hold its chunks, and the values equal zarr-python's."""
+    split = icechunk.ManifestSplittingConfig.from_dict(
+        {icechunk.ManifestSplitCondition.AnyArray(): {icechunk.ManifestSplitDimCondition.Any(): 2}}
+    )
+    config = icechunk.RepositoryConfig(manifest=icechunk.ManifestConfig(splitting=split))
+    repo = icechunk.Repository.create(
+        icechunk.local_filesystem_storage(str(tmp_path / "repo")), config)
+    s = repo.writable_session("main")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        weather(1).to_zarr(s.store, zarr_format=3, consolidated=False, encoding=ENCODING)
+    s.commit("split")
+    manifests = list((tmp_path / "repo" / "manifests").iterdir())
+    assert len(manifests) > 2, manifests
+    session = repo.readonly_session("main")
+    snap = zcrop.open_icechunk(session)
+    for path in ("t2m", "sat"):
+        want = zarr.open_array(session.store, path=path, mode="r")[...]
+        np.testing.assert_array_equal(snap[path][...], want)
+        np.testing.assert_array_equal(snap[path][5:7], want[5:7])

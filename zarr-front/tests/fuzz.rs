@@ -186,6 +186,11 @@ fn fuzz_lz4() {
 }
 
 #[test]
+fn fuzz_icechunk() {
+    run("icechunk", targets::icechunk);
+}
+
+#[test]
 fn fuzz_vlen() {
     run("vlen", targets::vlen);
 }

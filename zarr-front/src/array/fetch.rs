@@ -156,6 +156,8 @@ pub(crate) struct Storages {
     pub(crate) index: FxHashMap<Vec<u64>, usize>,
     /// Each one's index in `list`, by its key (an Icechunk array's chunk objects).
     pub(crate) by_key: FxHashMap<String, usize>,
+    /// The Icechunk manifests the read has fetched.
+    pub(crate) manifests: crate::icechunk::HeldManifests,
 }
 
 /// A leaf's encoded bytes, as read, and where they are from.

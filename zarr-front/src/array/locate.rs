@@ -109,6 +109,23 @@ impl Array {
         let (mut last_coords, mut last_storage) = (Vec::new(), None::<usize>);
         let mut last_icechunk: Option<(Vec<u64>, Cursor)> = None;
         let mut virtual_checks: Vec<VirtualCheck> = Vec::new();
+        if let Some(chunks) = &core.icechunk {
+            // The manifests of all these leaves, fetched together before any is looked up.
+            let mut storage_coords: Vec<Vec<u64>> = Vec::new();
+            let mut scratch = vec![0; levels];
+            for (leaf, known) in plan.leaves[leaves.clone()].iter().zip(&known) {
+                if known.is_none() {
+                    layout.locate(&leaf.coords, &mut coords, &mut scratch);
+                    if storage_coords.last() != Some(&coords) {
+                        storage_coords.push(coords.clone());
+                    }
+                }
+            }
+            chunks.prefetch(
+                storage_coords.iter().map(Vec::as_slice),
+                &mut storages.manifests,
+            )?;
+        }
         for ((leaf, known), inner) in plan.leaves[leaves]
             .iter()
             .zip(&known)
@@ -335,7 +352,7 @@ impl Array {
             feature,
         };
         let sharded = !self.core.layout.levels.is_empty();
-        match chunks.payload(coords)? {
+        match chunks.payload(coords, &mut storages.manifests)? {
             None => Ok(Cursor::Missing),
             Some(Payload::Stored {
                 key,

@@ -17,7 +17,7 @@ use icechunk_format::format_constants::{
     CompressionAlgorithmBin, FileTypeBin, ICECHUNK_FILE_HEADER_LEN, SpecVersionBin,
     parse_file_header,
 };
-use icechunk_format::manifest::{ChunkPayload, Manifest};
+use icechunk_format::manifest::{ChunkPayload, Manifest, ManifestExtents};
 use icechunk_format::serializers::{
     deserialize_manifest, deserialize_repo_info, deserialize_snapshot,
 };
@@ -87,7 +87,10 @@ impl IcechunkSnapshot {
         containers: Vec<VirtualContainer>,
     ) -> Result<IcechunkSnapshot> {
         let (store, root) = crate::hierarchy::open::locate(location.as_ref(), options)?;
-        let repo = Arc::new(Repository::open(store, root)?);
+        let mut repo = Repository::open(store, root)?;
+        repo.manifest_budget = options.index_cache_bytes;
+        repo.local.clone_from(&options.engine);
+        let repo = Arc::new(repo);
         let id = repo.snapshot_id(version)?;
         let snapshot = repo.snapshot(&id)?;
         let nodes = repo
@@ -149,7 +152,7 @@ impl IcechunkSnapshot {
         match (meta, &node.array) {
             (crate::hierarchy::metadata::NodeMeta::Array(md), Some(array)) => {
                 let a = crate::hierarchy::node::make_array(place, &repo.store, *md, options)?;
-                let chunks = ArrayChunks::load(self.clone(), array.clone())?;
+                let chunks = ArrayChunks::new(self.clone(), array.clone());
                 Ok(crate::Node::Array(a.in_icechunk(chunks)))
             }
             (meta @ crate::hierarchy::metadata::NodeMeta::Group { .. }, None) => {
@@ -218,6 +221,12 @@ impl IcechunkSnapshot {
 pub(crate) struct Repository {
     store: Store,
     root: PathBuf,
+    /// Manifests read so far, within a byte budget (their decompressed sizes); built in each
+    /// process, so that a forked child never waits on a lock its parent held.
+    manifests: zcrop_io::fork::PerProcess<crate::cache::LruCache<ManifestId, Arc<Manifest>>>,
+    manifest_budget: usize,
+    /// The IO engine local manifests are read through (the shared one if `None`).
+    local: Option<zcrop_io::IoEngine>,
 }
 
 /// One node of a snapshot.
@@ -231,11 +240,12 @@ pub(crate) struct Node {
     pub(crate) array: Option<ArrayNode>,
 }
 
-/// What locating an array's chunks needs.
+/// What locating an array's chunks needs: its node id, and its manifests with the chunk
+/// indexes each covers.
 #[derive(Clone)]
 pub(crate) struct ArrayNode {
     pub(crate) id: NodeId,
-    pub(crate) manifests: Vec<ManifestId>,
+    pub(crate) manifests: Vec<(ManifestId, ManifestExtents)>,
 }
 
 /// An Icechunk array's chunk locations, as its [`crate::Array`] holds them: its snapshot and
@@ -243,22 +253,16 @@ pub(crate) struct ArrayNode {
 pub(crate) struct ArrayChunks {
     snapshot: IcechunkSnapshot,
     node: ArrayNode,
-    manifests: Vec<Arc<Manifest>>,
 }
 
+/// The manifests one read has fetched, by their index in the array's list: a read fetches each
+/// manifest it needs at most once, whatever the repository's manifest cache evicts meanwhile.
+pub(crate) type HeldManifests = rustc_hash::FxHashMap<usize, Arc<Manifest>>;
+
 impl ArrayChunks {
-    /// Loads the manifests of `node`.
-    pub(crate) fn load(snapshot: IcechunkSnapshot, node: ArrayNode) -> Result<ArrayChunks> {
-        let manifests = node
-            .manifests
-            .iter()
-            .map(|m| snapshot.shared.repo.manifest(m))
-            .collect::<Result<_>>()?;
-        Ok(ArrayChunks {
-            snapshot,
-            node,
-            manifests,
-        })
+    /// The chunks of `node`; its manifests are fetched when reads need them.
+    pub(crate) fn new(snapshot: IcechunkSnapshot, node: ArrayNode) -> ArrayChunks {
+        ArrayChunks { snapshot, node }
     }
 
     /// The snapshot the array belongs to.
@@ -271,17 +275,54 @@ impl ArrayChunks {
         &self.snapshot.shared.virtuals
     }
 
-    /// Where the chunk (for a sharded array: the shard) at `coords` of the storage grid is.
-    pub(crate) fn payload(&self, coords: &[u64]) -> Result<Option<Payload>> {
-        let index: Vec<u32> = coords
+    /// Fetches, in one submission, the manifests covering the storage chunks `coords` that
+    /// `held` lacks (from the repository's cache where they are).
+    pub(crate) fn prefetch<'a>(
+        &self,
+        coords: impl IntoIterator<Item = &'a [u64]>,
+        held: &mut HeldManifests,
+    ) -> Result<()> {
+        let mut wanted: Vec<usize> = Vec::new();
+        for c in coords {
+            let Ok(index) = chunk_index(c) else { continue };
+            for (i, (_, extents)) in self.node.manifests.iter().enumerate() {
+                if extents.contains(&index) && !held.contains_key(&i) && !wanted.contains(&i) {
+                    wanted.push(i);
+                }
+            }
+            if wanted.len() + held.len() == self.node.manifests.len() {
+                break;
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&ManifestId> = wanted.iter().map(|&i| &self.node.manifests[i].0).collect();
+        let got = self.snapshot.shared.repo.manifests(&ids)?;
+        held.extend(wanted.into_iter().zip(got));
+        Ok(())
+    }
+
+    /// Where the chunk (for a sharded array: the shard) at `coords` of the storage grid is;
+    /// the manifests it needs are fetched into `held` if they are not there.
+    pub(crate) fn payload(
+        &self,
+        coords: &[u64],
+        held: &mut HeldManifests,
+    ) -> Result<Option<Payload>> {
+        let index = chunk_index(coords)?;
+        self.prefetch([coords], held)?;
+        let candidates = self
+            .node
+            .manifests
             .iter()
-            .map(|&c| u32::try_from(c))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|_| ZarrError::InvalidArgument(format!("chunk {coords:?} past u32")))?;
+            .enumerate()
+            .filter(|(_, (_, extents))| extents.contains(&index))
+            .map(|(i, (id, _))| (id, &held[&i]));
         self.snapshot
             .shared
             .repo
-            .payload(&self.node, &self.manifests, &index)
+            .payload(&self.node, candidates, &index)
     }
 
     /// The path (local) or key (object store) of the repository's file `rel`.
@@ -293,6 +334,15 @@ impl ArrayChunks {
     pub(crate) fn show(&self, rel: &str) -> String {
         self.snapshot.shared.repo.show(rel)
     }
+}
+
+/// Storage-grid coordinates as a manifest's chunk index.
+fn chunk_index(coords: &[u64]) -> Result<Vec<u32>> {
+    coords
+        .iter()
+        .map(|&c| u32::try_from(c))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| ZarrError::InvalidArgument(format!("chunk {coords:?} past u32")))
 }
 
 /// Where one chunk's encoded bytes are.
@@ -320,7 +370,13 @@ impl Repository {
     /// The repository at `root`: an error naming it if it has neither a `repo` file (spec v2)
     /// nor a `refs` directory (spec v1).
     pub(crate) fn open(store: Store, root: PathBuf) -> Result<Repository> {
-        let repo = Repository { store, root };
+        let repo = Repository {
+            store,
+            root,
+            manifests: zcrop_io::fork::PerProcess::new(),
+            manifest_budget: crate::array::DEFAULT_INDEX_CACHE_BYTES,
+            local: None,
+        };
         let v2 = repo.read("repo")?.is_some();
         if !v2 && !repo.has_v1_refs() {
             return Err(ZarrError::NodeNotFound {
@@ -328,6 +384,20 @@ impl Repository {
             });
         }
         Ok(repo)
+    }
+
+    /// Runs `f`, a call into `icechunk-format` over bytes read from storage. The crate panics
+    /// on some malformed flatbuffers (a union of type NONE, say); that becomes an error
+    /// naming `path`, as any other damage to the file.
+    fn parsing<T>(&self, path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a malformed flatbuffer".into());
+            Err(self.invalid(path, format!("malformed: {message}")))
+        })
     }
 
     /// The repository's file `rel` as messages name it.
@@ -370,11 +440,22 @@ impl Repository {
     /// A metadata file's spec version and body (decompressed), checking its header says
     /// `kind`.
     fn metadata_file(&self, rel: &str, kind: FileTypeBin) -> Result<(SpecVersionBin, Vec<u8>)> {
-        let path = self.root.join(rel);
         let raw = self.read(rel)?.ok_or_else(|| ZarrError::NodeNotFound {
-            path: self.store.show(&path),
+            path: self.store.show(&self.root.join(rel)),
         })?;
-        let header = parse_file_header(&raw).map_err(|e| self.invalid(&path, e))?;
+        self.metadata_body(rel, &raw, kind)
+    }
+
+    /// The spec version and body (decompressed) of the metadata file `rel` read as `raw`,
+    /// checking its header says `kind`.
+    fn metadata_body(
+        &self,
+        rel: &str,
+        raw: &[u8],
+        kind: FileTypeBin,
+    ) -> Result<(SpecVersionBin, Vec<u8>)> {
+        let path = self.root.join(rel);
+        let header = parse_file_header(raw).map_err(|e| self.invalid(&path, e))?;
         if header.file_type != kind {
             return Err(self.invalid(
                 &path,
@@ -426,12 +507,14 @@ impl Repository {
         if self.read("repo")?.is_some() {
             let (spec, body) = self.metadata_file("repo", FileTypeBin::RepoInfo)?;
             let path = self.root.join("repo");
-            let info = deserialize_repo_info(spec, body).map_err(|e| self.invalid(&path, e))?;
-            let found = if kind == "tag" {
-                info.resolve_tag(name)
-            } else {
-                info.resolve_branch(name)
-            };
+            let found = self.parsing(&path, || {
+                let info = deserialize_repo_info(spec, body).map_err(|e| self.invalid(&path, e))?;
+                Ok(if kind == "tag" {
+                    info.resolve_tag(name)
+                } else {
+                    info.resolve_branch(name)
+                })
+            })?;
             return found.map_err(|_| missing());
         }
         let rel = format!("refs/{kind}.{name}/ref.json");
@@ -456,20 +539,30 @@ impl Repository {
     pub(crate) fn snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
         let rel = format!("snapshots/{id}");
         let (spec, body) = self.metadata_file(&rel, FileTypeBin::Snapshot)?;
-        deserialize_snapshot(spec, body).map_err(|e| self.invalid(&self.root.join(&rel), e))
+        let path = self.root.join(&rel);
+        self.parsing(&path, || {
+            deserialize_snapshot(spec, body).map_err(|e| self.invalid(&path, e))
+        })
     }
 
     /// Every node of `snapshot`.
     pub(crate) fn nodes(&self, snapshot: &Snapshot) -> Result<Vec<Node>> {
         let path = self.root.join(format!("snapshots/{}", snapshot.id()));
+        self.parsing(&path, || self.nodes_of(snapshot, &path))
+    }
+
+    fn nodes_of(&self, snapshot: &Snapshot, path: &Path) -> Result<Vec<Node>> {
         snapshot
             .iter()
             .map(|node| {
-                let node = node.map_err(|e| self.invalid(&path, e))?;
+                let node = node.map_err(|e| self.invalid(path, e))?;
                 let array = match node.node_data {
                     NodeData::Array { manifests, .. } => Some(ArrayNode {
                         id: node.id.clone(),
-                        manifests: manifests.into_iter().map(|m| m.object_id).collect(),
+                        manifests: manifests
+                            .into_iter()
+                            .map(|m| (m.object_id, m.extents))
+                            .collect(),
                     }),
                     NodeData::Group => None,
                 };
@@ -482,26 +575,74 @@ impl Repository {
             .collect()
     }
 
-    /// The manifest `id`.
-    pub(crate) fn manifest(&self, id: &ManifestId) -> Result<Arc<Manifest>> {
-        let rel = format!("manifests/{id}");
-        let (spec, body) = self.metadata_file(&rel, FileTypeBin::Manifest)?;
-        deserialize_manifest(spec, body)
-            .map(Arc::new)
-            .map_err(|e| self.invalid(&self.root.join(&rel), e))
+    /// The manifests `ids`: from the cache, the others read in one submission and cached.
+    pub(crate) fn manifests(&self, ids: &[&ManifestId]) -> Result<Vec<Arc<Manifest>>> {
+        let cache = self
+            .manifests
+            .get_or_init(|| crate::cache::LruCache::new(self.manifest_budget));
+        let mut out: Vec<Option<Arc<Manifest>>> = ids.iter().map(|id| cache.get(*id)).collect();
+        let missing: Vec<usize> = (0..ids.len()).filter(|&i| out[i].is_none()).collect();
+        if missing.is_empty() {
+            return Ok(out.into_iter().flatten().collect());
+        }
+        let rels: Vec<String> = missing
+            .iter()
+            .map(|&i| format!("manifests/{}", ids[i]))
+            .collect();
+        let reader = self.store.reader(self.local.as_ref())?;
+        let requests = rels.iter().enumerate().map(|(n, rel)| {
+            zcrop_io::ReadRequest::new(
+                n as u64,
+                Arc::from(self.root.join(rel).as_path()),
+                zcrop_io::ReadRange::Whole,
+            )
+        });
+        let mut raw: Vec<Option<std::result::Result<Bytes, zcrop_io::IoError>>> =
+            vec![None; rels.len()];
+        for done in reader.submit(requests.collect::<Vec<_>>()) {
+            if let Some(slot) = usize::try_from(done.id).ok().and_then(|n| raw.get_mut(n)) {
+                *slot = Some(done.result);
+            }
+        }
+        for ((n, rel), &i) in rels.iter().enumerate().zip(&missing) {
+            let path = self.root.join(rel);
+            let bytes = match raw[n].take() {
+                Some(Ok(b)) => b,
+                Some(Err(e)) if e.is_not_found() => {
+                    return Err(ZarrError::NodeNotFound {
+                        path: self.store.show(&path),
+                    });
+                }
+                Some(Err(e)) => return Err(self.invalid(&path, format!("cannot read it: {e}"))),
+                None => return Err(self.invalid(&path, "the read returned nothing")),
+            };
+            let (spec, body) = self.metadata_body(rel, &bytes, FileTypeBin::Manifest)?;
+            let cost = body.len();
+            let manifest = self.parsing(&path, || {
+                deserialize_manifest(spec, body)
+                    .map(Arc::new)
+                    .map_err(|e| self.invalid(&path, e))
+            })?;
+            cache.insert(ids[i].clone(), Arc::clone(&manifest), cost);
+            out[i] = Some(manifest);
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
-    /// Where chunk `index` of `array` is, looked up in `manifests` (the array's, loaded);
-    /// `None` for a chunk that was never written (fill value).
-    pub(crate) fn payload(
+    /// Where chunk `index` of `array` is, looked up in `candidates` (the manifests whose
+    /// extents hold it, in the array's order); `None` for a chunk that was never written
+    /// (fill value).
+    pub(crate) fn payload<'a>(
         &self,
         array: &ArrayNode,
-        manifests: &[Arc<Manifest>],
+        candidates: impl Iterator<Item = (&'a ManifestId, &'a Arc<Manifest>)>,
         index: &[u32],
     ) -> Result<Option<Payload>> {
         let coords = ChunkIndices(index.to_vec());
-        for (m, id) in manifests.iter().zip(&array.manifests) {
-            let p = match m.get_chunk_payload(&array.id, &coords) {
+        for (id, m) in candidates {
+            let path = self.root.join(format!("manifests/{id}"));
+            let got = self.parsing(&path, || Ok(m.get_chunk_payload(&array.id, &coords)))?;
+            let p = match got {
                 Ok(p) => p,
                 // Not in this manifest (an array's chunks may span several).
                 Err(e)
@@ -568,12 +709,10 @@ mod tests {
         let nodes = r.nodes(&snap).unwrap();
         let node = nodes.iter().find(|n| n.path == path).unwrap();
         let array = node.array.as_ref().unwrap();
-        let manifests: Vec<_> = array
-            .manifests
-            .iter()
-            .map(|m| r.manifest(m).unwrap())
-            .collect();
-        match r.payload(array, &manifests, index).unwrap()? {
+        let ids: Vec<_> = array.manifests.iter().map(|(id, _)| id).collect();
+        let manifests = r.manifests(&ids).unwrap();
+        let candidates = ids.iter().copied().zip(&manifests);
+        match r.payload(array, candidates, index).unwrap()? {
             Payload::Inline(b) => Some(b.to_vec()),
             Payload::Stored {
                 key,
@@ -623,7 +762,14 @@ mod tests {
             paths.sort_unstable();
             assert_eq!(
                 paths,
-                ["/", "/grp", "/grp/big", "/grp/raw", "/small"],
+                [
+                    "/",
+                    "/grp",
+                    "/grp/big",
+                    "/grp/raw",
+                    "/grp/sharded",
+                    "/small"
+                ],
                 "{spec}"
             );
             for n in &nodes {
@@ -745,7 +891,11 @@ mod tests {
                 .filter(|(_, a)| *a)
                 .map(|(p, _)| p)
                 .collect();
-            assert_eq!(arrays, ["/grp/big", "/grp/raw", "/small"], "{location}");
+            assert_eq!(
+                arrays,
+                ["/grp/big", "/grp/raw", "/grp/sharded", "/small"],
+                "{location}"
+            );
             let raw = tip
                 .array("grp/raw")
                 .unwrap()
@@ -795,7 +945,7 @@ mod tests {
             crate::Node::Array(_) => panic!("grp is a group"),
         };
         assert_eq!((grp.name(), grp.path()), ("/grp", "grp"));
-        assert_eq!(grp.array_names().unwrap(), ["big", "raw"]);
+        assert_eq!(grp.array_names().unwrap(), ["big", "raw", "sharded"]);
         let raw = match grp.get("raw").unwrap() {
             crate::Node::Array(a) => a,
             crate::Node::Group(_) => panic!("raw is an array"),
@@ -819,6 +969,63 @@ mod tests {
             snap.array("grp").unwrap_err(),
             ZarrError::WrongNodeType { .. }
         ));
+    }
+
+    /// Reads from S3 count their GETs: opening an array reads no manifest; a read fetches
+    /// each manifest it needs once (the next read finds it cached), and the inner chunks of
+    /// a shard come in coalesced ranges of its chunk object.
+    #[test]
+    fn reads_fetch_a_manifest_once_and_coalesce_chunks() {
+        let Some(moto) = zcrop_fixtures::s3::Moto::shared() else {
+            return;
+        };
+        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/icechunk-repos/v1");
+        moto.create_bucket("icechunk-counts");
+        moto.upload_dir("icechunk-counts", "repo", &local);
+        let engine = zcrop_io::ObjectEngine::open(
+            "s3://icechunk-counts",
+            &moto.storage_options(),
+            zcrop_io::ObjectConfig::default(),
+        )
+        .unwrap();
+        let options = crate::array::OpenOptions {
+            object_engine: Some(engine.clone()),
+            ..crate::array::OpenOptions::default()
+        };
+        let snap = IcechunkSnapshot::open(
+            "s3://icechunk-counts/repo",
+            &Version::Branch("main".into()),
+            &options,
+            Vec::new(),
+        )
+        .unwrap();
+        let before = engine.metrics();
+        let a = snap.array("grp/sharded").unwrap();
+        assert_eq!(
+            (engine.metrics() - before).gets,
+            0,
+            "opening reads no manifest"
+        );
+
+        // Rows 1-2 and 5-6, columns 40-199: inner chunks 1..=6 of both rows of both shards.
+        let read = |origin: [u64; 2]| a.read_region(&origin, &[2, 160]).unwrap();
+        let before = engine.metrics();
+        let got = [read([1, 40]), read([5, 40])];
+        for (rows, g) in [(1u16, &got[0]), (5, &got[1])] {
+            let want: Vec<u8> = (rows..rows + 2)
+                .flat_map(|r| (40..200).map(move |c| r * 256 + c))
+                .flat_map(u16::to_ne_bytes)
+                .collect();
+            assert_eq!(g, &want);
+        }
+        let first = engine.metrics() - before;
+        let before = engine.metrics();
+        read([1, 40]);
+        let again = engine.metrics() - before;
+        // Again: the shard's index is cached, and its 12 inner chunks come in one GET.
+        assert_eq!((again.requests, again.gets), (12, 1), "{again:?}");
+        // The first two reads: the manifest once, then each shard's index and data.
+        assert_eq!(first.gets, 1 + 2 * 2, "{first:?}");
     }
 
     /// Unknown versions and damaged files are typed errors naming the file, not panics.

@@ -165,3 +165,99 @@ pub(crate) fn vlen(data: &[u8]) {
         assert_eq!(elements.len() as u64, n);
     }
 }
+
+/// A copy of the spec-v1 Icechunk fixture repository, with its original files kept to restore.
+struct IcechunkRepo {
+    root: std::path::PathBuf,
+    originals: Vec<(std::path::PathBuf, Vec<u8>)>,
+}
+
+/// The copy this process fuzzes, made on first use.
+fn icechunk_repo() -> &'static IcechunkRepo {
+    static REPO: std::sync::OnceLock<IcechunkRepo> = std::sync::OnceLock::new();
+    REPO.get_or_init(|| {
+        let src =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/icechunk-repos/v1");
+        // One fixed place, rewritten by each run (as `metadata`'s empty directory is).
+        let root = std::env::temp_dir().join("zcrop-fuzz-icechunk");
+        let mut originals = Vec::new();
+        let mut stack = vec![src.clone()];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    let dest = root.join(p.strip_prefix(&src).unwrap());
+                    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+                    let bytes = std::fs::read(&p).unwrap();
+                    std::fs::write(&dest, &bytes).unwrap();
+                    originals.push((dest, bytes));
+                }
+            }
+        }
+        IcechunkRepo { root, originals }
+    })
+}
+
+/// Arbitrary bytes as a file of an Icechunk repository (the first byte picks which: 0 the
+/// tip's snapshot, 1 every manifest, each given as its decompressed body and written behind
+/// the original header, zstd-compressed; 2 the branch's `ref.json`; 3 a serialized Python
+/// session): opening the tip and reading every array returns values or errors.
+pub(crate) fn icechunk(data: &[u8]) {
+    use zcrop_zarr::icechunk::{IcechunkSnapshot, Version, session_repository};
+    let Some((&which, body)) = data.split_first() else {
+        return;
+    };
+    if which % 4 == 3 {
+        let _ = session_repository(body);
+        return;
+    }
+    let repo = icechunk_repo();
+    for (path, bytes) in &repo.originals {
+        std::fs::write(path, bytes).unwrap();
+    }
+    let tip_ref = repo.root.join("refs/branch.main/ref.json");
+    let tip = std::fs::read_to_string(&tip_ref).unwrap();
+    let tip_id = tip.split('"').nth(3).unwrap_or_default().to_string();
+    let with_header = |original: &[u8]| {
+        let mut out = original[..39.min(original.len())].to_vec();
+        out.extend(zstd::bulk::compress(body, 1).unwrap_or_default());
+        out
+    };
+    for (path, bytes) in &repo.originals {
+        let rel = path.strip_prefix(&repo.root).unwrap();
+        let file = rel.to_string_lossy();
+        let replace = match which % 4 {
+            0 => file == format!("snapshots/{tip_id}"),
+            1 => file.starts_with("manifests/"),
+            _ => rel == std::path::Path::new("refs/branch.main/ref.json"),
+        };
+        if replace {
+            let new = if which % 4 == 2 {
+                body.to_vec()
+            } else {
+                with_header(bytes)
+            };
+            std::fs::write(path, new).unwrap();
+        }
+    }
+    let Ok(snap) = IcechunkSnapshot::open(
+        &repo.root,
+        &Version::Branch("main".into()),
+        &OpenOptions::default(),
+        Vec::new(),
+    ) else {
+        return;
+    };
+    for (path, is_array) in snap.nodes() {
+        if let (true, Ok(a)) = (is_array, snap.array(&path)) {
+            let shape = a.shape().to_vec();
+            if shape.iter().product::<u64>() <= 1 << 16 {
+                let _ = a.read_region(&vec![0; shape.len()], &shape);
+            }
+        } else if let Ok(g) = snap.group(&path) {
+            let _ = g.members();
+        }
+    }
+}
