@@ -279,6 +279,11 @@ def run_reader(py: str, sim: CloudSim, reader: str, ds: str, info: dict, shape: 
            "--zarr-format", str(info.get("zarr_format", 3)), "--warmup"]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", ZCROP_BENCH_S3_ENDPOINT=sim.endpoint,
                ZCROP_BENCH_STATS_URL=f"{sim.endpoint}/_cloudsim/stats")
+    return run_worker(cmd, env)
+
+
+def run_worker(cmd: list[str], env: dict) -> dict:
+    """Runs compare.py's worker command ``cmd``: its JSON report, or {"error": ...}."""
     try:
         out = subprocess.run(cmd, text=True, capture_output=True, env=env, timeout=900)
     except subprocess.TimeoutExpired:

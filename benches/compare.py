@@ -85,6 +85,8 @@ LABEL = {
     "zarr-obstore": "zarr-python + obstore",
     "zarrs-obstore": "zarr-python + zarrs + obstore",
     "zarr-fsspec": "zarr-python + fsspec (s3fs)",
+    "zcrop-icechunk": "zcrop on Icechunk",
+    "zarr-icechunk": "zarr-python + icechunk",
 }
 S3_BUCKET = "zcrop-bench"
 #: TensorStore's cache pool (shard indexes and decoded chunks); zcrop-cache gets the same.
@@ -206,8 +208,43 @@ def open_s3_reader(name: str, url: str, zarr_format: int):
     raise SystemExit(f"reader {name} does not read from S3 here")
 
 
+#: The array of an Icechunk repository the *-icechunk readers read (benches/icechunk_compare.py).
+ICECHUNK_ARRAY = "data"
+
+
+def open_icechunk_reader(name: str, path: str):
+    """:func:`open_reader` for the array ICECHUNK_ARRAY of the Icechunk repository at ``path``
+    (a directory, or an ``s3://`` URL on $ZCROP_BENCH_S3_ENDPOINT), at the tip of main."""
+    s3 = path.startswith("s3://")
+    endpoint = os.environ.get("ZCROP_BENCH_S3_ENDPOINT", "")
+    if name == "zcrop-icechunk":
+        import zcrop
+
+        options = {"endpoint_url": endpoint, "region": S3_REGION, "key": S3_KEY, "secret": S3_SECRET} if s3 else None
+        arr = zcrop.open_icechunk(path, storage_options=options)[ICECHUNK_ARRAY]
+        return lambda origins, shape: arr.read_crops(origins, shape)
+    if name == "zarr-icechunk":
+        import icechunk
+        import zarr
+
+        if s3:
+            bucket, _, prefix = path[len("s3://"):].partition("/")
+            storage = icechunk.s3_storage(bucket=bucket, prefix=prefix, endpoint_url=endpoint, region=S3_REGION,
+                                          allow_http=True, force_path_style=True, access_key_id=S3_KEY,
+                                          secret_access_key=S3_SECRET)
+        else:
+            storage = icechunk.local_filesystem_storage(path)
+        session = icechunk.Repository.open(storage).readonly_session("main")
+        # A batch's crops gathered at once, as many requests in flight as zcrop's default.
+        zarr.config.set({"async.concurrency": S3_CONCURRENCY})
+        return concurrent_crops(zarr.open_array(session.store, path=ICECHUNK_ARRAY, mode="r"))
+    raise SystemExit(f"unknown reader {name}")
+
+
 def open_reader(name: str, path: str, zarr_format: int = 3):
     """A function that reads a batch of crops: f(origins (N, 4) int array, shape) -> (N, *shape)."""
+    if name.endswith("-icechunk"):
+        return open_icechunk_reader(name, path)
     if path.startswith("s3://"):
         return open_s3_reader(name, path, zarr_format)
     if name in ("zcrop", "zcrop-mmap", "zcrop-cache"):

@@ -164,3 +164,15 @@ def test_missing_objects_and_bad_options_are_named(gcs, stores):
         zcrop.open_array(stores["v3"][1] + "/data",
                          storage_options={**options, "requester_pays": True})
     assert os.environ.get("STORAGE_EMULATOR_HOST") is None
+
+
+@pytest.mark.parametrize("spec", ["v1", "v2"])
+def test_icechunk_repositories_from_gs_urls(gcs, spec):
+    repos = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "icechunk-repos"
+    url = upload(gcs, repos / spec, f"icechunk/{spec}")
+    options = {**OPTIONS, "endpoint_url": gcs}
+    local = zcrop.open_icechunk(repos / spec, tag="v1")
+    snap = zcrop.open_icechunk(url, tag="v1", storage_options=options)
+    assert snap.snapshot_id == local.snapshot_id
+    for path in snap.arrays():
+        np.testing.assert_array_equal(snap[path][...], local[path][...])

@@ -378,7 +378,9 @@ impl Repository {
             local: None,
         };
         let v2 = repo.read("repo")?.is_some();
-        if !v2 && !repo.has_v1_refs() {
+        // A store that cannot list (plain HTTP, some S3-compatible servers) still shows a
+        // spec-v1 repository by its main branch's ref.
+        if !v2 && !repo.has_v1_refs() && repo.read("refs/branch.main/ref.json")?.is_none() {
             return Err(ZarrError::NodeNotFound {
                 path: repo.store.show(&repo.root.join("repo")),
             });
@@ -726,6 +728,17 @@ mod tests {
         }
     }
 
+    /// The tip of `main` in the local repository at `root`.
+    fn tip_of(root: &Path) -> IcechunkSnapshot {
+        IcechunkSnapshot::open(
+            root,
+            &Version::Branch("main".into()),
+            &crate::array::OpenOptions::default(),
+            Vec::new(),
+        )
+        .unwrap()
+    }
+
     fn floats(encoded: &[u8]) -> Vec<f32> {
         let raw = zstd::stream::decode_all(encoded).unwrap();
         raw.chunks_exact(4)
@@ -924,13 +937,7 @@ mod tests {
     fn groups_walk_the_snapshot() {
         use crate::hierarchy::NodeKind;
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/icechunk-repos/v1");
-        let snap = IcechunkSnapshot::open(
-            &root,
-            &Version::Branch("main".into()),
-            &crate::array::OpenOptions::default(),
-            Vec::new(),
-        )
-        .unwrap();
+        let snap = tip_of(&root);
         let top = snap.group("").unwrap();
         assert_eq!(top.name(), "/");
         assert_eq!(
@@ -1069,6 +1076,27 @@ mod tests {
                 "{name}: {e}"
             );
         }
+
+        // Every manifest cut short: opening still works (it reads none), reading names the
+        // manifest.
+        let root = dir.path().join("manifests-cut");
+        copy_tree(&src, &root);
+        for e in std::fs::read_dir(root.join("manifests")).unwrap() {
+            let p = e.unwrap().path();
+            let bytes = std::fs::read(&p).unwrap();
+            std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+        }
+        let snap = tip_of(&root);
+        let e = snap
+            .array("grp/raw")
+            .unwrap()
+            .read_region(&[0], &[400])
+            .unwrap_err();
+        assert!(
+            matches!(&e, ZarrError::InvalidMetadata { path, .. }
+                if path.to_string_lossy().contains("manifests/")),
+            "{e}"
+        );
     }
 
     fn copy_tree(from: &Path, to: &Path) {
