@@ -292,6 +292,18 @@ def test_virtual_chunks_in_local_files(tmp_path):
     with pytest.raises(zcrop.StoreError, match="no virtual chunk container"):
         zcrop.open_icechunk(session, virtual_chunk_containers={f"file://{tmp_path}/other/": None}
                             )["v"][...]
+    # A reference outside every container the repository declares is refused, even under a
+    # prefix the caller allows.
+    outside = virtual_repo(
+        icechunk.local_filesystem_storage(str(tmp_path / "repo-outside")), f"file://{data}/sub/",
+        icechunk.local_filesystem_store(str(data / "sub")), None, {},
+    )
+    s = outside.writable_session("main")
+    s.store.set_virtual_ref("v/c/0/0", url, offset=6, length=128, validate_container=False)
+    s.commit("outside")
+    with pytest.raises(zcrop.StoreError, match="declares no virtual chunk container"):
+        zcrop.open_icechunk(outside.readonly_session("main"),
+                            virtual_chunk_containers={f"file://{tmp_path}/": None})["v"][:4]
     # Changed after the reference was written: an error naming the chunk, as icechunk's.
     os.utime(target, (written.timestamp() + 3600,) * 2)
     with pytest.raises(zcrop.StoreError, match=r"virtual chunk \[0, 0\].*modified after"):
@@ -327,8 +339,11 @@ def test_virtual_chunks_in_s3_objects(s3):
         {"v/c/0/0": (url, 0, 128, etag), "v/c/1/0": (url, 128, 128, etag)},
     )
     session = repo.readonly_session("main")
+    # The endpoint, region and allow_http come from the container the repository declares;
+    # the caller gives the credentials.
     snap = zcrop.open_icechunk(
-        session, virtual_chunk_containers={"s3://icechunk-virtual/nc/": s3.options})
+        session, virtual_chunk_containers={"s3://icechunk-virtual/nc/": {
+            "key": "testing", "secret": "testing"}})
     want = zarr.open_array(session.store, path="v", mode="r")[...]
     np.testing.assert_array_equal(want, VALUES)
     np.testing.assert_array_equal(snap["v"][...], want)

@@ -27,6 +27,7 @@ use icechunk_format::{ChunkIndices, IcechunkFormatErrorKind, ManifestId, NodeId,
 use crate::error::{Result, ZarrError};
 use crate::store::Store;
 
+mod config;
 mod session;
 mod virtuals;
 pub use session::{SessionRepository, session_repository};
@@ -90,6 +91,7 @@ impl IcechunkSnapshot {
         let mut repo = Repository::open(store, root)?;
         repo.manifest_budget = options.index_cache_bytes;
         repo.local.clone_from(&options.engine);
+        let declared = repo.declared_containers();
         let repo = Arc::new(repo);
         let id = repo.snapshot_id(version)?;
         let snapshot = repo.snapshot(&id)?;
@@ -104,7 +106,7 @@ impl IcechunkSnapshot {
                 id: id.to_string(),
                 nodes,
                 options: options.clone(),
-                virtuals: VirtualTargets::new(containers, options.engine.clone()),
+                virtuals: VirtualTargets::new(containers, declared, options.engine.clone()),
             }),
         })
     }
@@ -535,6 +537,33 @@ impl Repository {
             .as_str()
             .ok_or_else(|| self.invalid(&path, "no \"snapshot\" field"))?;
         SnapshotId::try_from(id).map_err(|e| self.invalid(&path, e))
+    }
+
+    /// The virtual chunk containers the repository's configuration declares (none where it
+    /// has no configuration); why they cannot be known if the configuration does not read.
+    pub(crate) fn declared_containers(
+        &self,
+    ) -> std::result::Result<Vec<config::DeclaredContainer>, String> {
+        if self.read("repo").map_err(|e| e.to_string())?.is_some() {
+            let (spec, body) = self
+                .metadata_file("repo", FileTypeBin::RepoInfo)
+                .map_err(|e| e.to_string())?;
+            let path = self.root.join("repo");
+            let parsed = self.parsing(&path, || {
+                let info = deserialize_repo_info(spec, body).map_err(|e| self.invalid(&path, e))?;
+                info.config::<config::RepoConfig>()
+                    .map_err(|e| self.invalid(&path, e))
+            });
+            return parsed
+                .map(|c| c.unwrap_or_default().containers())
+                .map_err(|e| e.to_string());
+        }
+        match self.read("config.yaml").map_err(|e| e.to_string())? {
+            None => Ok(Vec::new()),
+            Some(yaml) => config::RepoConfig::from_yaml(&yaml)
+                .map(config::RepoConfig::containers)
+                .map_err(|e| format!("{}: {e}", self.show("config.yaml"))),
+        }
     }
 
     /// The snapshot `id`.

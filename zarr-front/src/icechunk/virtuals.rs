@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use zcrop_io::sync::Mutex;
 use zcrop_io::{IoEngine, ObjectConfig, ObjectEngine, is_object_url};
 
+use super::config::DeclaredContainer;
 use crate::store::{Reader, Store};
 
 /// A URL prefix of virtual chunks the caller allows zcrop to read, and the storage options to
@@ -66,25 +67,34 @@ impl VirtualChecksum {
     }
 }
 
-/// Where an Icechunk snapshot's virtual chunks are read from: the allowed containers, and the
-/// reader and path of each target, opened on first use.
+/// Where an Icechunk snapshot's virtual chunks are read from: the containers the caller
+/// allowed, those the repository declares, and the reader and path of each target, opened on
+/// first use.
 pub(crate) struct VirtualTargets {
     containers: Vec<VirtualContainer>,
+    declared: Result<Vec<DeclaredContainer>, String>,
     local: Option<IoEngine>,
     opened: Mutex<HashMap<String, (Reader, PathBuf)>>,
 }
 
 impl VirtualTargets {
-    pub(crate) fn new(containers: Vec<VirtualContainer>, local: Option<IoEngine>) -> Self {
+    pub(crate) fn new(
+        containers: Vec<VirtualContainer>,
+        declared: Result<Vec<DeclaredContainer>, String>,
+        local: Option<IoEngine>,
+    ) -> Self {
         VirtualTargets {
             containers,
+            declared,
             local,
             opened: Mutex::new(HashMap::new()),
         }
     }
 
     /// The reader and path (a file path, or a key under the reader's engine) of the target
-    /// `url`; an error saying why it cannot be read.
+    /// `url`; an error saying why it cannot be read. The URL must be under a prefix the caller
+    /// allowed and, where the repository declares containers, under one of those; it is read
+    /// with the declared container's storage options, overridden by the caller's.
     pub(crate) fn resolve(&self, url: &str) -> Result<(Reader, PathBuf), String> {
         if let Some(hit) = self.opened.lock().get(url) {
             return Ok(hit.clone());
@@ -107,6 +117,28 @@ impl VirtualTargets {
                  its prefix in virtual_chunk_containers)"
                     .to_string()
             })?;
+        let declared = self.declared.as_ref().map_err(|e| {
+            format!(
+                "the repository's configuration, which declares its virtual chunk \
+                 containers, does not read: {e}"
+            )
+        })?;
+        let mut options = Vec::new();
+        if !declared.is_empty() {
+            let d = declared
+                .iter()
+                .find(|d| url.starts_with(&d.url_prefix))
+                .ok_or_else(|| {
+                    "the repository declares no virtual chunk container for its URL".to_string()
+                })?;
+            options = d
+                .storage_options
+                .iter()
+                .filter(|(k, _)| !container.storage_options.iter().any(|(u, _)| u == k))
+                .cloned()
+                .collect();
+        }
+        options.extend(container.storage_options.iter().cloned());
         let opened = if let Some(path) = url.strip_prefix("file://") {
             let reader = Store::Local
                 .reader(self.local.as_ref())
@@ -114,9 +146,8 @@ impl VirtualTargets {
             (reader, PathBuf::from(path))
         } else if is_object_url(url) {
             let config = ObjectConfig::from_env().map_err(|e| e.to_string())?;
-            let (engine, key) =
-                ObjectEngine::open_container_shared(url, &container.storage_options, config)
-                    .map_err(|e| e.to_string())?;
+            let (engine, key) = ObjectEngine::open_container_shared(url, &options, config)
+                .map_err(|e| e.to_string())?;
             (Reader::Object(engine), PathBuf::from(key))
         } else {
             return Err(
@@ -218,6 +249,7 @@ mod tests {
                 url_prefix: "file:///data/".into(),
                 storage_options: Vec::new(),
             }],
+            Ok(Vec::new()),
             None,
         );
         let (reader, path) = targets.resolve("file:///data/a.nc").unwrap();
@@ -230,6 +262,7 @@ mod tests {
                 url_prefix: String::new(),
                 storage_options: Vec::new(),
             }],
+            Ok(Vec::new()),
             None,
         );
         let e = open.resolve("vcc://name/a.nc").unwrap_err();
