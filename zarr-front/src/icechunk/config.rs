@@ -9,6 +9,9 @@ use std::collections::HashMap;
 /// A container the repository declares: its URL prefix and storage options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DeclaredContainer {
+    /// The names `vcc://<name>/...` locations may use: its key in the configuration, and its
+    /// `name` field where it has one.
+    pub(crate) names: Vec<String>,
     pub(crate) url_prefix: String,
     pub(crate) storage_options: Vec<(String, String)>,
 }
@@ -22,6 +25,8 @@ pub(crate) struct RepoConfig {
 
 #[derive(Deserialize)]
 struct Container {
+    #[serde(default)]
+    name: Option<String>,
     url_prefix: String,
     store: StoreConfig,
 }
@@ -66,8 +71,9 @@ impl RepoConfig {
         let mut out: Vec<DeclaredContainer> = self
             .virtual_chunk_containers
             .unwrap_or_default()
-            .into_values()
-            .map(|c| DeclaredContainer {
+            .into_iter()
+            .map(|(key, c)| DeclaredContainer {
+                names: std::iter::once(key).chain(c.name).collect(),
                 url_prefix: c.url_prefix,
                 storage_options: c.store.storage_options(),
             })

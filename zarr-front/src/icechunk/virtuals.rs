@@ -96,17 +96,34 @@ impl VirtualTargets {
     /// allowed and, where the repository declares containers, under one of those; it is read
     /// with the declared container's storage options, overridden by the caller's.
     pub(crate) fn resolve(&self, url: &str) -> Result<(Reader, PathBuf), String> {
+        let original = url;
         if let Some(hit) = self.opened.lock().get(url) {
             return Ok(hit.clone());
         }
-        if url.starts_with("vcc://") {
-            return Err(
-                "a location relative to a named container (vcc://) needs the \
-                        repository's container list, which zcrop does not read; zcrop reads \
-                        only absolute file:// and object-store URLs"
-                    .into(),
-            );
-        }
+        let declared = self.declared.as_ref().map_err(|e| {
+            format!(
+                "the repository's configuration, which declares its virtual chunk \
+                 containers, does not read: {e}"
+            )
+        })?;
+        let absolute;
+        let url = match url.strip_prefix("vcc://") {
+            // A location relative to a container the repository names (icechunk 2).
+            Some(rest) => {
+                let (name, rel) = rest
+                    .split_once('/')
+                    .ok_or_else(|| "a vcc:// location with no path".to_string())?;
+                let c = declared
+                    .iter()
+                    .find(|d| d.names.iter().any(|n| n == name))
+                    .ok_or_else(|| {
+                        format!("the repository declares no virtual chunk container named {name:?}")
+                    })?;
+                absolute = format!("{}/{rel}", c.url_prefix.trim_end_matches('/'));
+                absolute.as_str()
+            }
+            None => url,
+        };
         let container = self
             .containers
             .iter()
@@ -117,12 +134,6 @@ impl VirtualTargets {
                  its prefix in virtual_chunk_containers)"
                     .to_string()
             })?;
-        let declared = self.declared.as_ref().map_err(|e| {
-            format!(
-                "the repository's configuration, which declares its virtual chunk \
-                 containers, does not read: {e}"
-            )
-        })?;
         let mut options = Vec::new();
         if !declared.is_empty() {
             let d = declared
@@ -156,7 +167,9 @@ impl VirtualTargets {
                     .into(),
             );
         };
-        self.opened.lock().insert(url.to_string(), opened.clone());
+        self.opened
+            .lock()
+            .insert(original.to_string(), opened.clone());
         Ok(opened)
     }
 }
@@ -242,6 +255,51 @@ mod tests {
         assert!(tag.mismatch(&version(0, None)).unwrap().contains("no ETag"));
     }
 
+    /// `vcc://` locations resolve through the containers the repository names; the result
+    /// must still be under a prefix the caller allowed and one the repository declares.
+    #[test]
+    fn relative_locations_resolve_by_container_name() {
+        let declared = vec![DeclaredContainer {
+            names: vec!["file:///data/".into(), "archive".into()],
+            url_prefix: "file:///data/".into(),
+            storage_options: Vec::new(),
+        }];
+        let allow = |prefix: &str| {
+            VirtualTargets::new(
+                vec![VirtualContainer {
+                    url_prefix: prefix.into(),
+                    storage_options: Vec::new(),
+                }],
+                Ok(declared.clone()),
+                None,
+            )
+        };
+        let (_, path) = allow("file:///data/")
+            .resolve("vcc://archive/2020/a.nc")
+            .unwrap();
+        assert_eq!(path, PathBuf::from("/data/2020/a.nc"));
+        let e = allow("file:///data/")
+            .resolve("vcc://other/a.nc")
+            .unwrap_err();
+        assert!(e.contains("named \"other\""), "{e}");
+        let e = allow("file:///elsewhere/")
+            .resolve("vcc://archive/a.nc")
+            .unwrap_err();
+        assert!(
+            e.contains("no virtual chunk container zcrop was allowed"),
+            "{e}"
+        );
+        let e = allow("file:///").resolve("file:///tmp/a.nc").unwrap_err();
+        assert!(e.contains("declares no virtual chunk container"), "{e}");
+        let broken = VirtualTargets::new(Vec::new(), Err("bad yaml".into()), None);
+        assert!(
+            broken
+                .resolve("file:///a")
+                .unwrap_err()
+                .contains("bad yaml")
+        );
+    }
+
     #[test]
     fn only_allowed_prefixes_resolve() {
         let targets = VirtualTargets::new(
@@ -266,7 +324,7 @@ mod tests {
             None,
         );
         let e = open.resolve("vcc://name/a.nc").unwrap_err();
-        assert!(e.contains("vcc://"), "{e}");
+        assert!(e.contains("no virtual chunk container named"), "{e}");
         let e = open.resolve("ftp://host/a.nc").unwrap_err();
         assert!(e.contains("cannot open") || e.contains("only"), "{e}");
     }
