@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -145,6 +146,7 @@ def main() -> None:
     finally:
         if sim is not None:
             sim.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     write_report(results, args, info)
 
 
