@@ -29,6 +29,30 @@ pub enum Node {
 }
 
 impl Node {
+    /// The array this node is; a group is an error naming its directory.
+    pub(crate) fn into_array(self) -> Result<Array> {
+        match self {
+            Node::Array(a) => Ok(a),
+            Node::Group(g) => Err(ZarrError::WrongNodeType {
+                path: g.dir().to_path_buf(),
+                expected: "array",
+                found: "group",
+            }),
+        }
+    }
+
+    /// The group this node is; an array is an error naming its directory.
+    pub(crate) fn into_group(self) -> Result<Group> {
+        match self {
+            Node::Group(g) => Ok(g),
+            Node::Array(a) => Err(ZarrError::WrongNodeType {
+                path: a.dir().to_path_buf(),
+                expected: "group",
+                found: "array",
+            }),
+        }
+    }
+
     /// "array" or "group".
     pub fn kind(&self) -> &'static str {
         match self {

@@ -18,6 +18,7 @@ use icechunk_format::format_constants::{
     parse_file_header,
 };
 use icechunk_format::manifest::{ChunkPayload, Manifest, ManifestExtents};
+use icechunk_format::repo_info::RepoInfo;
 use icechunk_format::serializers::{
     deserialize_manifest, deserialize_repo_info, deserialize_snapshot,
 };
@@ -174,26 +175,12 @@ impl IcechunkSnapshot {
 
     /// The array at `path`.
     pub fn array(&self, path: &str) -> Result<crate::Array> {
-        match self.get(path)? {
-            crate::Node::Array(a) => Ok(a),
-            crate::Node::Group(g) => Err(ZarrError::WrongNodeType {
-                path: g.dir().to_path_buf(),
-                expected: "array",
-                found: "group",
-            }),
-        }
+        self.get(path)?.into_array()
     }
 
     /// The group at `path` (`""` for the root).
     pub fn group(&self, path: &str) -> Result<crate::Group> {
-        match self.get(path)? {
-            crate::Node::Group(g) => Ok(g),
-            crate::Node::Array(a) => Err(ZarrError::WrongNodeType {
-                path: a.dir().to_path_buf(),
-                expected: "group",
-                found: "array",
-            }),
-        }
+        self.get(path)?.into_group()
     }
 
     /// The direct members of the group whose key prefix is `prefix` (`""` or `a/b/`), sorted
@@ -229,6 +216,9 @@ pub(crate) struct Repository {
     manifest_budget: usize,
     /// The IO engine local manifests are read through (the shared one if `None`).
     local: Option<zcrop_io::IoEngine>,
+    /// The `repo` file (spec v2: refs and configuration), read once when opened; `None` for a
+    /// spec-v1 repository.
+    repo_file: Option<Bytes>,
 }
 
 /// One node of a snapshot.
@@ -251,7 +241,7 @@ pub(crate) struct ArrayNode {
 }
 
 /// An Icechunk array's chunk locations, as its [`crate::Array`] holds them: its snapshot and
-/// its manifests, loaded when it was opened.
+/// its node (manifests are fetched by the reads that need them).
 pub(crate) struct ArrayChunks {
     snapshot: IcechunkSnapshot,
     node: ArrayNode,
@@ -277,6 +267,16 @@ impl ArrayChunks {
         &self.snapshot.shared.virtuals
     }
 
+    /// The indexes (in the array's list) of the manifests whose extents hold chunk `index`.
+    fn covering<'a>(&'a self, index: &'a [u32]) -> impl Iterator<Item = usize> + 'a {
+        self.node
+            .manifests
+            .iter()
+            .enumerate()
+            .filter(move |(_, (_, extents))| extents.contains(index))
+            .map(|(i, _)| i)
+    }
+
     /// Fetches, in one submission, the manifests covering the storage chunks `coords` that
     /// `held` lacks (from the repository's cache where they are).
     pub(crate) fn prefetch<'a>(
@@ -287,8 +287,8 @@ impl ArrayChunks {
         let mut wanted: Vec<usize> = Vec::new();
         for c in coords {
             let Ok(index) = chunk_index(c) else { continue };
-            for (i, (_, extents)) in self.node.manifests.iter().enumerate() {
-                if extents.contains(&index) && !held.contains_key(&i) && !wanted.contains(&i) {
+            for i in self.covering(&index) {
+                if !held.contains_key(&i) && !wanted.contains(&i) {
                     wanted.push(i);
                 }
             }
@@ -313,14 +313,13 @@ impl ArrayChunks {
         held: &mut HeldManifests,
     ) -> Result<Option<Payload>> {
         let index = chunk_index(coords)?;
-        self.prefetch([coords], held)?;
-        let candidates = self
-            .node
-            .manifests
+        let covering: Vec<usize> = self.covering(&index).collect();
+        if covering.iter().any(|i| !held.contains_key(i)) {
+            self.prefetch([coords], held)?;
+        }
+        let candidates = covering
             .iter()
-            .enumerate()
-            .filter(|(_, (_, extents))| extents.contains(&index))
-            .map(|(i, (id, _))| (id, &held[&i]));
+            .map(|i| (&self.node.manifests[*i].0, &held[i]));
         self.snapshot
             .shared
             .repo
@@ -372,14 +371,16 @@ impl Repository {
     /// The repository at `root`: an error naming it if it has neither a `repo` file (spec v2)
     /// nor a `refs` directory (spec v1).
     pub(crate) fn open(store: Store, root: PathBuf) -> Result<Repository> {
-        let repo = Repository {
+        let mut repo = Repository {
             store,
             root,
             manifests: zcrop_io::fork::PerProcess::new(),
             manifest_budget: crate::array::DEFAULT_INDEX_CACHE_BYTES,
             local: None,
+            repo_file: None,
         };
-        let v2 = repo.read("repo")?.is_some();
+        repo.repo_file = repo.read("repo")?;
+        let v2 = repo.repo_file.is_some();
         // A store that cannot list (plain HTTP, some S3-compatible servers) still shows a
         // spec-v1 repository by its main branch's ref.
         if !v2 && !repo.has_v1_refs() && repo.read("refs/branch.main/ref.json")?.is_none() {
@@ -402,6 +403,20 @@ impl Repository {
                 .unwrap_or_else(|| "a malformed flatbuffer".into());
             Err(self.invalid(path, format!("malformed: {message}")))
         })
+    }
+
+    /// `f` of the spec-v2 `repo` file's contents; `None` for a spec-v1 repository.
+    fn with_repo_info<T>(&self, f: impl FnOnce(&RepoInfo) -> Result<T>) -> Result<Option<T>> {
+        let Some(raw) = &self.repo_file else {
+            return Ok(None);
+        };
+        let (spec, body) = self.metadata_body("repo", raw, FileTypeBin::RepoInfo)?;
+        let path = self.root.join("repo");
+        self.parsing(&path, || {
+            let info = deserialize_repo_info(spec, body).map_err(|e| self.invalid(&path, e))?;
+            f(&info)
+        })
+        .map(Some)
     }
 
     /// The repository's file `rel` as messages name it.
@@ -508,17 +523,14 @@ impl Repository {
                 self.store.show(&self.root).display()
             ))
         };
-        if self.read("repo")?.is_some() {
-            let (spec, body) = self.metadata_file("repo", FileTypeBin::RepoInfo)?;
-            let path = self.root.join("repo");
-            let found = self.parsing(&path, || {
-                let info = deserialize_repo_info(spec, body).map_err(|e| self.invalid(&path, e))?;
-                Ok(if kind == "tag" {
-                    info.resolve_tag(name)
-                } else {
-                    info.resolve_branch(name)
-                })
-            })?;
+        let found = self.with_repo_info(|info| {
+            Ok(if kind == "tag" {
+                info.resolve_tag(name)
+            } else {
+                info.resolve_branch(name)
+            })
+        })?;
+        if let Some(found) = found {
             return found.map_err(|_| missing());
         }
         let rel = format!("refs/{kind}.{name}/ref.json");
@@ -544,19 +556,15 @@ impl Repository {
     pub(crate) fn declared_containers(
         &self,
     ) -> std::result::Result<Vec<config::DeclaredContainer>, String> {
-        if self.read("repo").map_err(|e| e.to_string())?.is_some() {
-            let (spec, body) = self
-                .metadata_file("repo", FileTypeBin::RepoInfo)
-                .map_err(|e| e.to_string())?;
-            let path = self.root.join("repo");
-            let parsed = self.parsing(&path, || {
-                let info = deserialize_repo_info(spec, body).map_err(|e| self.invalid(&path, e))?;
+        let path = self.root.join("repo");
+        let v2 = self
+            .with_repo_info(|info| {
                 info.config::<config::RepoConfig>()
                     .map_err(|e| self.invalid(&path, e))
-            });
-            return parsed
-                .map(|c| c.unwrap_or_default().containers())
-                .map_err(|e| e.to_string());
+            })
+            .map_err(|e| e.to_string())?;
+        if let Some(config) = v2 {
+            return Ok(config.unwrap_or_default().containers());
         }
         match self.read("config.yaml").map_err(|e| e.to_string())? {
             None => Ok(Vec::new()),
