@@ -2,10 +2,11 @@
 """Builds seed corpora for the fuzz targets from the committed fixtures (stdlib only).
 
     python3 zarr-front/fuzz/seed.py && cd zarr-front && cargo +nightly fuzz run chunk -- -max_total_time=600
-    (targets: metadata, shard_index, chunk, chunk_range, lz4, vlen)
+    (targets: metadata, shard_index, chunk, chunk_range, lz4, vlen, blosc_blocks)
 """
 
 import json
+import math
 import pathlib
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -58,7 +59,8 @@ VLEN_SEEDS = {
 def main() -> None:
     manifest = json.loads((FIXTURES / "manifest.json").read_text())
     roots = [e for e in manifest if e["array_path"] == ""]
-    corpus = {name: HERE / "corpus" / name for name in ("metadata", "shard_index", "chunk", "chunk_range", "lz4", "vlen")}
+    names = ("metadata", "shard_index", "chunk", "chunk_range", "lz4", "vlen", "blosc_blocks")
+    corpus = {name: HERE / "corpus" / name for name in names}
     for d in corpus.values():
         d.mkdir(parents=True, exist_ok=True)
     for i, e in enumerate(roots):
@@ -85,6 +87,18 @@ def main() -> None:
             data = f.read_bytes()
             (corpus["shard_index"] / f"{name}_{j}_end").write_bytes(bytes([i | 0x80]) + data[-132:])
             (corpus["shard_index"] / f"{name}_{j}_start").write_bytes(bytes([i | 0x80]) + data[:132])
+    # blosc_blocks: mode, start (u16 LE), length (u16 LE), item size - 1, then a blosc chunk
+    # of the fixtures (even mode) or data for c-blosc to compress (odd mode: codec, shuffle and
+    # block size from the mode's bits).
+    for e in roots:
+        for j, f in enumerate(sorted((FIXTURES / e["store"]).rglob("*"))[:8]):
+            data = f.read_bytes() if f.is_file() else b""
+            if data[:1] == b"\x02" and len(data) > 16:
+                (corpus["blosc_blocks"] / f"{e['name']}_{j}").write_bytes(bytes([0, 0, 1, 0, 4, 3]) + data)
+    smooth = b"".join(int(20000 + 8000 * math.sin(i / 700) + (i * 7919) % 23).to_bytes(2, "little") for i in range(24576))
+    for k, mode in enumerate((1, 3, 9, 67, 99, 161)):
+        start = (k * 9000 % 40000).to_bytes(2, "little")
+        (corpus["blosc_blocks"] / f"data_{mode}").write_bytes(bytes([mode]) + start + (3000).to_bytes(2, "little") + bytes([k % 4]) + smooth)
     for name, elements in VLEN_SEEDS.items():
         (corpus["vlen"] / name).write_bytes(bytes([len(elements) - 1]) + vlen_frame(elements))
     for name, d in corpus.items():

@@ -760,6 +760,20 @@ impl LeafDecoder {
         }
     }
 
+    /// Whether chunks decode through the blosc fast path alone (no checksum, no other codec):
+    /// then a rebuilt chunk of the needed blocks decodes as the whole one would
+    /// ([`zcrop_codec::blosc::BlockIndex`]).
+    pub(crate) fn is_plain_blosc(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::Fast {
+                compressor: Compressor::Blosc,
+                crc32c: false,
+                ..
+            }
+        )
+    }
+
     /// For blosc chunks [`blosc_block`] reads (native byte order): opens `encoded` for the
     /// bytes `range` and calls `f` with it, to unshuffle the needed bytes straight into the
     /// crops ([`blosc::Chunk::gather`]) instead of into a decoded chunk first. `None`

@@ -51,7 +51,7 @@ mod throttle;
 pub mod transform;
 
 pub use array::{
-    Array, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadPart, ReadStats,
+    Array, BlockFetch, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadPart, ReadStats,
     StorageSummary, VariableElements, VariableKind, WholeChunks, WholeReason, read_many,
 };
 pub use error::{Location, Result, ZarrError};

@@ -186,6 +186,11 @@ fn fuzz_lz4() {
 }
 
 #[test]
+fn fuzz_blosc_blocks() {
+    run("blosc_blocks", targets::blosc_blocks);
+}
+
+#[test]
 fn fuzz_icechunk() {
     run("icechunk", targets::icechunk);
 }

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use common::{assert_same, expected, read_many_outputs, region};
 use zcrop_fixtures::s3::Moto;
 use zcrop_io::{BackendChoice, CoalesceLimits, IoConfig, IoEngine, ObjectConfig, ObjectEngine};
-use zcrop_zarr::{Array, Node, OpenOptions, ZarrError};
+use zcrop_zarr::{Array, BlockFetch, Node, OpenOptions, ReadOptions, ZarrError};
 
 const BUCKET: &str = "zcrop-fixtures";
 
@@ -388,4 +388,100 @@ fn read_many_over_s3_equals_the_local_reads() {
         read_many_outputs(&remote, &selections).unwrap(),
         read_many_outputs(&local, &selections).unwrap()
     );
+}
+
+/// A Zarr v2 array of float32 (4, 512, 640) in (1, 512, 640) chunks of 1.25 MiB, blosc lz4
+/// with byte shuffle and a block size of 64 KiB asked for, uploaded under `prefix`; the values.
+fn upload_blosc_v2(moto: &Moto, bucket: &str, prefix: &str) -> Vec<f32> {
+    let (t, y, x) = (4usize, 512usize, 640usize);
+    let values: Vec<f32> = (0..t * y * x)
+        .map(|i| ((i % x) as f32 * 0.01).sin() * 100.0 + (i * 7919 % 61) as f32 * 0.125)
+        .collect();
+    moto.create_bucket(bucket);
+    let zarray = serde_json::json!({
+        "zarr_format": 2, "shape": [t, y, x], "chunks": [1, y, x], "dtype": "<f4",
+        "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1,
+                       "blocksize": 65536},
+        "fill_value": 0.0, "order": "C", "filters": null
+    });
+    moto.put(
+        bucket,
+        &format!("{prefix}/.zarray"),
+        zarray.to_string().as_bytes(),
+    );
+    for step in 0..t {
+        let plain: Vec<u8> = values[step * y * x..(step + 1) * y * x]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let chunk = zcrop_codec::ffi::compress::blosc_compress(&plain, 4, 1, "lz4", 65536);
+        moto.put(bucket, &format!("{prefix}/{step}.0.0"), &chunk);
+    }
+    values
+}
+
+/// Windows of a large blosc chunk fetch only the blocks they need (after one header read per
+/// chunk, then none: the header is cached) and give the values the whole chunks hold; with
+/// `BlockFetch::Never` the chunks are fetched whole.
+#[test]
+fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
+    let Some(moto) = server() else { return };
+    let values = upload_blosc_v2(moto, "zcrop-blosc-blocks", "era5.zarr");
+    let url = "s3://zcrop-blosc-blocks/era5.zarr";
+    let (y, x) = (512u64, 640u64);
+    let shape = [2u64, 64, 64];
+    let origins = [0u64, 10, 20, 2, 300, 500];
+    let expected: Vec<u8> = origins
+        .chunks(3)
+        .flat_map(|o| {
+            let mut crop = Vec::new();
+            for t in o[0]..o[0] + shape[0] {
+                for r in o[1]..o[1] + shape[1] {
+                    let at = ((t * y + r) * x + o[2]) as usize;
+                    crop.extend(
+                        values[at..at + shape[2] as usize]
+                            .iter()
+                            .flat_map(|v| v.to_le_bytes()),
+                    );
+                }
+            }
+            crop
+        })
+        .collect();
+    // Two reads of one array: the second finds the headers cached.
+    let read = |options: &OpenOptions| {
+        let a = Array::open_with(url, options).unwrap();
+        let [first, second] = [1, 2].map(|n| {
+            let mut out = vec![0u8; expected.len()];
+            let stats = a
+                .read_batch_into_with(&origins, &shape, &mut out, ReadOptions::default())
+                .unwrap();
+            assert!(
+                out == expected,
+                "read {n}: values differ from the whole chunks'"
+            );
+            stats
+        });
+        (first, second)
+    };
+    let with = |blosc_blocks| OpenOptions {
+        blosc_blocks,
+        ..s3_options(moto)
+    };
+    let (all, _) = read(&with(BlockFetch::Never));
+    let (first, second) = read(&with(BlockFetch::Always));
+    // Two windows of two time steps: four chunks.
+    assert_eq!((all.chunks_decoded, first.chunks_decoded), (4, 4));
+    assert_eq!(all.index_reads, 0);
+    assert_eq!((first.index_reads, first.index_cache_hits), (4, 0));
+    assert_eq!((second.index_reads, second.index_cache_hits), (0, 4));
+    // c-blosc makes the blocks 256 KiB (64 KiB times the item size, as it does for split
+    // blocks): a 64-row window needs one or two of a chunk's five.
+    assert!(
+        first.chunk_bytes_read * 2 < all.chunk_bytes_read,
+        "{} of {} bytes",
+        first.chunk_bytes_read,
+        all.chunk_bytes_read
+    );
+    assert_eq!(first.chunk_bytes_read, second.chunk_bytes_read);
 }

@@ -168,6 +168,12 @@ impl Limiter {
         })
     }
 
+    /// GETs holding a slot now.
+    pub(crate) fn in_flight(&self) -> usize {
+        let s = self.state();
+        s.slots.saturating_sub(self.slots.available_permits())
+    }
+
     /// The largest hole worth reading to save a GET, at most `max`: `max` until the
     /// bandwidth and the latency are measured (see the module's documentation).
     pub(crate) fn max_gap(&self, max: u64) -> u64 {

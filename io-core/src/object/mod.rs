@@ -377,6 +377,11 @@ impl ObjectEngine {
         self.live().limiter.limit()
     }
 
+    /// GETs in flight now (of every read through this engine).
+    pub fn gets_in_flight(&self) -> usize {
+        self.live().limiter.in_flight()
+    }
+
     /// The engine's counters now.
     pub fn metrics(&self) -> ObjectMetrics {
         self.live().counters.snapshot()

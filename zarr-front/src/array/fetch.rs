@@ -134,6 +134,27 @@ pub(crate) enum Source {
     Read { storage: usize, range: ReadRange },
     /// Encoded bytes at hand (an Icechunk chunk inline in its manifest, `storage`).
     Inline { storage: usize, bytes: Bytes },
+    /// The bytes `span` of blosc chunk `storage`: the blocks the read needs, which `index`
+    /// rebuilds into a chunk (see [`super::blocks`]).
+    Blocks {
+        storage: usize,
+        index: Arc<zcrop_codec::blosc::BlockIndex>,
+        span: Range<usize>,
+    },
+}
+
+impl Source {
+    /// The storage chunk and byte range to read, for a source that is read.
+    fn read(&self) -> Option<(usize, ReadRange)> {
+        match self {
+            Source::Read { storage, range } => Some((*storage, *range)),
+            Source::Blocks { storage, span, .. } => Some((
+                *storage,
+                ReadRange::new(span.start as u64, span.len() as u64),
+            )),
+            Source::Missing | Source::Cached(_) | Source::Inline { .. } => None,
+        }
+    }
 }
 
 /// A storage chunk (a file) a read touches.
@@ -607,13 +628,15 @@ pub(crate) fn fetch_and_stitch_parts(
     for (k, p) in parts.iter().enumerate() {
         let (mut known, n_first) = p.array.prepare(p.ctx, &mut stats[k]);
         let rest_known = known.split_off(n_first);
-        let sources = p.array.locate(
+        let mut sources = p.array.locate(
             p.ctx.plan,
             0..n_first,
             known,
             &mut storages[k],
             &mut stats[k],
         )?;
+        p.array
+            .fetch_needed_blocks(p.ctx.plan, 0, &mut sources, &storages[k], &mut stats[k]);
         rest.push((n_first, rest_known));
         first.push(Some(Located { base: 0, sources }));
     }
@@ -689,12 +712,15 @@ pub(crate) fn fetch_and_stitch_parts(
                                 spawn_group(k, full);
                             }
                         }
-                        Source::Read { storage, range } => {
-                            let st = &storages[k].list[*storage];
+                        Source::Read { .. } | Source::Blocks { .. } => {
+                            let Some((storage, range)) = s.read() else {
+                                continue;
+                            };
+                            let st = &storages[k].list[storage];
                             let request = ReadRequest::new(
                                 (offsets[k] + i) as u64,
                                 Arc::clone(&st.path),
-                                *range,
+                                range,
                             );
                             match &st.reader {
                                 None => batches[submitter[k]].1.push(request),
@@ -736,13 +762,33 @@ pub(crate) fn fetch_and_stitch_parts(
                         continue;
                     };
                     let source = i.checked_sub(*base).and_then(|j| sources.get(j));
-                    let Some(&Source::Read { storage, range }) = source else {
+                    let Some((storage, range)) = source.and_then(Source::read) else {
                         continue;
+                    };
+                    let blocks = match source {
+                        Some(Source::Blocks { index, span, .. }) => Some((index, span)),
+                        _ => None,
                     };
                     let Part { array, ctx } = parts[k];
                     let core = &*array.core;
                     let sharded = !core.layout.levels.is_empty();
-                    match done.result {
+                    // Blocks fetched alone become a chunk of their own (the header's, then
+                    // theirs), which decodes the needed bytes as the whole chunk would.
+                    let result = match (done.result, blocks) {
+                        (Ok(bytes), Some((index, span))) => match index.assemble(span, &bytes) {
+                            Ok(chunk) => Ok(Bytes::from(chunk)),
+                            Err(reason) => {
+                                let key = &storages[k].list[storage].key;
+                                ctx.fail(ZarrError::Codec {
+                                    at: array.location(key, Some(range)),
+                                    reason,
+                                });
+                                continue;
+                            }
+                        },
+                        (r, _) => r,
+                    };
+                    match result {
                         Ok(bytes) => {
                             groups[k].push(Fetched {
                                 leaf: i,
@@ -782,10 +828,19 @@ pub(crate) fn fetch_and_stitch_parts(
                 later.push(if n_first < n {
                     match array.locate(ctx.plan, n_first..n, known, &mut storages[k], &mut stats[k])
                     {
-                        Ok(sources) => Some(Located {
-                            base: n_first,
-                            sources,
-                        }),
+                        Ok(mut sources) => {
+                            array.fetch_needed_blocks(
+                                ctx.plan,
+                                n_first,
+                                &mut sources,
+                                &storages[k],
+                                &mut stats[k],
+                            );
+                            Some(Located {
+                                base: n_first,
+                                sources,
+                            })
+                        }
                         Err(e) => {
                             ctx.fail(e);
                             None

@@ -10,6 +10,7 @@
 //! - [`options`]: how to open and read, and what a read did;
 //! - [`variable`]: arrays of variable-length strings and bytes, read whole chunks at a time.
 
+mod blocks;
 mod fetch;
 mod locate;
 pub(crate) mod options;
@@ -34,7 +35,9 @@ use crate::store::{Reader, Store};
 use self::fetch::decode_error;
 
 use self::locate::FileStamp;
-pub use self::options::{OpenOptions, ReadOptions, ReadStats, WholeChunks, WholeReason};
+pub use self::options::{
+    BlockFetch, OpenOptions, ReadOptions, ReadStats, WholeChunks, WholeReason,
+};
 pub use self::read::{ReadPart, read_many};
 pub use self::variable::{VariableElements, VariableKind};
 
@@ -94,6 +97,8 @@ pub(crate) struct Core {
 /// An array's caches.
 struct Caches {
     index: IndexCache,
+    /// Where the blocks of large blosc chunks are (see [`blocks`]), by chunk object.
+    blosc: LruCache<Arc<Path>, Arc<zcrop_codec::blosc::BlockIndex>>,
     chunk: Option<ChunkCache>,
 }
 
@@ -102,6 +107,7 @@ impl Core {
     fn caches(&self) -> &Caches {
         self.caches.get_or_init(|| Caches {
             index: LruCache::new(self.options.index_cache_bytes),
+            blosc: LruCache::new(self.options.index_cache_bytes),
             chunk: (self.options.chunk_cache_bytes > 0)
                 .then(|| LruCache::new(self.options.chunk_cache_bytes)),
         })
@@ -113,6 +119,18 @@ type IndexCache = LruCache<(Arc<Path>, usize, u64), (Option<FileStamp>, Arc<[u64
 
 /// Decoded chunks by their leaf coordinates.
 type ChunkCache = LruCache<Vec<u64>, (Option<FileStamp>, Arc<[u8]>)>;
+
+/// `ZCROP_BLOSC_BLOCK_FETCH` (`auto`, `always`, `never`), which overrides
+/// [`OpenOptions::blosc_blocks`]; `None` where it is not set.
+fn blosc_block_fetch_env() -> Result<Option<BlockFetch>> {
+    const NAME: &str = "ZCROP_BLOSC_BLOCK_FETCH";
+    match std::env::var(NAME).ok().filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => BlockFetch::parse(&v).map(Some).ok_or_else(|| {
+            ZarrError::InvalidArgument(format!("{NAME}={v:?}: expected auto, always or never"))
+        }),
+    }
+}
 
 impl Array {
     /// Builds the array at `place` of `store` from parsed metadata; `stored` is its metadata as
@@ -126,6 +144,10 @@ impl Array {
     ) -> Result<Array> {
         let (layout, decoder) = Layout::new(&place.name, &meta, options.verify_checksums)?;
         let reader = store.reader(options.engine.as_ref())?;
+        let mut options = options.clone();
+        if let Some(b) = blosc_block_fetch_env()? {
+            options.blosc_blocks = b;
+        }
         Ok(Array {
             core: Arc::new(Core {
                 place,
@@ -134,8 +156,8 @@ impl Array {
                 layout,
                 decoder,
                 reader,
-                options: options.clone(),
                 verify_checksums: options.verify_checksums,
+                options,
                 caches: PerProcess::new(),
                 icechunk: None,
             }),

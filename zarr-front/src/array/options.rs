@@ -33,6 +33,37 @@ pub struct OpenOptions {
     /// Verify checksums (crc32c, zstd, gzip, zlib) while decoding. On by default; turning it off
     /// lets gzip and zlib chunks stop decoding early.
     pub verify_checksums: bool,
+    /// From an object store, when to fetch only the blocks a read needs of a large unsharded
+    /// blosc chunk (its header first, then those blocks). `ZCROP_BLOSC_BLOCK_FETCH` (`auto`,
+    /// `always`, `never`) in the environment overrides it for every array opened.
+    pub blosc_blocks: BlockFetch,
+}
+
+/// When reads fetch large blosc chunks by block ([`OpenOptions::blosc_blocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BlockFetch {
+    /// Where the header is cached, or other GETs are in flight (a loader reading ahead, whose
+    /// rate the bytes moved bound, not one read's round trips); a read alone on the link
+    /// fetches whole chunks.
+    #[default]
+    Auto,
+    /// Always (where it saves at least half of a chunk): for slow links, where the bytes
+    /// saved outweigh a round trip even for a read alone.
+    Always,
+    /// Never: chunks are fetched whole.
+    Never,
+}
+
+impl BlockFetch {
+    /// `auto`, `always` or `never`.
+    pub fn parse(s: &str) -> Option<BlockFetch> {
+        match s {
+            "auto" => Some(BlockFetch::Auto),
+            "always" => Some(BlockFetch::Always),
+            "never" => Some(BlockFetch::Never),
+            _ => None,
+        }
+    }
 }
 
 impl Default for OpenOptions {
@@ -44,6 +75,7 @@ impl Default for OpenOptions {
             index_cache_bytes: DEFAULT_INDEX_CACHE_BYTES,
             chunk_cache_bytes: 0,
             verify_checksums: true,
+            blosc_blocks: BlockFetch::Auto,
         }
     }
 }
@@ -81,11 +113,11 @@ pub struct ReadStats {
     pub chunks_decoded: u64,
     /// Bytes produced by decoding (less than the chunks' size where decoding stopped early).
     pub bytes_decoded: u64,
-    /// Encoded bytes of the chunks read.
+    /// Encoded bytes of the chunks read (of a chunk read by block: its header and blocks).
     pub chunk_bytes_read: u64,
-    /// Shard indexes read from storage.
+    /// Shard indexes, and headers of blosc chunks read by block, read from storage.
     pub index_reads: u64,
-    /// Shard indexes served by the index cache.
+    /// Shard indexes and blosc headers served by the index cache.
     pub index_cache_hits: u64,
     /// Bytes written to the output.
     pub output_bytes: u64,

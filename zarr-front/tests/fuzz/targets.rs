@@ -261,3 +261,82 @@ pub(crate) fn icechunk(data: &[u8]) {
         }
     }
 }
+
+/// Fetching a blosc chunk by block (`BlockIndex`). Head: mode (1 byte), the wanted range's
+/// start and length (u16 LE each), the item size (1 byte). Mode even: the rest is an
+/// arbitrary chunk, whose header and offsets are parsed from its prefix, and a chunk rebuilt
+/// from the needed blocks decodes (ours and c-blosc's `getitem`) to bytes or an error, never
+/// a panic or a read outside it. Mode odd: the rest is data, compressed by c-blosc (codec,
+/// shuffle, item size and block size from the head), and the rebuilt chunk must decode the
+/// range to the data's bytes.
+pub(crate) fn blosc_blocks(data: &[u8]) {
+    use zcrop_codec::blosc::{BlockIndex, Scratch, decoded_size, open};
+    use zcrop_codec::ffi;
+    let Some((head, rest)) = data.split_first_chunk::<6>() else {
+        return;
+    };
+    let start = usize::from(u16::from_le_bytes([head[1], head[2]]));
+    let len = usize::from(u16::from_le_bytes([head[3], head[4]]));
+    let elsize = usize::from(head[5] % 8) + 1;
+    let (chunk, plain) = if head[0] % 2 == 0 {
+        (rest.to_vec(), None)
+    } else {
+        if rest.is_empty() {
+            return;
+        }
+        let cname = ["lz4", "zstd", "blosclz", "lz4hc"][usize::from(head[0] / 2) % 4];
+        let shuffle = i32::from(head[0] / 8) % 3;
+        let blocksize = [0, 1 << 10, 4 << 10, 16 << 10][usize::from(head[0] / 32) % 4];
+        let chunk = ffi::compress::blosc_compress(rest, elsize, shuffle, cname, blocksize);
+        (chunk, Some(rest))
+    };
+    let Some(nbytes) = decoded_size(&chunk).filter(|&n| n > 0 && n <= 1 << 22) else {
+        return;
+    };
+    let prefix = &chunk[..BlockIndex::prefix_len(nbytes).min(chunk.len())];
+    let Some(index) = BlockIndex::parse(prefix, nbytes) else {
+        return;
+    };
+    let start = start % nbytes;
+    let want = start..(start + len.max(1)).min(nbytes);
+    let Some(span) = index.span(&want, elsize) else {
+        return;
+    };
+    let Some(fetched) = chunk.get(span.clone()) else {
+        return;
+    };
+    let Ok(rebuilt) = index.assemble(&span, fetched) else {
+        return;
+    };
+    let mut ours = None;
+    if let Ok(c) = open(&rebuilt, want.clone(), &mut Scratch::default()) {
+        let mut out = vec![0u8; want.len()];
+        c.gather(want.start, &mut out);
+        ours = Some(out);
+    }
+    let mut theirs = None;
+    if let Ok(h) = ffi::blosc_header(&rebuilt) {
+        let ts = h.typesize;
+        let (a, b) = (
+            want.start / ts * ts,
+            (want.end.div_ceil(ts) * ts).min(h.nbytes),
+        );
+        let mut out = vec![0u8; b - a];
+        if b > a
+            && b - a + h.blocksize <= h.nbytes
+            && ffi::blosc_getitem(&rebuilt, &h, a, &mut out).is_ok()
+        {
+            theirs = Some(out[want.start - a..want.end - a].to_vec());
+        }
+    }
+    if let Some(plain) = plain {
+        let expected = &plain[want.clone()];
+        assert!(
+            ours.is_some() || theirs.is_some(),
+            "a valid chunk's blocks did not decode"
+        );
+        for got in [&ours, &theirs].into_iter().flatten() {
+            assert_eq!(got.as_slice(), expected, "blocks {span:?} of a valid chunk");
+        }
+    }
+}

@@ -19,9 +19,11 @@
 //! (c-blosc then words the error). As with any decoder that stops early, the bytes of a chunk
 //! outside the needed range are not verified.
 
+mod blocks;
 mod frame;
 mod gather;
 
+pub use blocks::BlockIndex;
 pub use frame::{BITSHUFFLE, Chunk, Error, NOT_LZ4, Scratch, decoded_size, open, prefetch};
 
 #[cfg(test)]
