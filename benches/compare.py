@@ -71,7 +71,7 @@ from machine import cpu_model
 from pagecache import ROOT, drop_caches, prewarm, zcrop_binary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-READERS = ["zcrop", "zcrop-mmap", "zcrop-cache", "zcrop-fixed", "tensorstore", "zarrs", "zarr", "zarrs-obstore", "zarr-obstore", "zarr-fsspec"]
+READERS = ["zcrop", "zcrop-mmap", "zcrop-cache", "zcrop-fixed", "zcrop-whole", "tensorstore", "zarrs", "zarr", "zarrs-obstore", "zarr-obstore", "zarr-fsspec"]
 LOCAL_READERS = ["zcrop", "zcrop-mmap", "tensorstore", "zarrs", "zarr"]
 S3_READERS = ["zcrop", "zcrop-cache", "tensorstore", "zarr-obstore", "zarr-fsspec"]
 LABEL = {
@@ -79,6 +79,7 @@ LABEL = {
     "zcrop-mmap": "zcrop (mmap)",
     "zcrop-cache": "zcrop (64 MiB chunk cache)",
     "zcrop-fixed": "zcrop (64 GETs in flight, fixed)",
+    "zcrop-whole": "zcrop (blosc chunks fetched whole)",
     "tensorstore": "TensorStore",
     "zarrs": "zarr-python + zarrs",
     "zarr": "zarr-python",
@@ -137,14 +138,13 @@ def concurrent_crops(arr):
     return read
 
 
-def tensorstore_reader(driver: str, kvstore: dict, io_concurrency: dict):
-    """A batch reader over TensorStore at its best settings: a cache pool of TS_CACHE_BYTES (so
-    shard indexes are read once; it also keeps decoded chunks, which zcrop-cache matches),
-    both cores for copies, and each batch's crops read in one ``ts.Batch``."""
-    import numpy as np
+def tensorstore_open(driver: str, kvstore: dict, io_concurrency: dict):
+    """A TensorStore array at its best settings: a cache pool of TS_CACHE_BYTES (so shard
+    indexes are read once; it also keeps decoded chunks, which zcrop-cache matches) and both
+    cores for copies."""
     import tensorstore as ts
 
-    arr = ts.open({
+    return ts.open({
         "driver": driver,
         "kvstore": kvstore,
         "context": {
@@ -155,22 +155,46 @@ def tensorstore_reader(driver: str, kvstore: dict, io_concurrency: dict):
         "recheck_cached_data": False,
     }, read=True).result()
 
-    def read(origins, shape):
-        with ts.Batch() as batch:
-            futures = [arr[tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape))].read(batch=batch) for o in origins]
-        return np.stack([f.result() for f in futures])
 
-    return read
+def tensorstore_submit(arr, origins, shape) -> list:
+    """Starts reading the crops at ``origins`` in one ``ts.Batch``; their futures."""
+    import tensorstore as ts
+
+    with ts.Batch() as batch:
+        return [arr[tuple(slice(int(a), int(a) + s) for a, s in zip(o, shape))].read(batch=batch) for o in origins]
+
+
+def tensorstore_reader(driver: str, kvstore: dict, io_concurrency: dict):
+    """A batch reader over :func:`tensorstore_open`: each batch's crops read in one ``ts.Batch``."""
+    import numpy as np
+
+    arr = tensorstore_open(driver, kvstore, io_concurrency)
+    return lambda origins, shape: np.stack([f.result() for f in tensorstore_submit(arr, origins, shape)])
+
+
+def tensorstore_s3(url: str, zarr_format: int):
+    """TensorStore over ``url`` on the S3 endpoint in $ZCROP_BENCH_S3_ENDPOINT: (driver, kvstore,
+    io_concurrency) for :func:`tensorstore_open`."""
+    endpoint = os.environ["ZCROP_BENCH_S3_ENDPOINT"]
+    bucket, _, key = url[len("s3://"):].partition("/")
+    os.environ.update(AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET)
+    return ("zarr3" if zarr_format == 3 else "zarr",
+            {"driver": "s3", "bucket": bucket, "path": key.rstrip("/") + "/", "endpoint": endpoint,
+             "aws_region": S3_REGION, "aws_credentials": {"type": "environment"}},
+            {"s3_request_concurrency": {"limit": S3_CONCURRENCY}})
 
 
 def open_s3_reader(name: str, url: str, zarr_format: int):
     """:func:`open_reader` for an ``s3://`` URL on the endpoint in $ZCROP_BENCH_S3_ENDPOINT."""
     endpoint = os.environ["ZCROP_BENCH_S3_ENDPOINT"]
     bucket, _, key = url[len("s3://"):].partition("/")
-    if name in ("zcrop", "zcrop-cache", "zcrop-fixed"):
+    if name in ("zcrop", "zcrop-cache", "zcrop-fixed", "zcrop-whole"):
         if name == "zcrop-fixed":
             # The object engine's old way: a fixed 64 GETs in flight.
             os.environ.update(ZCROP_OBJECT_ADAPTIVE="0", ZCROP_OBJECT_CONCURRENCY=str(S3_CONCURRENCY))
+        if name == "zcrop-whole":
+            # Large blosc chunks fetched whole, not by block.
+            os.environ["ZCROP_BLOSC_BLOCK_FETCH"] = "never"
         import zcrop
 
         # zcrop-cache: a decoded-chunk cache of the budget TensorStore's cache pool gets.
@@ -198,13 +222,7 @@ def open_s3_reader(name: str, url: str, zarr_format: int):
                         client_options={"allow_http": True})
         return concurrent_crops(zarr.open_array(zarr.storage.ObjectStore(store, read_only=True), mode="r"))
     if name == "tensorstore":
-        os.environ.update(AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET)
-        return tensorstore_reader(
-            "zarr3" if zarr_format == 3 else "zarr",
-            {"driver": "s3", "bucket": bucket, "path": key.rstrip("/") + "/", "endpoint": endpoint,
-             "aws_region": S3_REGION, "aws_credentials": {"type": "environment"}},
-            {"s3_request_concurrency": {"limit": S3_CONCURRENCY}},
-        )
+        return tensorstore_reader(*tensorstore_s3(url, zarr_format))
     raise SystemExit(f"reader {name} does not read from S3 here")
 
 
