@@ -59,9 +59,9 @@ impl Array {
     /// Turns the whole-chunk reads among `sources` (plan leaves `base..`) into reads of the
     /// blocks each leaf needs, where that saves at least half of a chunk. The headers not
     /// cached yet are fetched first, in one submission, where that round trip pays (see
-    /// [`Self::worth_a_round_trip`]); a
-    /// chunk whose header cannot be had or read (missing, shorter than the prefix, damaged,
-    /// one block) stays a whole read, which reports what is wrong with it.
+    /// [`Self::worth_a_round_trip`]); a chunk whose header cannot be had or read (missing,
+    /// shorter than the prefix, damaged, one block) stays a whole read, which reports what
+    /// is wrong with it.
     pub(crate) fn fetch_needed_blocks(
         &self,
         plan: &Plan,
