@@ -6,14 +6,16 @@
 //!   free again only when the consumer drops the [`Batch`] that holds it (back-pressure).
 //! * **Adaptive depth** (`prefetch_max`): the consumer's waits say whether the pipeline keeps
 //!   up. Every [`ADAPT_WINDOW`] batches, a consumer that spent over 5% of its time waiting
-//!   gets half again as many batches read ahead (one more buffer and, if needed, one more
-//!   worker each), up to `prefetch_max` and [`AUTO_PREFETCH_BYTES`] of buffers. The window
-//!   after a change is left to settle; if the one after it does not deliver 5% more batches
-//!   per second, the depth goes back and stays for 8 windows, twice as long after each
-//!   further try that does not pay (up to 64). Reads far from the store (an
-//!   object store at 20-80 ms) thus get enough batches in flight to hide their latency, and
-//!   reads bound by decoding, which more batches in flight do not speed up, keep their
-//!   depth. The batches themselves do not depend on it.
+//!   gets the depth Little's law asks for: the batches' measured read time over the
+//!   consumer's own time per batch, plus one (at most 4x the depth in one step; half again as
+//!   deep where that estimate is already reached). Buffers and, if needed, workers are added,
+//!   up to `prefetch_max` and [`AUTO_PREFETCH_BYTES`] of buffers. The window after a change
+//!   is left to settle; if the one after it does not deliver 5% more batches per second, the
+//!   depth goes back (the extra buffers are released) and stays for 8 windows, twice as long
+//!   after each further try that does not pay (up to 64). Reads far from the store (an
+//!   object store at 20-80 ms) thus get enough batches in flight to hide their latency within
+//!   a few windows, and reads bound by decoding, which more batches in flight do not speed
+//!   up, keep their depth. The batches themselves do not depend on it.
 //! * **Errors:** a batch that fails reaches the consumer, in its place in the step order, as a
 //!   [`SamplerError::Read`] naming the step and the source; the next call returns the next step.
 //! * **Shutdown:** dropping the [`Loader`] cancels the reads in flight (zarr-front's
@@ -148,6 +150,9 @@ struct State {
     depth: usize,
     /// Buffers in the ring (the adaptive depth adds some).
     buffers: usize,
+    /// Buffers the ring keeps: after the adaptive depth goes back, free buffers above this
+    /// are released.
+    keep: usize,
     stop: bool,
     cancel: Arc<AtomicBool>,
 }
@@ -183,6 +188,16 @@ impl DepthGauge {
     }
 }
 
+impl State {
+    /// Takes the free buffers above `keep` out of the ring (to be dropped without the lock).
+    fn shed(&mut self) -> Vec<PinnedBuffer> {
+        let n = self.buffers.saturating_sub(self.keep).min(self.free.len());
+        self.buffers -= n;
+        let at = self.free.len() - n;
+        self.free.split_off(at)
+    }
+}
+
 impl Shared {
     fn give_back(&self, buf: PinnedBuffer) {
         let mut st = self.state.lock();
@@ -190,7 +205,9 @@ impl Shared {
             return;
         }
         st.free.push(buf);
+        let shed = st.shed();
         drop(st);
+        drop(shed);
         self.work.notify_all();
         self.ready.notify_all();
     }
@@ -287,7 +304,8 @@ pub const ADAPT_WINDOW: u32 = 8;
 pub const AUTO_PREFETCH_BYTES: usize = 1 << 30;
 
 /// The adaptive depth's controller (see the module documentation): fed the consumer's wait
-/// and own time per batch, it answers a new depth at the end of a window that calls for one.
+/// and own time per batch and the batch's read time, it answers a new depth at the end of a
+/// window that calls for one.
 #[derive(Debug)]
 struct Adapt {
     depth: usize,
@@ -295,6 +313,9 @@ struct Adapt {
     seen: u32,
     waited: Duration,
     worked: Duration,
+    /// Read time of the window's batches, and how many were timed (failed reads are not).
+    read: Duration,
+    timed: u32,
     /// The next window is not measured: the ring is filling up, or the depth just changed and
     /// the batches claimed for it are still on their way.
     settle: bool,
@@ -315,6 +336,8 @@ impl Adapt {
             seen: 0,
             waited: Duration::ZERO,
             worked: Duration::ZERO,
+            read: Duration::ZERO,
+            timed: 0,
             settle: true,
             trial: None,
             hold: 0,
@@ -322,17 +345,48 @@ impl Adapt {
         }
     }
 
-    fn observe(&mut self, waited: Duration, worked: Duration) -> Option<usize> {
+    /// The depth a starved consumer tries next. By Little's law, batches that take `read` each
+    /// keep a consumer needing `worked` per batch fed with `read / worked` of them in flight,
+    /// plus the one it holds; one try goes at most 4x deeper, so a guess inflated by slow
+    /// reads costs one window of extra buffers. Without that estimate (or where it is already
+    /// reached while the consumer still waits), half again as deep.
+    fn next_depth(&self) -> usize {
+        let step = self.depth + (self.depth / 2).max(1);
+        let little = (self.timed > 0).then(|| {
+            let read = self.read.as_secs_f64() / f64::from(self.timed);
+            let worked = self.worked.as_secs_f64() / f64::from(self.seen);
+            let need = (read / worked.max(1e-6)).ceil() + 1.0;
+            need.min(1e6) as usize
+        });
+        let next = match little {
+            Some(need) if need > self.depth => need.min(self.depth * 4),
+            _ => step,
+        };
+        next.min(self.max)
+    }
+
+    fn observe(
+        &mut self,
+        waited: Duration,
+        worked: Duration,
+        read: Option<Duration>,
+    ) -> Option<usize> {
         self.seen += 1;
         self.waited += waited;
         self.worked += worked;
+        if let Some(read) = read {
+            self.read += read;
+            self.timed += 1;
+        }
         if self.seen < ADAPT_WINDOW {
             return None;
         }
         let total = (self.waited + self.worked).as_secs_f64().max(1e-9);
         let rate = f64::from(self.seen) / total;
         let starved = self.waited.as_secs_f64() > 0.05 * total;
+        let next = self.next_depth();
         (self.seen, self.waited, self.worked) = (0, Duration::ZERO, Duration::ZERO);
+        (self.read, self.timed) = (Duration::ZERO, 0);
         if std::mem::replace(&mut self.settle, false) {
             return None;
         }
@@ -351,7 +405,6 @@ impl Adapt {
             return None;
         }
         if starved && self.depth < self.max {
-            let next = (self.depth + (self.depth / 2).max(1)).min(self.max);
             self.trial = Some((self.depth, rate));
             self.depth = next;
             self.settle = true;
@@ -448,6 +501,7 @@ impl Loader {
                 free,
                 depth: config.prefetch,
                 buffers: config.buffers,
+                keep: config.buffers,
                 stop: false,
                 cancel: Arc::new(AtomicBool::new(false)),
             }),
@@ -485,14 +539,15 @@ impl Loader {
             .map_err(|e| spec_err(format!("cannot start a loader thread: {e}")))
     }
 
-    /// Sets the depth read ahead to `depth`: buffers and workers are added for it (never
-    /// removed). A buffer that cannot be allocated leaves the depth where the buffers allow;
-    /// returns the depth set.
+    /// Sets the depth read ahead to `depth`. Buffers and workers are added for a deeper one
+    /// (a buffer that cannot be allocated leaves the depth where the buffers allow); for a
+    /// shallower one the ring releases its extra buffers as they come back free, and the
+    /// extra workers stay. Returns the depth set.
     fn set_depth(&mut self, depth: usize) -> usize {
         let shared = Arc::clone(&self.shared);
         let spare = shared.config.spare();
-        let have = shared.state.lock().buffers;
         let want = depth + spare;
+        let have = shared.state.lock().buffers;
         let mut added = Vec::new();
         for _ in have..want {
             match PinnedBuffer::new(shared.layout.total, &shared.config.pin) {
@@ -504,9 +559,12 @@ impl Loader {
         st.buffers += added.len();
         st.free.extend(added);
         st.depth = depth.min(st.buffers.saturating_sub(spare)).max(1);
+        st.keep = want.max(shared.config.buffers);
         let depth = st.depth;
+        let shed = st.shed();
         shared.gauge.set(depth);
         drop(st);
+        drop(shed);
         while self.workers.len() < depth.max(shared.config.workers) {
             match Self::spawn_worker(&shared, self.workers.len()) {
                 Ok(w) => self.workers.push(w),
@@ -533,8 +591,9 @@ impl Loader {
         let called = Instant::now();
         let got = self.wait_batch();
         let now = Instant::now();
+        let read = got.as_ref().ok().map(Batch::read_time);
         if let (Some(adapt), Some(returned)) = (&mut self.adapt, self.returned)
-            && let Some(depth) = adapt.observe(now - called, called - returned)
+            && let Some(depth) = adapt.observe(now - called, called - returned, read)
         {
             let set = self.set_depth(depth);
             if let Some(adapt) = &mut self.adapt {
@@ -815,11 +874,18 @@ mod tests {
     }
 
     /// Feeds `windows` windows of batches with the consumer waiting `wait(depth)` and working
-    /// `work` per batch; returns the depths the controller asked for, in order.
-    fn run(a: &mut Adapt, windows: u32, work: u64, wait: impl Fn(usize) -> u64) -> Vec<usize> {
+    /// `work` per batch, and batches read in `read` each; returns the depths the controller
+    /// asked for, in order.
+    fn run(
+        a: &mut Adapt,
+        windows: u32,
+        work: u64,
+        read: u64,
+        wait: impl Fn(usize) -> u64,
+    ) -> Vec<usize> {
         let mut asked = Vec::new();
         for _ in 0..windows * ADAPT_WINDOW {
-            if let Some(d) = a.observe(ms(wait(a.depth)), ms(work)) {
+            if let Some(d) = a.observe(ms(wait(a.depth)), ms(work), Some(ms(read))) {
                 asked.push(d);
             }
         }
@@ -827,38 +893,90 @@ mod tests {
     }
 
     #[test]
-    fn a_starved_consumer_gets_depth_while_it_pays() {
-        // Reads of 100 ms, a consumer needing 10 ms: waits shrink as depth grows, and stop at
-        // 11 batches in flight.
+    fn a_starved_consumer_gets_the_depth_littles_law_asks_for() {
+        // Reads of 100 ms, a consumer needing 10 ms: 10 batches in flight plus the one held
+        // keep it fed; the first try goes 4x deeper, the second to 11.
         let mut a = Adapt::new(2, 16);
         let wait = |d: usize| (100 / d as u64).saturating_sub(10);
-        let asked = run(&mut a, 16, 10, wait);
-        assert_eq!(asked[..4], [3, 4, 6, 9]);
-        assert!((11..=16).contains(&a.depth), "{asked:?}");
-        assert!(run(&mut a, 8, 10, wait).is_empty(), "fed: no more changes");
+        let asked = run(&mut a, 8, 10, 100, wait);
+        assert_eq!(asked, [8, 11]);
+        assert!(
+            run(&mut a, 8, 10, 100, wait).is_empty(),
+            "fed: no more changes"
+        );
+    }
+
+    #[test]
+    fn without_an_estimate_or_past_it_the_depth_grows_by_half() {
+        // Failed reads are not timed: half again as deep each try.
+        let mut a = Adapt::new(2, 16);
+        let mut asked = Vec::new();
+        for _ in 0..8 * ADAPT_WINDOW {
+            let wait = (100 / a.depth as u64).saturating_sub(10);
+            if let Some(d) = a.observe(ms(wait), ms(10), None) {
+                asked.push(d);
+            }
+        }
+        assert_eq!(asked[..3], [3, 4, 6]);
+        // Reads that claim 20 ms while the consumer still waits at depth 4: Little's law says
+        // 3, the waits say more.
+        let mut a = Adapt::new(4, 16);
+        assert_eq!(run(&mut a, 2, 10, 20, |d| 60 / d as u64), [6]);
     }
 
     #[test]
     fn depth_that_does_not_pay_is_given_back_and_held() {
         // Decoding is the limit: the consumer waits 20 ms whatever the depth.
         let mut a = Adapt::new(2, 16);
-        let asked = run(&mut a, 4, 10, |_| 20);
-        assert_eq!(asked, [3, 2], "tried one step, went back");
+        let asked = run(&mut a, 4, 10, 30, |_| 20);
+        assert_eq!(asked, [4, 2], "tried Little's depth, went back");
         assert!(
-            run(&mut a, 9, 10, |_| 20).is_empty(),
+            run(&mut a, 9, 10, 30, |_| 20).is_empty(),
             "held after a failed try"
         );
-        assert_eq!(run(&mut a, 3, 10, |_| 20), [3, 2], "then tries again");
-        assert!(run(&mut a, 17, 10, |_| 20).is_empty(), "held twice as long");
-        assert_eq!(run(&mut a, 3, 10, |_| 20), [3, 2]);
+        assert_eq!(run(&mut a, 3, 10, 30, |_| 20), [4, 2], "then tries again");
+        assert!(
+            run(&mut a, 17, 10, 30, |_| 20).is_empty(),
+            "held twice as long"
+        );
+        assert_eq!(run(&mut a, 3, 10, 30, |_| 20), [4, 2]);
     }
 
     #[test]
     fn a_fed_consumer_keeps_its_depth_and_the_cap_holds() {
         let mut a = Adapt::new(2, 16);
-        assert!(run(&mut a, 10, 10, |_| 0).is_empty());
+        assert!(run(&mut a, 10, 10, 15, |_| 0).is_empty());
         let mut a = Adapt::new(2, 4);
-        let asked = run(&mut a, 12, 1, |d| 100 / d as u64);
-        assert_eq!(asked, [3, 4]);
+        let asked = run(&mut a, 12, 1, 100, |d| 100 / d as u64);
+        assert_eq!(asked, [4]);
+    }
+
+    #[test]
+    fn a_shallower_depth_releases_the_extra_buffers_as_they_come_back() {
+        let f = zcrop_fixtures::get("v3_workload_4d_u2");
+        let array = zcrop_zarr::Array::open(f.store_path()).unwrap();
+        let spec = crate::SampleSpec::new(["t", "y", "x"])
+            .source(crate::Source::new("s", array, [1, 3, 16, 16]))
+            .seed(1)
+            .batch_size(2);
+        // No `prefetch_max`: the controller stays out of the way of the depths set here.
+        let config = LoaderConfig {
+            pin: PinOptions::pageable(),
+            ..LoaderConfig::default()
+        };
+        let mut loader = Loader::new(Sampler::new(spec).unwrap(), config).unwrap();
+        assert_eq!(loader.status().buffers, 3);
+        assert_eq!(loader.set_depth(8), 8);
+        assert_eq!(loader.status().buffers, 9);
+        let held: Vec<Batch> = (0..4).map(|_| loader.next_batch().unwrap()).collect();
+        assert_eq!(loader.set_depth(2), 2);
+        assert!(loader.status().buffers >= 4, "held batches keep theirs");
+        drop(held);
+        for step in 4..24 {
+            assert_eq!(loader.next_batch().unwrap().step(), step);
+        }
+        assert_eq!(loader.status().buffers, 3);
+        assert_eq!(loader.set_depth(5), 5);
+        assert_eq!(loader.status().buffers, 6);
     }
 }
