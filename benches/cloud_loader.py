@@ -68,7 +68,9 @@ def run_loader(endpoint: str, url: str, crop: list[int], batch_size: int, prefet
         data = next(v for k, v in batch.items() if k != "meta")
         hashes.append(hashlib.sha256(np.ascontiguousarray(data).tobytes()).hexdigest())
     seconds, s1 = time.perf_counter() - t, stats(endpoint)
-    return report("zcrop Loader", prefetch, len(hashes), batch_size, seconds, s0, s1, hashes)
+    row = report("zcrop Loader", prefetch, len(hashes), batch_size, seconds, s0, s1, hashes)
+    row["depth"] = loader.prefetch_depth
+    return row
 
 
 def run_tensorstore(endpoint: str, url: str, crop: list[int], batch_size: int, prefetch: int, steps: int,
@@ -166,8 +168,9 @@ def main() -> None:
             if reader == "zcrop-whole":
                 row["reader"] = "zcrop Loader, whole chunks"
             results[(reader, depth)].append(row)
-            print(f"{row['reader']} prefetch {depth}: {row['crops_per_s']:.1f} crops/s, {row['mb_per_s']:.0f} MB/s",
-                  file=sys.stderr)
+            reached = f" (depth {row['depth']} at the end)" if depth == "auto" and "depth" in row else ""
+            print(f"{row['reader']} prefetch {depth}{reached}: {row['crops_per_s']:.1f} crops/s, "
+                  f"{row['mb_per_s']:.0f} MB/s", file=sys.stderr)
     finally:
         sim.stop()
     write_table(results, args, crop)
@@ -190,7 +193,9 @@ def write_table(results: dict[tuple, list[dict]], args, crop: list[int]) -> None
         med = {k: statistics.median(r[k] for r in rows) for k in ("batches_per_s", "crops_per_s", "mb_per_s", "gets_per_batch")}
         best[reader] = max(best.get(reader, 0.0), med["crops_per_s"])
         share = f"{med['mb_per_s'] / args.total_mb_s:.0%}" if args.total_mb_s else "-"
-        print(f"| {rows[0]['reader']} | {depth} | {med['batches_per_s']:.2f} | {med['crops_per_s']:.1f} | "
+        reached = sorted(r["depth"] for r in rows if "depth" in r)
+        shown = f"{depth} (reached {', '.join(map(str, reached))})" if depth == "auto" and reached else depth
+        print(f"| {rows[0]['reader']} | {shown} | {med['batches_per_s']:.2f} | {med['crops_per_s']:.1f} | "
               f"{med['mb_per_s']:.0f} | {share} | {med['gets_per_batch']:.0f} |")
     if "zcrop" in best and "tensorstore" in best:
         print(f"\nBest zcrop depth against TensorStore's best: {best['zcrop'] / best['tensorstore']:.2f}x.")

@@ -5,7 +5,7 @@
 //!   ready). Workers never allocate: a batch needs a free buffer of the ring, and a buffer is
 //!   free again only when the consumer drops the [`Batch`] that holds it (back-pressure).
 //! * **Adaptive depth** (`prefetch_max`): the consumer's waits say whether the pipeline keeps
-//!   up. Every [`ADAPT_WINDOW`] batches, a consumer that spent over 5% of its time waiting
+//!   up. Every window of [`ADAPT_WINDOW`] batches or twice the depth, a consumer that spent over 5% of its time waiting
 //!   gets the depth Little's law asks for: the batches' measured read time over the
 //!   consumer's own time per batch, plus one (at most 4x the depth in one step; half again as
 //!   deep where that estimate is already reached). Buffers and, if needed, workers are added,
@@ -297,7 +297,8 @@ impl Shared {
     }
 }
 
-/// Batches per measurement of the adaptive depth.
+/// Batches per measurement of the adaptive depth, at least: a window spans twice the depth, as
+/// batches read that far ahead arrive in bursts.
 pub const ADAPT_WINDOW: u32 = 8;
 
 /// The ring buffers an adaptive depth may grow to, in bytes (at least `prefetch` batches).
@@ -311,6 +312,8 @@ struct Adapt {
     depth: usize,
     max: usize,
     seen: u32,
+    /// Windows measured so far.
+    windows: u64,
     waited: Duration,
     worked: Duration,
     /// Read time of the window's batches, and how many were timed (failed reads are not).
@@ -334,6 +337,7 @@ impl Adapt {
             depth,
             max,
             seen: 0,
+            windows: 0,
             waited: Duration::ZERO,
             worked: Duration::ZERO,
             read: Duration::ZERO,
@@ -378,9 +382,11 @@ impl Adapt {
             self.read += read;
             self.timed += 1;
         }
-        if self.seen < ADAPT_WINDOW {
+        let window = ADAPT_WINDOW.max(u32::try_from(2 * self.depth).unwrap_or(u32::MAX));
+        if self.seen < window {
             return None;
         }
+        self.windows += 1;
         let total = (self.waited + self.worked).as_secs_f64().max(1e-9);
         let rate = f64::from(self.seen) / total;
         let starved = self.waited.as_secs_f64() > 0.05 * total;
@@ -884,7 +890,8 @@ mod tests {
         wait: impl Fn(usize) -> u64,
     ) -> Vec<usize> {
         let mut asked = Vec::new();
-        for _ in 0..windows * ADAPT_WINDOW {
+        let end = a.windows + u64::from(windows);
+        while a.windows < end {
             if let Some(d) = a.observe(ms(wait(a.depth)), ms(work), Some(ms(read))) {
                 asked.push(d);
             }
@@ -911,7 +918,7 @@ mod tests {
         // Failed reads are not timed: half again as deep each try.
         let mut a = Adapt::new(2, 16);
         let mut asked = Vec::new();
-        for _ in 0..8 * ADAPT_WINDOW {
+        while a.windows < 8 {
             let wait = (100 / a.depth as u64).saturating_sub(10);
             if let Some(d) = a.observe(ms(wait), ms(10), None) {
                 asked.push(d);
@@ -922,6 +929,20 @@ mod tests {
         // 3, the waits say more.
         let mut a = Adapt::new(4, 16);
         assert_eq!(run(&mut a, 2, 10, 20, |d| 60 / d as u64), [6]);
+    }
+
+    #[test]
+    fn a_window_spans_twice_the_depth() {
+        let mut a = Adapt::new(16, 64);
+        for _ in 0..31 {
+            assert_eq!(a.observe(ms(50), ms(1), Some(ms(200))), None);
+        }
+        assert_eq!(a.windows, 0);
+        a.observe(ms(50), ms(1), Some(ms(200)));
+        assert_eq!(a.windows, 1);
+        let mut a = Adapt::new(2, 64);
+        run(&mut a, 1, 1, 200, |_| 50);
+        assert_eq!(a.seen, 0, "8 batches at depth 2");
     }
 
     #[test]
