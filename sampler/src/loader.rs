@@ -4,18 +4,18 @@
 //! * **Prefetch:** at most `prefetch` batches are claimed ahead of the consumer (in flight or
 //!   ready). Workers never allocate: a batch needs a free buffer of the ring, and a buffer is
 //!   free again only when the consumer drops the [`Batch`] that holds it (back-pressure).
-//! * **Adaptive depth** (`prefetch_max`): the consumer's waits say whether the pipeline keeps
-//!   up. Every window of [`ADAPT_WINDOW`] batches or twice the depth, a consumer that spent over 5% of its time waiting
-//!   gets the depth Little's law asks for: the batches' measured read time over the
-//!   consumer's own time per batch, plus one (at most 4x the depth in one step; half again as
-//!   deep where that estimate is already reached). Buffers and, if needed, workers are added,
-//!   up to `prefetch_max` and [`AUTO_PREFETCH_BYTES`] of buffers. The window after a change
-//!   is left to settle; if the one after it does not deliver 5% more batches per second, the
-//!   depth goes back (the extra buffers are released) and stays for 8 windows, twice as long
-//!   after each further try that does not pay (up to 64). Reads far from the store (an
-//!   object store at 20-80 ms) thus get enough batches in flight to hide their latency within
-//!   a few windows, and reads bound by decoding, which more batches in flight do not speed
-//!   up, keep their depth. The batches themselves do not depend on it.
+//! * **Adaptive depth** (`prefetch_max`): the consumer's waits say whether the pipeline keeps up.
+//!   Every window of [`ADAPT_WINDOW`] batches or twice the depth, a consumer that spent over 5% of
+//!   its time waiting gets the depth Little's law asks for: the batches' measured read time over
+//!   the consumer's own time per batch, plus one (at most 4x the depth in one step; half again as
+//!   deep where that estimate is already reached). Buffers and, if needed, workers are added, up to
+//!   `prefetch_max` and [`AUTO_PREFETCH_BYTES`] of buffers. The window after a change is left to
+//!   settle; if the one after it does not deliver 5% more batches per second, the depth goes back
+//!   (the extra buffers are released) and stays for 8 windows, twice as long after each further try
+//!   that does not pay (up to 64). Reads far from the store (an object store at 20-80 ms) thus get
+//!   enough batches in flight to hide their latency within a few windows, and reads bound by
+//!   decoding, which more batches in flight do not speed up, keep their depth. The batches
+//!   themselves do not depend on it.
 //! * **Errors:** a batch that fails reaches the consumer, in its place in the step order, as a
 //!   [`SamplerError::Read`] naming the step and the source; the next call returns the next step.
 //! * **Shutdown:** dropping the [`Loader`] cancels the reads in flight (zarr-front's
