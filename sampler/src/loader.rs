@@ -192,6 +192,9 @@ impl State {
     /// Takes the free buffers above `keep` out of the ring (to be dropped without the lock).
     fn shed(&mut self) -> Vec<PinnedBuffer> {
         let n = self.buffers.saturating_sub(self.keep).min(self.free.len());
+        if n == 0 {
+            return Vec::new();
+        }
         self.buffers -= n;
         let at = self.free.len() - n;
         self.free.split_off(at)
