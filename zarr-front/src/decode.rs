@@ -103,6 +103,7 @@ fn blosc_whole_reason(e: &blosc::Error) -> WholeReason {
 
 thread_local! {
     static ZSTD: RefCell<Option<::zstd::zstd_safe::DCtx<'static>>> = const { RefCell::new(None) };
+    static INFLATE: RefCell<Option<libdeflater::Decompressor>> = const { RefCell::new(None) };
     /// Literals of single-chunk partial decodes.
     static ZSTD_BLOCK_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// Per-thread buffers of grouped decodes: (chunk, literals) per member.
@@ -141,6 +142,60 @@ fn with_zstd<R>(f: impl FnOnce(&mut ::zstd::zstd_safe::DCtx<'static>) -> R) -> R
         let dctx = slot.get_or_insert_with(::zstd::zstd_safe::DCtx::create);
         f(dctx)
     })
+}
+
+/// Inflates a whole gzip or zlib chunk into `out` (its decoded size) and verifies the trailer's
+/// checksum and length. libdeflate decodes it; a stream libdeflate refuses goes through flate2,
+/// which decodes what libdeflate does not take (a gzip member followed by other bytes) and
+/// otherwise says what is wrong with it.
+fn inflate_whole(compressor: Compressor, data: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let full = out.len();
+    let fast = INFLATE.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let d = slot.get_or_insert_with(libdeflater::Decompressor::new);
+        if compressor == Compressor::Gzip {
+            d.gzip_decompress(data, out)
+        } else {
+            d.zlib_decompress(data, out)
+        }
+    });
+    if fast == Ok(full) {
+        return Ok(());
+    }
+    let mut reader = inflate_reader(compressor, data);
+    reader
+        .read_exact(out)
+        .map_err(|e| inflate_err(compressor, &e))?;
+    // Reading on to the end verifies the trailer checksum and length.
+    let mut extra = [0u8; 1];
+    let n = reader
+        .read(&mut extra)
+        .map_err(|e| inflate_err(compressor, &e))?;
+    if n != 0 {
+        return Err(
+            format!("{compressor:?} stream decodes to more than {full} bytes").to_lowercase(),
+        );
+    }
+    Ok(())
+}
+
+/// Inflates the first `out.len()` bytes of a gzip or zlib chunk, not verifying its checksum.
+fn inflate_prefix(compressor: Compressor, data: &[u8], out: &mut [u8]) -> Result<(), String> {
+    inflate_reader(compressor, data)
+        .read_exact(out)
+        .map_err(|e| inflate_err(compressor, &e))
+}
+
+fn inflate_reader(compressor: Compressor, data: &[u8]) -> Box<dyn Read + '_> {
+    if compressor == Compressor::Gzip {
+        Box::new(flate2::bufread::GzDecoder::new(data))
+    } else {
+        Box::new(flate2::bufread::ZlibDecoder::new(data))
+    }
+}
+
+fn inflate_err(compressor: Compressor, e: &std::io::Error) -> String {
+    format!("{compressor:?} stream: {e}").to_lowercase()
 }
 
 fn zstd_err(code: usize) -> String {
@@ -698,14 +753,6 @@ impl LeafDecoder {
                 } else {
                     range.end
                 };
-                let mut reader: Box<dyn Read> = if *compressor == Compressor::Gzip {
-                    Box::new(flate2::bufread::GzDecoder::new(data))
-                } else {
-                    Box::new(flate2::bufread::ZlibDecoder::new(data))
-                };
-                reader
-                    .read_exact(&mut out[..end])
-                    .map_err(|e| format!("{compressor:?} stream: {e}").to_lowercase())?;
                 if end == full {
                     whole = Some(if needed_whole {
                         WholeReason::NeededWhole
@@ -714,18 +761,9 @@ impl LeafDecoder {
                     } else {
                         WholeReason::NeededEnd
                     });
-                    // Reading on to the end verifies the trailer checksum and length.
-                    let mut extra = [0u8; 1];
-                    let n = reader
-                        .read(&mut extra)
-                        .map_err(|e| format!("{compressor:?} stream: {e}").to_lowercase())?;
-                    if n != 0 {
-                        return Err(format!(
-                            "{compressor:?} stream decodes to more than {full} bytes"
-                        )
-                        .to_lowercase()
-                        .into());
-                    }
+                    inflate_whole(*compressor, data, out)?;
+                } else {
+                    inflate_prefix(*compressor, data, &mut out[..end])?;
                 }
                 0..end
             }
@@ -1093,6 +1131,101 @@ mod tests {
             whole_reason(&d, &gz, &plain, full - 10..full),
             Some(WholeReason::NeededEnd)
         );
+    }
+
+    fn deflated(compressor: Compressor, plain: &[u8], level: u32) -> Vec<u8> {
+        use std::io::Write;
+        let level = flate2::Compression::new(level);
+        if compressor == Compressor::Gzip {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+            e.write_all(plain).unwrap();
+            e.finish().unwrap()
+        } else {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), level);
+            e.write_all(plain).unwrap();
+            e.finish().unwrap()
+        }
+    }
+
+    /// What flate2 alone makes of a whole stream: the chunk, or that it refuses it.
+    fn flate2_whole(compressor: Compressor, data: &[u8], full: usize) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        inflate_reader(compressor, data)
+            .read_to_end(&mut out)
+            .ok()?;
+        (out.len() == full).then_some(out)
+    }
+
+    #[test]
+    fn whole_gzip_and_zlib_chunks_inflate_and_bad_streams_are_refused() {
+        let plain = imagery();
+        let full = plain.len();
+        for compressor in [Compressor::Gzip, Compressor::Zlib] {
+            for level in [0, 1, 5, 9] {
+                for data in [plain.clone(), vec![0u8; full]] {
+                    let stream = deflated(compressor, &data, level);
+                    let mut out = vec![0xA5u8; full];
+                    inflate_whole(compressor, &stream, &mut out).unwrap();
+                    assert_eq!(out, data, "{compressor:?} level {level}");
+                    let mut head = vec![0u8; 1000];
+                    inflate_prefix(compressor, &stream, &mut head).unwrap();
+                    assert_eq!(head, data[..1000]);
+                }
+            }
+            let stream = deflated(compressor, &plain, 5);
+            let mut out = vec![0u8; full];
+            // A stream of more bytes than the chunk holds.
+            let mut longer = plain.clone();
+            longer.extend_from_slice(b"more");
+            let err =
+                inflate_whole(compressor, &deflated(compressor, &longer, 5), &mut out).unwrap_err();
+            assert!(err.contains("decodes to more than 32768 bytes"), "{err}");
+            // Fewer bytes than the chunk holds.
+            let err = inflate_whole(
+                compressor,
+                &deflated(compressor, &plain[..100], 5),
+                &mut out,
+            )
+            .unwrap_err();
+            assert!(
+                err.starts_with(&format!("{compressor:?} stream").to_lowercase()),
+                "{err}"
+            );
+            // A wrong checksum, and a cut stream.
+            let mut bad = stream.clone();
+            let n = bad.len();
+            bad[n - 5] ^= 1;
+            assert!(inflate_whole(compressor, &bad, &mut out).is_err());
+            assert!(inflate_whole(compressor, &stream[..n - 3], &mut out).is_err());
+        }
+        // A gzip member followed by other bytes: libdeflate refuses it, flate2 reads the member.
+        let mut trailing = deflated(Compressor::Gzip, &plain, 5);
+        trailing.extend_from_slice(&[0u8; 7]);
+        let mut out = vec![0u8; full];
+        inflate_whole(Compressor::Gzip, &trailing, &mut out).unwrap();
+        assert_eq!(out, plain);
+    }
+
+    proptest! {
+        /// A damaged stream inflates to what flate2 makes of it, or is refused where flate2
+        /// refuses it.
+        #[test]
+        fn damaged_deflate_streams_agree_with_flate2(
+            gzip in any::<bool>(),
+            at in 0usize..4096,
+            flip in 1u8..=255,
+            cut in 0usize..64,
+        ) {
+            let compressor = if gzip { Compressor::Gzip } else { Compressor::Zlib };
+            let plain: Vec<u8> = imagery()[..4096].to_vec();
+            let mut stream = deflated(compressor, &plain, 5);
+            let at = at % stream.len();
+            stream[at] ^= flip;
+            stream.truncate(stream.len() - cut.min(stream.len()));
+            let mut out = vec![0u8; plain.len()];
+            let ours = inflate_whole(compressor, &stream, &mut out).ok().map(|()| out);
+            prop_assert_eq!(ours, flate2_whole(compressor, &stream, plain.len()));
+        }
     }
 
     #[test]
