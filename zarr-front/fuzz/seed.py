@@ -2,7 +2,7 @@
 """Builds seed corpora for the fuzz targets from the committed fixtures (stdlib only).
 
     python3 zarr-front/fuzz/seed.py && cd zarr-front && cargo +nightly fuzz run chunk -- -max_total_time=600
-    (targets: metadata, shard_index, chunk, chunk_range, lz4, vlen, blosc_blocks)
+    (targets: metadata, shard_index, chunk, chunk_range, lz4, vlen, blosc_blocks, zstd_range)
 """
 
 import json
@@ -59,7 +59,7 @@ VLEN_SEEDS = {
 def main() -> None:
     manifest = json.loads((FIXTURES / "manifest.json").read_text())
     roots = [e for e in manifest if e["array_path"] == ""]
-    names = ("metadata", "shard_index", "chunk", "chunk_range", "lz4", "vlen", "blosc_blocks")
+    names = ("metadata", "shard_index", "chunk", "chunk_range", "lz4", "vlen", "blosc_blocks", "zstd_range")
     corpus = {name: HERE / "corpus" / name for name in names}
     for d in corpus.values():
         d.mkdir(parents=True, exist_ok=True)
@@ -99,6 +99,21 @@ def main() -> None:
     for k, mode in enumerate((1, 3, 9, 67, 99, 161)):
         start = (k * 9000 % 40000).to_bytes(2, "little")
         (corpus["blosc_blocks"] / f"data_{mode}").write_bytes(bytes([mode]) + start + (3000).to_bytes(2, "little") + bytes([k % 4]) + smooth)
+    # zstd_range: mode, start (u16 LE), length (u16 LE), chunk size (u16 LE), then a zstd frame
+    # of the fixtures (even mode) or data for zstd to compress (odd mode: level from bits 2-3).
+    for e in roots:
+        for j, f in enumerate(sorted((FIXTURES / e["store"]).rglob("*"))[:4]):
+            data = f.read_bytes() if f.is_file() else b""
+            if data[:4] == b"\x28\xb5\x2f\xfd" and len(data) < 4096:
+                # Chunk size 0: the size the frame declares.
+                head = bytes([0]) + (8).to_bytes(2, "little") + (64).to_bytes(2, "little") + bytes(2)
+                (corpus["zstd_range"] / f"{e['name']}_{j}").write_bytes(head + data)
+    words = b"zarr chunk shard crop decode the a io ".split()
+    text = b" ".join(words[(i * 7 + i // 5) % len(words)] for i in range(1500))
+    for k, mode in enumerate((1, 5, 9, 13)):
+        start = (k * 2500).to_bytes(2, "little")
+        (corpus["zstd_range"] / f"smooth_{mode}").write_bytes(bytes([mode]) + start + (4000).to_bytes(2, "little") + bytes(2) + smooth[:16384])
+        (corpus["zstd_range"] / f"text_{mode}").write_bytes(bytes([mode]) + start + (900).to_bytes(2, "little") + bytes(2) + text)
     for name, elements in VLEN_SEEDS.items():
         (corpus["vlen"] / name).write_bytes(bytes([len(elements) - 1]) + vlen_frame(elements))
     for name, d in corpus.items():

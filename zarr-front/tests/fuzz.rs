@@ -186,6 +186,11 @@ fn fuzz_lz4() {
 }
 
 #[test]
+fn fuzz_zstd_range() {
+    run("zstd_range", targets::zstd_range);
+}
+
+#[test]
 fn fuzz_blosc_blocks() {
     run("blosc_blocks", targets::blosc_blocks);
 }

@@ -135,10 +135,11 @@ pub enum WholeReason {
     /// A checksum of the whole chunk is verified (a zstd frame checksum, the gzip or zlib
     /// trailer) while checksums are verified.
     Checksum,
-    /// zstd: the needed literal streams hold more than [`zcrop_codec::zstd::MAX_SHARE`] of the
-    /// block's literals, so libzstd decodes the block whole.
+    /// zstd: decoding the needed literal streams and sequences would cost more than
+    /// [`zcrop_codec::zstd::MAX_SHARE`] of libzstd decoding the block, so libzstd decodes it.
     ZstdNeededShareOverMax,
-    /// zstd: the block has more than [`zcrop_codec::zstd::MAX_SEQUENCES`] sequences.
+    /// zstd: decoding the sequences the range needs would cost more than libzstd decoding the
+    /// whole block.
     ZstdTooManySequences,
     /// zstd: a frame of several blocks (chunks over 128 KiB) whose needed bytes reach its last
     /// block (libzstd stops only between blocks).

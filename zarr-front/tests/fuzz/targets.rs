@@ -104,6 +104,59 @@ pub(crate) fn chunk_range(arrays: &[Array], data: &[u8]) {
     }
 }
 
+/// Arbitrary bytes as a one-block zstd frame, decoded over a range by zcrop's partial decoder:
+/// never a panic or a write outside the chunk; wherever libzstd decodes the frame to the chunk's
+/// size, the range holds libzstd's bytes. Head: mode, start and length (u16 LE each), chunk
+/// size (u16 LE, doubled for modes with bit 1 set; 0 takes the size the frame declares); an
+/// odd mode compresses the rest first (at
+/// level 1, 3, 9 or 19 by its bits 2-3), so valid frames of any content are decoded too, and
+/// those are never called corrupt.
+pub(crate) fn zstd_range(data: &[u8]) {
+    let Some((head, rest)) = data.split_first_chunk::<7>() else {
+        return;
+    };
+    let mode = head[0];
+    let u16_at = |i: usize| usize::from(u16::from_le_bytes([head[i], head[i + 1]]));
+    let (frame, size) = if mode & 1 == 1 {
+        let level = [1, 3, 9, 19][usize::from(mode >> 2) % 4];
+        let Ok(frame) = zstd::bulk::compress(rest, level) else {
+            return;
+        };
+        (frame, rest.len())
+    } else {
+        // A size of 0: the one the frame header declares, if any (at most 128 KiB).
+        let declared = || {
+            let n = zstd::zstd_safe::get_frame_content_size(rest).ok()??;
+            usize::try_from(n).ok().filter(|&n| n <= 1 << 17)
+        };
+        let size = match u16_at(5) << ((mode >> 1) & 1) {
+            0 => declared().unwrap_or(0),
+            n => n,
+        };
+        (rest.to_vec(), size)
+    };
+    let start = u16_at(1) % (size + 1);
+    let end = (start + u16_at(3)).min(size);
+    let mut ours = vec![0xA5u8; size];
+    let mut scratch = Vec::new();
+    let result =
+        zcrop_codec::zstd::decode_range(&frame, &mut ours, start..end, &mut scratch, f64::INFINITY);
+    match result {
+        Ok(got) => {
+            assert!(got.start <= start && got.end >= end && got.end <= size);
+            if let Ok(plain) = zstd::bulk::decompress(&frame, size)
+                && plain.len() == size
+            {
+                assert_eq!(ours[start..end], plain[start..end]);
+            }
+        }
+        Err(zcrop_codec::zstd::Error::Corrupt(e)) => {
+            assert!(mode & 1 == 0, "a frame zstd wrote was called corrupt: {e}");
+        }
+        Err(zcrop_codec::zstd::Error::Unsupported(_)) => {}
+    }
+}
+
 /// Arbitrary bytes as an LZ4 block (head: output size and target, u16 LE each), decoded whole
 /// and up to the target by zcrop's decoder and by liblz4: zcrop's never panics or writes
 /// outside its buffer, and wherever liblz4 decodes the block whole, zcrop's gives the same

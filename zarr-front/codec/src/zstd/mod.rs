@@ -6,28 +6,47 @@
 //! four independent streams, each producing a quarter of the literals. This module decodes
 //! such a block itself (RFC 8878) and decodes only the literal streams that hold the needed
 //! band, stopping inside the last one, then runs only the sequences that reach the band.
+//! Sequences are decoded only up to the band's end, so a band early in a block of thousands of
+//! sequences (imagery at level 3 and up) pays; a band late in one depends, through chains of
+//! short matches, on nearly all of the block before it and goes to libzstd
+//! ([`MAX_SHARE`]).
 //!
-//! Scope: frames of exactly one block, without a dictionary, holding at most
-//! [`MAX_SEQUENCES`] sequences; anything else is [`Error::Unsupported`] and the caller decodes
-//! with libzstd. Bytes outside the returned range are left as they were. What lies outside the
-//! needed part is not verified (the streams not decoded, the bits after the stop), as with any
-//! decoder that stops early; a frame checksum, when one is to be verified, needs a full decode
-//! and the caller does not come here.
+//! Scope: frames of exactly one block, without a dictionary, where decoding the needed part
+//! here costs less than libzstd decoding the block ([`MAX_SHARE`]); anything else is
+//! [`Error::Unsupported`] and the caller decodes with libzstd. Bytes outside the returned range
+//! are left as they were. What lies outside the needed part is not verified (the streams and
+//! sequences not decoded, the bits after the stop), as with any decoder that stops early; a
+//! frame checksum, when one is to be verified, needs a full decode and the caller does not
+//! come here.
 
 use std::ops::Range;
 
-/// Sequences are decoded one by one here (libzstd's loop is far faster); blocks with more than
-/// this many are left to libzstd, where partial decoding would save less than it costs.
-pub const MAX_SEQUENCES: usize = 512;
-
-/// Decoding here pays when the needed literal streams hold at most this share of a block's
-/// literals: per literal this decoder costs about twice libzstd's four-stream assembly loop,
-/// and building its Huffman table adds a little per chunk.
+/// Decoding here pays when what it decodes (the needed literal streams, and the sequences up
+/// to the band's end, each weighted by its cost) costs at most this share of libzstd's whole
+/// block (all literals and sequences, weighted by libzstd's costs), counted in literals decoded
+/// here: per literal this decoder costs about twice libzstd's four-stream assembly loop, and
+/// building its Huffman table adds a little per chunk. `f64::INFINITY` decodes here whatever
+/// is in scope.
 pub const MAX_SHARE: f64 = 0.6;
+
+/// What decoding and running one sequence costs here, in literals decoded here (fitted to
+/// imagery blocks of few and of many sequences; docs/performance.md).
+const SEQUENCE_COST: f64 = 18.0;
+/// What one sequence costs libzstd, in literals it decodes (fitted the same way).
+const LIB_SEQUENCE_COST: f64 = 9.0;
+
+/// Whether decoding `literals` literals (whole streams from their starts) and the first
+/// `sequences` sequences here costs at most `max_share` of libzstd decoding the whole block of
+/// `nlit` literals and `count` sequences.
+fn pays(literals: usize, sequences: usize, nlit: usize, count: usize, max_share: f64) -> bool {
+    let here = literals as f64 + SEQUENCE_COST * sequences as f64;
+    here <= max_share * (nlit as f64 + LIB_SEQUENCE_COST * count as f64)
+}
 
 /// [`Error::Unsupported`] of a frame of more than one block.
 pub const SEVERAL_BLOCKS: &str = "frame of several blocks";
-/// [`Error::Unsupported`] of a block with more than [`MAX_SEQUENCES`] sequences.
+/// [`Error::Unsupported`] of a block where decoding the sequences a range needs would cost more
+/// than libzstd decoding the block (an estimate, made before decoding them).
 pub const TOO_MANY_SEQUENCES: &str = "too many sequences";
 /// [`Error::Unsupported`] of a block whose needed literal streams hold more than the share of
 /// its literals [`decode_many`] was given.
@@ -62,7 +81,7 @@ mod sequences;
 use frame::read_frame;
 use huffman::{Huffman, Stream, decode_streams};
 use literals::{Literals, read_literals};
-use sequences::{Sequence, read_sequences};
+use sequences::{Sequence, read_sequences, sequence_count};
 
 /// One chunk to decode: its frame, its decoded size (`out.len()`) and the part crops need.
 pub struct Job<'a> {
@@ -79,42 +98,80 @@ pub struct Job<'a> {
 /// A frame parsed down to what decoding `want` takes.
 struct Parsed<'a> {
     literals: Literals<'a>,
+    /// The sequences decoding `want` takes (the block's first ones).
     sequences: Vec<Sequence>,
+    /// Sequences in the block.
+    count: usize,
     /// Lowest output position the wanted bytes depend on.
     lo: usize,
     /// Literals needed.
     lits: Range<usize>,
 }
 
-fn parse<'a>(src: &'a [u8], full: usize, want: &Range<usize>) -> Result<Parsed<'a>> {
+fn parse<'a>(
+    src: &'a [u8],
+    full: usize,
+    want: &Range<usize>,
+    max_share: f64,
+) -> Result<Parsed<'a>> {
     let frame = read_frame(src)?;
     if let Some(n) = frame.content_size
         && n != full
     {
         return corrupt(format!("frame declares {n} bytes, expected {full}"));
     }
-    let (literals, sequences) = match frame.kind {
-        0 => (Literals::Raw(frame.block), Vec::new()),
-        1 => (Literals::Rle(frame.block[0], frame.size), Vec::new()),
+    let (literals, seqs) = match frame.kind {
+        0 => (Literals::Raw(frame.block), None),
+        1 => (Literals::Rle(frame.block[0], frame.size), None),
         _ => {
             let (literals, n) = read_literals(frame.block)?;
-            let sequences = read_sequences(&frame.block[n..], literals.count())?;
-            (literals, sequences)
+            let section = &frame.block[n..];
+            let (count, _) = sequence_count(section)?;
+            let nlit = literals.count();
+            // Sequences spread over the block roughly as its bytes do: estimate how many
+            // decoding up to `want.end` takes before decoding them.
+            let share = |at: usize| (nlit as u64 * at as u64 / full.max(1) as u64) as usize;
+            let lits = literals.cost(&(share(want.start)..share(want.end).max(1)));
+            let seqs = (count as u64 * want.end as u64).div_ceil(full.max(1) as u64) as usize;
+            if count > 0 && !pays(0, seqs, nlit, count, max_share) {
+                return Err(Error::Unsupported(TOO_MANY_SEQUENCES));
+            }
+            if !pays(lits, seqs, nlit, count, max_share) {
+                return Err(Error::Unsupported(MOST_OF_BLOCK_NEEDED));
+            }
+            let seqs = read_sequences(section, nlit, full, want.end)?;
+            (literals, Some(seqs))
         }
     };
     let nlit = literals.count();
-    let used: usize = sequences.iter().map(|s| s.literals as usize).sum();
-    let matched: usize = sequences.iter().map(|s| s.match_len as usize).sum();
-    if nlit + matched != full {
-        return corrupt(format!(
-            "block decodes to {} bytes, expected {full}",
-            nlit + matched
-        ));
-    }
+    let count = seqs.as_ref().map_or(0, |s| s.count);
+    let (sequences, used, end, complete) = match seqs {
+        None if nlit != full => {
+            return corrupt(format!("block decodes to {nlit} bytes, expected {full}"));
+        }
+        None => (Vec::new(), 0, full, true),
+        Some(seqs) if seqs.complete() => {
+            let matched = seqs.produced - seqs.literals_used;
+            if nlit + matched != full {
+                return corrupt(format!(
+                    "block decodes to {} bytes, expected {full}",
+                    nlit + matched
+                ));
+            }
+            (seqs.list, seqs.literals_used, full, true)
+        }
+        // Decoding stopped at the sequence that reached `want.end`: the walk back starts
+        // there, and no literals after its own are needed.
+        Some(seqs) => {
+            let end = seqs.produced;
+            (seqs.list, seqs.literals_used, end, false)
+        }
+    };
     if sequences.is_empty() {
         return Ok(Parsed {
             literals,
             sequences,
+            count: 0,
             lo: want.start,
             lits: want.clone(),
         });
@@ -133,10 +190,11 @@ fn parse<'a>(src: &'a [u8], full: usize, want: &Range<usize>) -> Result<Parsed<'
             lits.end = lits.end.max(first_literal + (b - run.start));
         }
     };
-    let trailing = nlit - used;
-    let mut pos = full - trailing;
-    let mut lp = nlit - trailing;
-    need_literals(pos..full, lp, lo);
+    // Literals after the last sequence (only when every sequence was decoded).
+    let trailing = if complete { nlit - used } else { 0 };
+    let mut pos = end - trailing;
+    let mut lp = used;
+    need_literals(pos..end, lp, lo);
     for s in sequences.iter().rev() {
         let (ll, ml, off) = (s.literals as usize, s.match_len as usize, s.offset as usize);
         let mpos = pos - ml;
@@ -162,12 +220,26 @@ fn parse<'a>(src: &'a [u8], full: usize, want: &Range<usize>) -> Result<Parsed<'
     Ok(Parsed {
         literals,
         sequences,
+        count,
         lo,
         lits,
     })
 }
 
-/// Runs `sequences` over `[lo, want.end)` of `out`, literals taken from `scratch`.
+/// Copies shorter than this go as one fixed-size copy (a few instructions, no `memmove` call)
+/// where the bytes after them up to the copy's end are still to be written.
+const SHORT: usize = 16;
+
+/// Writes the [`SHORT`] bytes of `src` to `out[at..]` as one fixed-size copy.
+#[inline]
+fn copy_short(out: &mut [u8], at: usize, src: &[u8]) {
+    let src: &[u8; SHORT] = src.try_into().expect("SHORT bytes");
+    let dst: &mut [u8; SHORT] = (&mut out[at..at + SHORT]).try_into().expect("SHORT bytes");
+    *dst = *src;
+}
+
+/// Runs `sequences` over `[lo, end)` of `out`, literals taken from `scratch` (which holds at
+/// least [`SHORT`] bytes after the last literal).
 fn execute(sequences: &[Sequence], lo: usize, out: &mut [u8], scratch: &[u8], end: usize) {
     let mut pos = 0usize;
     let mut lp = 0usize;
@@ -178,14 +250,23 @@ fn execute(sequences: &[Sequence], lo: usize, out: &mut [u8], scratch: &[u8], en
         let ll = s.literals as usize;
         let (a, b) = (pos.max(lo), (pos + ll).min(end));
         if a < b {
-            out[a..b].copy_from_slice(&scratch[lp + (a - pos)..lp + (b - pos)]);
+            let from = lp + (a - pos);
+            if b - a <= SHORT && a + SHORT <= end {
+                // The bytes past `b` are overwritten by the sequences that follow.
+                copy_short(out, a, &scratch[from..from + SHORT]);
+            } else {
+                out[a..b].copy_from_slice(&scratch[from..from + (b - a)]);
+            }
         }
         pos += ll;
         lp += ll;
         let (ml, off) = (s.match_len as usize, s.offset as usize);
         let (a, b) = (pos.max(lo), (pos + ml).min(end));
         if a < b {
-            if off >= b - a {
+            if off >= SHORT && b - a <= SHORT && a + SHORT <= end {
+                let (head, tail) = out.split_at_mut(a);
+                copy_short(tail, 0, &head[a - off..a - off + SHORT]);
+            } else if off >= b - a {
                 out.copy_within(a - off..b - off, a);
             } else {
                 for p in a..b {
@@ -216,9 +297,11 @@ pub fn decode_many(jobs: &mut [Job<'_>], max_share: f64) -> Vec<Result<Range<usi
                     j.want
                 ));
             }
-            let p = parse(j.src, full, &j.want)?;
-            let count = p.literals.count();
-            if count > 0 && p.literals.cost(&p.lits) as f64 > max_share * count as f64 {
+            let p = parse(j.src, full, &j.want, max_share)?;
+            let nlit = p.literals.count();
+            let lits = p.literals.cost(&p.lits);
+            if (nlit > 0 || p.count > 0) && !pays(lits, p.sequences.len(), nlit, p.count, max_share)
+            {
                 return Err(Error::Unsupported(MOST_OF_BLOCK_NEEDED));
             }
             Ok(p)
@@ -257,8 +340,8 @@ pub fn decode_many(jobs: &mut [Job<'_>], max_share: f64) -> Vec<Result<Range<usi
                 &mut *job.out
             } else {
                 let nlit = p.literals.count();
-                if job.scratch.len() < nlit {
-                    job.scratch.resize(nlit, 0);
+                if job.scratch.len() < nlit + SHORT {
+                    job.scratch.resize(nlit + SHORT, 0);
                 }
                 &mut job.scratch[..nlit]
             };
@@ -385,7 +468,7 @@ mod tests {
                 }
             };
             let mut out = vec![0xA5u8; n];
-            match decode_range(frame, &mut out, want.clone(), &mut scratch, 1.0) {
+            match decode_range(frame, &mut out, want.clone(), &mut scratch, f64::INFINITY) {
                 Ok(got) => {
                     assert!(
                         got.start <= want.start && got.end >= want.end,
@@ -424,8 +507,9 @@ mod tests {
             let frame = zstd::bulk::compress(&plain, level).unwrap();
             by_kind[kind] += check(&plain, &frame, &mut rng, 12).0;
         }
-        // Imagery (with and without repeats), random and constant blocks all take this path.
-        for (kind, &n) in by_kind.iter().enumerate().take(4) {
+        // Imagery (with and without repeats), random, constant and text blocks (thousands of
+        // sequences) all take this path.
+        for (kind, &n) in by_kind.iter().enumerate() {
             assert!(n > 100, "kind {kind}: only {n} partial decodes");
         }
     }
@@ -445,12 +529,41 @@ mod tests {
         // A band in the third quarter: only the third literal stream is decoded, and only up
         // to the band's end.
         let want = 80 * 1024..90 * 1024;
-        let got = decode_range(&frame, &mut out, want.clone(), &mut scratch, 1.0).unwrap();
+        let got =
+            decode_range(&frame, &mut out, want.clone(), &mut scratch, f64::INFINITY).unwrap();
         assert_eq!(got, 64 * 1024..90 * 1024);
         assert_eq!(out[want.clone()], plain[want]);
         // Bytes outside what was decoded are untouched.
         assert!(out[..64 * 1024].iter().all(|&b| b == 0));
         assert!(out[90 * 1024..].iter().all(|&b| b == 0));
+    }
+
+    /// A block of thousands of sequences: a band near its start decodes only the sequences up
+    /// to it; one near its end would need them all, which costs more than libzstd.
+    #[test]
+    fn sequences_are_decoded_up_to_the_band_and_priced() {
+        let plain = text(32 * 1024, &mut StdRng::seed_from_u64(6));
+        let frame = zstd::bulk::compress(&plain, 3).unwrap();
+        let block = read_frame(&frame).unwrap().block;
+        let (literals, n) = read_literals(block).unwrap();
+        let all = read_sequences(&block[n..], literals.count(), plain.len(), usize::MAX).unwrap();
+        assert!(
+            all.complete() && all.count > 2000,
+            "{} sequences",
+            all.count
+        );
+        let head = read_sequences(&block[n..], literals.count(), plain.len(), 1000).unwrap();
+        assert!(!head.complete() && head.list.len() < all.count / 10);
+        assert!(head.produced >= 1000);
+        let mut out = vec![0u8; plain.len()];
+        let got = decode_range(&frame, &mut out, 0..1000, &mut Vec::new(), MAX_SHARE).unwrap();
+        assert_eq!(out[..1000], plain[..1000]);
+        assert!(got.end < 2000, "{got:?}");
+        let tail = plain.len() - 1000..plain.len();
+        assert_eq!(
+            decode_range(&frame, &mut out, tail, &mut Vec::new(), MAX_SHARE),
+            Err(Error::Unsupported(TOO_MANY_SEQUENCES))
+        );
     }
 
     /// The Huffman table is built only for blocks decoded here: a damaged tree description is
@@ -469,7 +582,7 @@ mod tests {
         frame[at + 1..at + len].fill(0);
         let mut out = vec![0u8; plain.len()];
         let band = 100..200;
-        match decode_range(&frame, &mut out, band, &mut Vec::new(), 1.0) {
+        match decode_range(&frame, &mut out, band, &mut Vec::new(), f64::INFINITY) {
             Err(Error::Corrupt(e)) => assert!(e.contains("Huffman weights"), "{e}"),
             other => panic!("damaged tree decoded: {other:?}"),
         }
@@ -484,7 +597,7 @@ mod tests {
     fn several_blocks_and_dictionaries_are_left_to_libzstd() {
         let (plain, frame) = imagery_frame(3, 300 * 1024);
         let mut out = vec![0u8; plain.len()];
-        let r = decode_range(&frame, &mut out, 0..10, &mut Vec::new(), 1.0);
+        let r = decode_range(&frame, &mut out, 0..10, &mut Vec::new(), f64::INFINITY);
         assert_eq!(r, Err(Error::Unsupported("frame of several blocks")));
         // A frame header that names dictionary 5 (one id byte).
         let small = &plain[..4096];
@@ -498,7 +611,7 @@ mod tests {
         frame.push(5);
         frame.extend_from_slice(&plain_frame[5 + window..]);
         let mut out = vec![0u8; small.len()];
-        let r = decode_range(&frame, &mut out, 0..10, &mut Vec::new(), 1.0);
+        let r = decode_range(&frame, &mut out, 0..10, &mut Vec::new(), f64::INFINITY);
         assert_eq!(r, Err(Error::Unsupported("frame needs a dictionary")));
     }
 
@@ -527,7 +640,8 @@ mod tests {
             let mut out = vec![0u8; n];
             let a = rng.random_range(0..n);
             let want = a..rng.random_range(a..=n);
-            if let Err(Error::Corrupt(_)) = decode_range(&frame, &mut out, want, &mut scratch, 1.0)
+            if let Err(Error::Corrupt(_)) =
+                decode_range(&frame, &mut out, want, &mut scratch, f64::INFINITY)
             {
                 corrupt_seen += 1;
             }
