@@ -96,7 +96,7 @@ fn zstd_whole_reason(e: &zstd::Error) -> WholeReason {
 fn blosc_whole_reason(e: &blosc::Error) -> WholeReason {
     match e {
         blosc::Error::Unsupported(blosc::BITSHUFFLE) => WholeReason::BloscBitshuffle,
-        blosc::Error::Unsupported(blosc::NOT_LZ4) => WholeReason::BloscNotLz4,
+        blosc::Error::Unsupported(blosc::OTHER_COMPRESSOR) => WholeReason::BloscOtherCompressor,
         blosc::Error::Unsupported(_) | blosc::Error::Corrupt(_) => WholeReason::BloscOther,
     }
 }

@@ -149,8 +149,8 @@ pub enum WholeReason {
     ZstdOther,
     /// blosc: bitshuffled blocks (c-blosc decodes every block the crops touch).
     BloscBitshuffle,
-    /// blosc: splits compressed by a codec other than LZ4 (zstd, blosclz, zlib, ...).
-    BloscNotLz4,
+    /// blosc: splits compressed by a codec other than LZ4 or zstd (blosclz, zlib, snappy).
+    BloscOtherCompressor,
     /// blosc: anything else left to c-blosc whose needed bytes span all its blocks.
     BloscOther,
     /// The chain goes through zarrs' codec chain (filters, transposes, other compressors),
@@ -171,7 +171,7 @@ impl WholeReason {
         WholeReason::ZstdMultiBlockFrame,
         WholeReason::ZstdOther,
         WholeReason::BloscBitshuffle,
-        WholeReason::BloscNotLz4,
+        WholeReason::BloscOtherCompressor,
         WholeReason::BloscOther,
         WholeReason::CodecChain,
         WholeReason::ChunkCache,
@@ -188,7 +188,7 @@ impl WholeReason {
             WholeReason::ZstdMultiBlockFrame => "zstd_multi_block_frame",
             WholeReason::ZstdOther => "zstd_other",
             WholeReason::BloscBitshuffle => "blosc_bitshuffle",
-            WholeReason::BloscNotLz4 => "blosc_not_lz4",
+            WholeReason::BloscOtherCompressor => "blosc_other_compressor",
             WholeReason::BloscOther => "blosc_other",
             WholeReason::CodecChain => "codec_chain",
             WholeReason::ChunkCache => "chunk_cache",
@@ -304,12 +304,12 @@ mod tests {
         });
         b.add_cost(DecodeCost {
             bytes_decoded: 100,
-            whole: Some(WholeReason::BloscNotLz4),
+            whole: Some(WholeReason::BloscOtherCompressor),
         });
         a += b;
         assert_eq!(a.bytes_decoded, 310);
         assert_eq!(a.whole_chunks.get(WholeReason::ZstdTooManySequences), 2);
-        assert_eq!(a.whole_chunks.get(WholeReason::BloscNotLz4), 1);
+        assert_eq!(a.whole_chunks.get(WholeReason::BloscOtherCompressor), 1);
         assert_eq!(a.whole_chunks.get(WholeReason::NeededWhole), 0);
         assert_eq!(a.whole_chunks.total(), 3);
         let names: std::collections::HashSet<_> =

@@ -19,6 +19,8 @@ pub(super) const RESERVED: u8 = 0x8;
 pub(super) const DONT_SPLIT: u8 = 0x10;
 /// The compressor code of LZ4 and LZ4HC (same stream format), in the flags' top three bits.
 pub(super) const LZ4_FORMAT: u8 = 1;
+/// The compressor code of zstd (each split one zstd frame).
+pub(super) const ZSTD_FORMAT: u8 = 4;
 /// c-blosc splits blocks into one stream per byte of the type for types up to this size...
 pub(super) const MAX_SPLITS: usize = 16;
 /// ...whose streams hold at least this many bytes.
@@ -26,8 +28,9 @@ pub(super) const MIN_BUFFERSIZE: usize = 128;
 
 /// [`Error::Unsupported`] of a bitshuffled chunk.
 pub const BITSHUFFLE: &str = "bitshuffle";
-/// [`Error::Unsupported`] of a chunk whose splits are compressed by a codec other than LZ4.
-pub const NOT_LZ4: &str = "splits compressed other than by LZ4";
+/// [`Error::Unsupported`] of a chunk whose splits are compressed by a codec other than LZ4 or
+/// zstd.
+pub const OTHER_COMPRESSOR: &str = "splits compressed other than by LZ4 or zstd";
 
 /// Why a chunk is left to c-blosc.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +57,43 @@ pub(super) enum Seg {
 pub struct Scratch {
     pub(super) tmp: Vec<u8>,
     pub(super) segs: Vec<Seg>,
+    /// Literals of zstd splits decoded in part.
+    literals: Vec<u8>,
+    /// libzstd's context, for zstd splits decoded whole.
+    zstd: ZstdContext,
+}
+
+/// A libzstd decompression context, created on first use.
+#[derive(Default)]
+struct ZstdContext(Option<zstd::zstd_safe::DCtx<'static>>);
+
+impl std::fmt::Debug for ZstdContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ZstdContext")
+    }
+}
+
+/// Decodes at least `want` of the zstd-compressed split `src` into `out` (the split's size):
+/// only the part zcrop's decoder needs where it takes the frame and that pays, else the whole
+/// split with libzstd. Returns how many bytes were decoded.
+fn zstd_split(
+    src: &[u8],
+    out: &mut [u8],
+    want: Range<usize>,
+    literals: &mut Vec<u8>,
+    ctx: &mut ZstdContext,
+) -> Result<usize, Error> {
+    match crate::zstd::decode_range(src, out, want, literals, crate::zstd::MAX_SHARE) {
+        Ok(got) => Ok(got.len()),
+        Err(crate::zstd::Error::Corrupt(_)) => Err(Error::Corrupt("damaged zstd split")),
+        Err(crate::zstd::Error::Unsupported(_)) => {
+            let dctx = ctx.0.get_or_insert_with(zstd::zstd_safe::DCtx::create);
+            match dctx.decompress(out, src) {
+                Ok(n) if n == out.len() => Ok(n),
+                _ => Err(Error::Corrupt("damaged zstd split")),
+            }
+        }
+    }
 }
 
 /// The header facts the layout depends on.
@@ -255,6 +295,16 @@ pub fn open<'a>(
                 let data = found[s].clone();
                 let (seg, n) = if data.len() == seg_len {
                     (Seg::Raw(data.start), r.end)
+                } else if compformat == ZSTD_FORMAT {
+                    let out = &mut scratch.tmp[base + s * seg_len..base + (s + 1) * seg_len];
+                    let n = zstd_split(
+                        &src[data],
+                        out,
+                        r.clone(),
+                        &mut scratch.literals,
+                        &mut scratch.zstd,
+                    )?;
+                    (Seg::Decoded, n)
                 } else if compformat == LZ4_FORMAT {
                     let n = r.end;
                     let out = &mut scratch.tmp[base + s * seg_len..base + (s + 1) * seg_len];
@@ -265,7 +315,7 @@ pub fn open<'a>(
                     }
                     (Seg::Decoded, n)
                 } else {
-                    return Err(Error::Unsupported(NOT_LZ4));
+                    return Err(Error::Unsupported(OTHER_COMPRESSOR));
                 };
                 scratch.segs[j * splits + s] = seg;
                 decoded += n;

@@ -10,12 +10,14 @@
 //! This module parses the buffer itself and, for each block that holds needed bytes:
 //! - takes splits stored raw straight from the encoded bytes, without copying them;
 //! - decompresses LZ4 splits only as far as the last needed byte ([`crate::lz4`]);
+//! - decodes zstd splits (one zstd frame each) in part where that pays ([`crate::zstd`]), else
+//!   whole with libzstd;
 //!
 //! and [`Chunk::gather`] unshuffles just the bytes asked for, into a scratch chunk or straight
 //! into the crops ([`Chunk::gather_group`] into a stitch's [`crate::dest::Rows`]), so the needed bytes are touched once.
 //!
 //! Left to c-blosc (an `Err` here, and the caller falls back): bitshuffle, splits compressed
-//! with anything but LZ4 (blosclz, zlib, zstd, snappy), and anything this parser calls damaged
+//! with anything but LZ4 or zstd (blosclz, zlib, snappy), and anything this parser calls damaged
 //! (c-blosc then words the error). As with any decoder that stops early, the bytes of a chunk
 //! outside the needed range are not verified.
 
@@ -24,7 +26,9 @@ mod frame;
 mod gather;
 
 pub use blocks::BlockIndex;
-pub use frame::{BITSHUFFLE, Chunk, Error, NOT_LZ4, Scratch, decoded_size, open, prefetch};
+pub use frame::{
+    BITSHUFFLE, Chunk, Error, OTHER_COMPRESSOR, Scratch, decoded_size, open, prefetch,
+};
 
 #[cfg(test)]
 mod tests {
@@ -94,6 +98,8 @@ mod tests {
                     (1, "lz4hc"),
                     (1, "blosclz"),
                     (2, "lz4"),
+                    (1, "zstd"),
+                    (0, "zstd"),
                 ] {
                     for &blocksize in &[0usize, 4096] {
                         let data = if rng.random_bool(0.3) {
@@ -157,11 +163,39 @@ mod tests {
         assert_eq!(out, data[..30000]);
     }
 
+    /// c-blosc does not split zstd blocks: a shuffled block is one zstd frame of its byte
+    /// planes one after the other, so a band of elements needs a band of each plane.
+    #[test]
+    fn zstd_blocks_decode_in_part_where_the_band_is_early() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        let data = imagery(&mut rng, 16384, 2);
+        let mut scratch = Scratch::default();
+        let plain = compress(&data, 2, 0, "zstd", 0);
+        let chunk = open(&plain, 0..4000, &mut scratch).unwrap();
+        assert!(chunk.decoded_bytes() < 8000, "{}", chunk.decoded_bytes());
+        let mut out = vec![0u8; 4000];
+        chunk.gather(0, &mut out);
+        assert_eq!(out, data[..4000]);
+        // Shuffled: the high bytes' plane starts half way, so even a short band needs more
+        // than half of the block, and libzstd decodes it whole.
+        let shuffled = compress(&data, 2, 1, "zstd", 0);
+        let chunk = open(&shuffled, 0..4000, &mut scratch).unwrap();
+        assert_eq!(chunk.decoded_bytes(), data.len());
+        chunk.gather(0, &mut out);
+        assert_eq!(out, data[..4000]);
+    }
+
     #[test]
     fn damaged_buffers_are_errors_not_panics() {
+        for cname in ["lz4", "zstd"] {
+            damaged_buffers_of(cname);
+        }
+    }
+
+    fn damaged_buffers_of(cname: &str) {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         let data = imagery(&mut rng, 16384, 2);
-        let good = compress(&data, 2, 1, "lz4", 0);
+        let good = compress(&data, 2, 1, cname, 0);
         let mut corrupt = 0;
         for t in 0..3000 {
             let mut bad = good.clone();
@@ -193,7 +227,10 @@ mod tests {
                 Err(Error::Unsupported(_)) => {}
             }
         }
-        assert!(corrupt > 500, "only {corrupt} damaged buffers detected");
+        assert!(
+            corrupt > 500,
+            "{cname}: only {corrupt} damaged buffers detected"
+        );
         // Found by fuzzing: a compressed size below the header's own.
         for ctbytes in [0i32, 3, 15] {
             let mut bad = good.clone();
