@@ -14,7 +14,8 @@
 //!   whole with libzstd;
 //!
 //! and [`Chunk::gather`] unshuffles just the bytes asked for, into a scratch chunk or straight
-//! into the crops ([`Chunk::gather_group`] into a stitch's [`crate::dest::Rows`]), so the needed bytes are touched once.
+//! into the crops ([`Chunk::gather_group`] into a stitch's [`crate::dest::Rows`]), so the
+//! needed bytes are touched once.
 //!
 //! Left to c-blosc (an `Err` here, and the caller falls back): bitshuffle, splits compressed
 //! with anything but LZ4 or zstd (blosclz, zlib, snappy), and anything this parser calls damaged
