@@ -158,106 +158,71 @@ impl Sequences {
     }
 }
 
-/// A sequences section being decoded, one sequence a [`Self::step`].
-pub(super) struct SeqDecoder<'a> {
-    /// Literal length, offset and match length tables, padded.
-    tables: Box<[[FseEntry; PAD]; 3]>,
-    bits: Window<'a>,
-    /// Literal length, offset and match length states.
-    states: [usize; 3],
-    reps: [u32; 3],
-    list: Vec<Sequence>,
-    count: usize,
+/// Reads the sequences section `src` (everything after the literals) of a block of `full`
+/// decoded bytes; `literals` is how many the literals section holds. Stops after the first
+/// sequence that reaches output byte `stop` (the sequences after it are not needed to produce
+/// the bytes before `stop`), so the stream past that point is not verified.
+pub(super) fn read_sequences(
+    src: &[u8],
     literals: usize,
     full: usize,
     stop: usize,
-    literals_used: usize,
-    produced: usize,
-    done: bool,
-    error: Option<Error>,
-}
-
-impl<'a> SeqDecoder<'a> {
-    /// Starts decoding the sequences section `src` (everything after the literals) of a block
-    /// of `full` decoded bytes; `literals` is how many the literals section holds. Decoding
-    /// stops after the first sequence that reaches output byte `stop` (the sequences after it
-    /// are not needed to produce the bytes before `stop`), so the stream past that point is not
-    /// verified.
-    pub(super) fn new(src: &'a [u8], literals: usize, full: usize, stop: usize) -> Result<Self> {
-        let (count, mut at) = sequence_count(src)?;
-        let mut d = SeqDecoder {
-            tables: Box::new([[FseEntry::default(); PAD]; 3]),
-            bits: Window::new(&[1], "sequences")?,
-            states: [0; 3],
-            reps: [1, 4, 8],
-            list: Vec::new(),
+) -> Result<Sequences> {
+    let (count, mut at) = sequence_count(src)?;
+    let mut list = Vec::new();
+    if count == 0 {
+        return Ok(Sequences {
+            list,
             count,
-            literals,
-            full,
-            stop,
             literals_used: 0,
             produced: 0,
-            done: count == 0,
-            error: None,
-        };
-        if count == 0 {
-            return Ok(d);
-        }
-        let modes = *src
-            .get(at)
-            .ok_or_else(|| Error::Corrupt("sequences header truncated".into()))?;
-        at += 1;
-        if modes & 3 != 0 {
-            return corrupt("reserved bits set in the sequence modes");
-        }
-        let mut logs = [0u32; 3];
-        for (k, f) in SEQ_FIELDS.iter().enumerate() {
-            let (table, n) =
-                read_seq_table((modes >> f.mode_shift) & 3, src.get(at..).unwrap_or(&[]), f)?;
-            at += n;
-            // At most 2^9 entries (the fields' largest accuracy log).
-            d.tables[k][..table.table.len()].copy_from_slice(&table.table);
-            logs[k] = table.log;
-        }
-        let Some(stream) = src.get(at..) else {
-            return corrupt("sequence tables run past the block");
-        };
-        d.bits = Window::new(stream, "sequences")?;
-        // The three initial states: at most 9 + 8 + 9 bits.
-        for (state, log) in d.states.iter_mut().zip(logs) {
-            *state = d.bits.read(log) as usize;
-        }
-        d.list.reserve_exact(count);
-        Ok(d)
+        });
     }
-
-    /// Whether decoding has ended (every sequence decoded, `stop` reached, or an error).
-    #[inline]
-    pub(super) fn done(&self) -> bool {
-        self.done
+    let modes = *src
+        .get(at)
+        .ok_or_else(|| Error::Corrupt("sequences header truncated".into()))?;
+    at += 1;
+    if modes & 3 != 0 {
+        return corrupt("reserved bits set in the sequence modes");
     }
-
-    fn fail(&mut self, e: Error) {
-        self.error = Some(e);
-        self.done = true;
+    // Literal length, offset and match length tables, padded.
+    let mut tables = [[FseEntry::default(); PAD]; 3];
+    let mut logs = [0u32; 3];
+    for (k, f) in SEQ_FIELDS.iter().enumerate() {
+        let (table, n) =
+            read_seq_table((modes >> f.mode_shift) & 3, src.get(at..).unwrap_or(&[]), f)?;
+        at += n;
+        // At most 2^9 entries (the fields' largest accuracy log).
+        tables[k][..table.table.len()].copy_from_slice(&table.table);
+        logs[k] = table.log;
     }
-
-    /// Decodes the next sequence (call only while not [`Self::done`]).
-    #[inline]
-    pub(super) fn step(&mut self) {
-        let [sll, sof, sml] = self.states;
-        let lle = self.tables[0][sll & PAD_MASK];
-        let ofe = self.tables[1][sof & PAD_MASK];
-        let mle = self.tables[2][sml & PAD_MASK];
+    let [lls, ofs, mls] = &tables;
+    let Some(stream) = src.get(at..) else {
+        return corrupt("sequence tables run past the block");
+    };
+    let mut bits = Window::new(stream, "sequences")?;
+    // The three initial states: at most 9 + 8 + 9 bits.
+    let mut sll = bits.read(logs[0]) as usize;
+    let mut sof = bits.read(logs[1]) as usize;
+    let mut sml = bits.read(logs[2]) as usize;
+    let mut reps = [1u32, 4, 8];
+    list.reserve_exact(count);
+    let mut literals_used = 0usize;
+    let mut produced = 0usize;
+    for i in 0..count {
+        let (lle, ofe, mle) = (
+            lls[sll & PAD_MASK],
+            ofs[sof & PAD_MASK],
+            mls[sml & PAD_MASK],
+        );
         let (llc, ofc, mlc) = (
             usize::from(lle.symbol) & CODE_MASK,
             u32::from(ofe.symbol),
             usize::from(mle.symbol) & CODE_MASK,
         );
         if ofc > 31 {
-            return self.fail(Error::Corrupt(format!("offset code {ofc}")));
+            return corrupt(format!("offset code {ofc}"));
         }
-        let bits = &mut self.bits;
         // A refill leaves 57 bits: enough for an offset of up to 31 bits, a match length's
         // 16 and, but for offsets over 25 bits, a literal length's 16.
         bits.refill();
@@ -267,90 +232,64 @@ impl<'a> SeqDecoder<'a> {
             bits.refill();
         }
         let lit_len = LL[llc].0 + bits.read(u32::from(LL[llc].1)) as u32;
-        let reps = &mut self.reps;
         let offset = if offset_value > 3 {
             let o = (offset_value - 3) as u32;
-            *reps = [o, reps[0], reps[1]];
+            reps = [o, reps[0], reps[1]];
             o
         } else {
             let idx = offset_value as usize - 1 + usize::from(lit_len == 0);
             match idx {
                 0 => reps[0],
                 1 => {
-                    *reps = [reps[1], reps[0], reps[2]];
+                    reps = [reps[1], reps[0], reps[2]];
                     reps[0]
                 }
                 2 => {
-                    *reps = [reps[2], reps[0], reps[1]];
+                    reps = [reps[2], reps[0], reps[1]];
                     reps[0]
                 }
                 _ => {
                     let o = reps[0].wrapping_sub(1);
                     if o == 0 {
-                        return self.fail(Error::Corrupt("repeat offset of zero".into()));
+                        return corrupt("repeat offset of zero");
                     }
-                    *reps = [o, reps[0], reps[1]];
+                    reps = [o, reps[0], reps[1]];
                     o
                 }
             }
         };
-        self.literals_used += lit_len as usize;
-        self.produced += (lit_len + match_len) as usize;
-        self.list.push(Sequence {
+        literals_used += lit_len as usize;
+        produced += (lit_len + match_len) as usize;
+        list.push(Sequence {
             literals: lit_len,
             match_len,
             offset,
         });
-        if self.literals_used > self.literals || self.produced > self.full {
-            return self.fail(Error::Corrupt(
-                "sequences produce more than the block holds".into(),
-            ));
+        if literals_used > literals || produced > full {
+            return corrupt("sequences produce more than the block holds");
         }
-        let more = self.list.len() < self.count;
+        let more = i + 1 < count;
         if more {
             // At most 9 + 9 + 8 bits.
             bits.refill();
-            let ll = usize::from(lle.new_state) + bits.read(u32::from(lle.nb_bits)) as usize;
-            let ml = usize::from(mle.new_state) + bits.read(u32::from(mle.nb_bits)) as usize;
-            let of = usize::from(ofe.new_state) + bits.read(u32::from(ofe.nb_bits)) as usize;
-            self.states = [ll, of, ml];
+            sll = usize::from(lle.new_state) + bits.read(u32::from(lle.nb_bits)) as usize;
+            sml = usize::from(mle.new_state) + bits.read(u32::from(mle.nb_bits)) as usize;
+            sof = usize::from(ofe.new_state) + bits.read(u32::from(ofe.nb_bits)) as usize;
         }
         if bits.overflowed() {
-            return self.fail(Error::Corrupt("sequence bit stream ends early".into()));
+            return corrupt("sequence bit stream ends early");
         }
-        if !more || self.produced >= self.stop {
-            self.done = true;
+        if more && produced >= stop {
+            break;
         }
     }
-
-    /// The sequences decoded, or why decoding failed.
-    pub(super) fn finish(self) -> Result<Sequences> {
-        if let Some(e) = self.error {
-            return Err(e);
-        }
-        let complete = self.list.len() == self.count;
-        if complete && self.count > 0 && self.bits.pos != 0 {
-            return corrupt("sequence bit stream has bits left");
-        }
-        Ok(Sequences {
-            list: self.list,
-            count: self.count,
-            literals_used: self.literals_used,
-            produced: self.produced,
-        })
+    if list.len() == count && bits.pos != 0 {
+        return corrupt("sequence bit stream has bits left");
     }
-}
-
-/// Decodes the sequences section `src` (see [`SeqDecoder::new`]).
-pub(super) fn read_sequences(
-    src: &[u8],
-    literals: usize,
-    full: usize,
-    stop: usize,
-) -> Result<Sequences> {
-    let mut d = SeqDecoder::new(src, literals, full, stop)?;
-    while !d.done() {
-        d.step();
-    }
-    d.finish()
+    Ok(Sequences {
+        list,
+        count,
+        literals_used,
+        produced,
+    })
 }
