@@ -102,7 +102,6 @@ fn blosc_whole_reason(e: &blosc::Error) -> WholeReason {
 }
 
 thread_local! {
-    static ZSTD: RefCell<Option<::zstd::zstd_safe::DCtx<'static>>> = const { RefCell::new(None) };
     static INFLATE: RefCell<Option<libdeflater::Decompressor>> = const { RefCell::new(None) };
     /// Literals of single-chunk partial decodes.
     static ZSTD_BLOCK_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -133,14 +132,6 @@ fn with_blosc_block<R>(
             whole: needed_whole.then_some(WholeReason::NeededWhole),
         };
         Ok((f(&chunk), cost))
-    })
-}
-
-fn with_zstd<R>(f: impl FnOnce(&mut ::zstd::zstd_safe::DCtx<'static>) -> R) -> R {
-    ZSTD.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let dctx = slot.get_or_insert_with(::zstd::zstd_safe::DCtx::create);
-        f(dctx)
     })
 }
 
@@ -696,7 +687,7 @@ impl LeafDecoder {
                             .err()
                             .map_or(WholeReason::ZstdOther, zstd_whole_reason)
                     });
-                    let n = with_zstd(|d| d.decompress(out, data)).map_err(zstd_err)?;
+                    let n = zstd::with_dctx(|d| d.decompress(out, data)).map_err(zstd_err)?;
                     if n != full {
                         return Err(
                             format!("zstd frame decoded to {n} bytes, expected {full}").into()
@@ -905,7 +896,7 @@ pub(crate) fn codec_name(name: Option<Cow<'static, str>>) -> String {
 fn zstd_prefix(src: &[u8], out: &mut [u8]) -> Result<(), String> {
     use ::zstd::zstd_safe::{InBuffer, OutBuffer, ResetDirective};
     let want = out.len();
-    with_zstd(|dctx| {
+    zstd::with_dctx(|dctx| {
         dctx.reset(ResetDirective::SessionOnly).map_err(zstd_err)?;
         let mut ob = OutBuffer::around(out);
         let mut ib = InBuffer::around(src);

@@ -59,18 +59,6 @@ pub struct Scratch {
     pub(super) segs: Vec<Seg>,
     /// Literals of zstd splits decoded in part.
     literals: Vec<u8>,
-    /// libzstd's context, for zstd splits decoded whole.
-    zstd: ZstdContext,
-}
-
-/// A libzstd decompression context, created on first use.
-#[derive(Default)]
-struct ZstdContext(Option<zstd::zstd_safe::DCtx<'static>>);
-
-impl std::fmt::Debug for ZstdContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ZstdContext")
-    }
 }
 
 /// Decodes at least `want` of the zstd-compressed split `src` into `out` (the split's size):
@@ -81,14 +69,12 @@ fn zstd_split(
     out: &mut [u8],
     want: Range<usize>,
     literals: &mut Vec<u8>,
-    ctx: &mut ZstdContext,
 ) -> Result<usize, Error> {
     match crate::zstd::decode_range(src, out, want, literals, crate::zstd::MAX_SHARE) {
         Ok(got) => Ok(got.len()),
         Err(crate::zstd::Error::Corrupt(_)) => Err(Error::Corrupt("damaged zstd split")),
         Err(crate::zstd::Error::Unsupported(_)) => {
-            let dctx = ctx.0.get_or_insert_with(zstd::zstd_safe::DCtx::create);
-            match dctx.decompress(out, src) {
+            match crate::zstd::with_dctx(|d| d.decompress(out, src)) {
                 Ok(n) if n == out.len() => Ok(n),
                 _ => Err(Error::Corrupt("damaged zstd split")),
             }
@@ -297,13 +283,7 @@ pub fn open<'a>(
                     (Seg::Raw(data.start), r.end)
                 } else if compformat == ZSTD_FORMAT {
                     let out = &mut scratch.tmp[base + s * seg_len..base + (s + 1) * seg_len];
-                    let n = zstd_split(
-                        &src[data],
-                        out,
-                        r.clone(),
-                        &mut scratch.literals,
-                        &mut scratch.zstd,
-                    )?;
+                    let n = zstd_split(&src[data], out, r.clone(), &mut scratch.literals)?;
                     (Seg::Decoded, n)
                 } else if compformat == LZ4_FORMAT {
                     let n = r.end;

@@ -83,6 +83,20 @@ use huffman::{Huffman, Stream, decode_streams};
 use literals::{Literals, read_literals};
 use sequences::{Sequence, read_sequences, sequence_count};
 
+thread_local! {
+    static DCTX: std::cell::RefCell<Option<zstd::zstd_safe::DCtx<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Calls `f` with this thread's libzstd decompression context (created on first use), for
+/// the frames decoded whole.
+pub fn with_dctx<R>(f: impl FnOnce(&mut zstd::zstd_safe::DCtx<'static>) -> R) -> R {
+    DCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        f(slot.get_or_insert_with(zstd::zstd_safe::DCtx::create))
+    })
+}
+
 /// One chunk to decode: its frame, its decoded size (`out.len()`) and the part crops need.
 pub struct Job<'a> {
     /// The encoded chunk: one zstd frame.
