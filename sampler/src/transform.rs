@@ -573,7 +573,7 @@ impl StitchTransform for Fused {
         self.axis
     }
 
-    fn convert(&self, src: &[u8], dst: &mut [u8], axis_index: u64) {
+    fn convert(&self, src: &[u8], dst: &mut [u8], axis_index: u64, _: usize) {
         let c = if self.axis.is_some() {
             axis_index as usize
         } else {
@@ -604,7 +604,7 @@ mod tests {
     fn run(f: &Fused, src: &[u8], c: u64) -> Vec<u8> {
         let n = src.len() / 2;
         let mut dst = vec![0u8; n * f.output_element_size()];
-        f.convert(src, &mut dst, c);
+        f.convert(src, &mut dst, c, 0);
         dst
     }
 
@@ -720,7 +720,7 @@ mod tests {
                 .unwrap()
                 .unwrap();
             let mut out = [0u8; 8];
-            f.convert(&bytes, &mut out, 0);
+            f.convert(&bytes, &mut out, 0, 0);
             assert_eq!(f64::from_ne_bytes(out), want, "{name}");
         }
     }

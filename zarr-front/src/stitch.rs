@@ -83,11 +83,11 @@ impl<'a> DisjointOut<'a> {
         transform: Option<&dyn StitchTransform>,
     ) {
         let axis = transform.and_then(StitchTransform::axis);
-        self.for_each_target(plan, copy, axis, |src, to, axis_index| {
+        self.for_each_target(plan, copy, axis, |src, dst, to, axis_index| {
             let from = &chunk[src..src + to.len() / plan.out_elsize * plan.elsize];
             match transform {
                 None => to.copy_from_slice(from),
-                Some(t) => t.convert(from, to, axis_index),
+                Some(t) => t.convert(from, to, axis_index, dst / plan.out_elsize),
             }
         });
     }
@@ -129,14 +129,14 @@ impl<'a> DisjointOut<'a> {
         });
     }
 
-    /// Calls `write(src_byte, run, axis_index)` with the output bytes of each run of `copy`
-    /// (see [`for_each_run`]).
+    /// Calls `write(src_byte, dst_byte, run, axis_index)` with the output bytes of each run of
+    /// `copy` (see [`for_each_run`]).
     fn for_each_target(
         &self,
         plan: &Plan,
         copy: Copy<'_>,
         axis: Option<usize>,
-        mut write: impl FnMut(usize, &mut [u8], u64),
+        mut write: impl FnMut(usize, usize, &mut [u8], u64),
     ) {
         let mut last_dst = None::<usize>;
         for_each_run(plan, copy, axis, |src, dst, n, axis_index| {
@@ -159,7 +159,7 @@ impl<'a> DisjointOut<'a> {
             // `write` reads from (a decoded chunk, or another copy's region of this buffer read
             // through `written`) does not overlap it.
             let to = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(dst), len) };
-            write(src, to, axis_index);
+            write(src, dst, to, axis_index);
         });
     }
 
@@ -194,11 +194,16 @@ impl<'a> DisjointOut<'a> {
                     }
                 }
                 Some(t) => {
-                    src.clear();
-                    for _ in 0..n {
+                    let at = dst / plan.out_elsize;
+                    if t.convert_fill(fill, n, out, axis_index, at) {
+                        return;
+                    }
+                    // Runs of the fill value, made once for the longest run so far.
+                    let bytes = n * fill.len();
+                    while src.len() < bytes {
                         src.extend_from_slice(fill);
                     }
-                    t.convert(&src, out, axis_index);
+                    t.convert(&src[..bytes], out, axis_index, at);
                 }
             }
         });

@@ -23,7 +23,7 @@ impl StitchTransform for Normalize {
     fn axis(&self) -> Option<usize> {
         Some(self.axis)
     }
-    fn convert(&self, src: &[u8], dst: &mut [u8], c: u64) {
+    fn convert(&self, src: &[u8], dst: &mut [u8], c: u64, _: usize) {
         let (m, s) = (self.mean[c as usize], self.std[c as usize]);
         for (i, o) in src.chunks_exact(2).zip(dst.chunks_exact_mut(4)) {
             let v = f32::from(u16::from_ne_bytes([i[0], i[1]]));
@@ -136,7 +136,7 @@ impl StitchTransform for CancelOnFirst<'_> {
     fn output_element_size(&self) -> usize {
         2
     }
-    fn convert(&self, src: &[u8], dst: &mut [u8], _: u64) {
+    fn convert(&self, src: &[u8], dst: &mut [u8], _: u64, _: usize) {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.flag.store(true, Ordering::Release);
         dst.copy_from_slice(src);
@@ -182,7 +182,7 @@ impl StitchTransform for FailBlock {
     fn output_element_size(&self) -> usize {
         2
     }
-    fn convert(&self, src: &[u8], dst: &mut [u8], _: u64) {
+    fn convert(&self, src: &[u8], dst: &mut [u8], _: u64, _: usize) {
         dst.copy_from_slice(src);
     }
     fn finish_block(&self, request: usize, _: &mut [u8]) -> Result<(), String> {

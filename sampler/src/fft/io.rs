@@ -33,7 +33,7 @@ impl StitchTransform for ToComplex {
         WORK
     }
 
-    fn convert(&self, src: &[u8], dst: &mut [u8], _: u64) {
+    fn convert(&self, src: &[u8], dst: &mut [u8], _: u64, _: usize) {
         let mut out = dst.chunks_exact_mut(WORK);
         for_each_value(self.0, src, |re, im| {
             let o = out.next().expect("output matches input");

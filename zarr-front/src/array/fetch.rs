@@ -80,19 +80,25 @@ impl<'p, 'o> StitchCtx<'p, 'o> {
         });
     }
 
-    /// Writes every copy of leaf `i` from its decoded bytes.
+    /// Writes every copy of leaf `i` from its decoded bytes (none if the transform skips them).
     fn stitch_leaf(&self, i: usize, chunk: &[u8]) {
+        let skip = self.transform.is_some_and(|t| t.skips_chunk(chunk));
         for c in self.plan.copies(&self.plan.leaves[i]) {
-            self.out
-                .copy_from_chunk(self.plan, c, chunk, self.transform);
+            if !skip {
+                self.out
+                    .copy_from_chunk(self.plan, c, chunk, self.transform);
+            }
             self.copy_done(c.index);
         }
     }
 
-    /// Writes every copy of leaf `i` with the fill value.
+    /// Writes every copy of leaf `i` with the fill value (none if the transform skips it).
     fn fill_leaf(&self, i: usize, fill: &[u8]) {
+        let skip = self.transform.is_some_and(|t| t.skips_chunk(fill));
         for c in self.plan.copies(&self.plan.leaves[i]) {
-            self.out.fill(self.plan, c, fill, self.transform);
+            if !skip {
+                self.out.fill(self.plan, c, fill, self.transform);
+            }
             self.copy_done(c.index);
         }
     }
