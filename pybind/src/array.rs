@@ -15,6 +15,7 @@ use zcrop::zarr::{Array, DimSelection, ReadOptions, ReadPart, VariableKind, read
 use crate::background::{self, Pending};
 use crate::blocking;
 use crate::read::{OwnedOut, Request};
+use zcrop::sampler::valid;
 
 /// An opened Zarr array (the Rust side of `zcrop.Array`). Cheap to share between threads.
 #[pyclass(frozen, module = "zcrop._zcrop")]
@@ -203,6 +204,44 @@ impl NativeArray {
     ) -> PyResult<Option<Words<'py>>> {
         let request = crops_request(&origins, shape, self.inner.ndim())?;
         self.run(py, request, out)
+    }
+
+    /// `(words, shape)`: which elements of `block` (one block as `read` takes it) are NaN or
+    /// one of `fills`, reduced (any) over the axes where `keep` is false; the words' bytes are
+    /// the map's cells (0 or 1, C order over `shape`, the last word padded). The read tests the
+    /// values as it decodes them and never writes them out (see
+    /// `zcrop::sampler::valid::read_missing`); `dtype` is the array's numpy type name.
+    fn missing_map<'py>(
+        &self,
+        py: Python<'py>,
+        block: &Bound<'py, PyAny>,
+        dtype: String,
+        fills: Vec<f64>,
+        keep: Vec<bool>,
+    ) -> PyResult<(Bound<'py, PyArray1<u64>>, Vec<usize>)> {
+        let block: Vec<DimSelection> = block
+            .try_iter()?
+            .map(|dim| parse_dim(&dim?))
+            .collect::<PyResult<_>>()?;
+        let shape = block
+            .iter()
+            .map(|d| usize::try_from(d.len()))
+            .collect::<Result<Vec<usize>, _>>()
+            .map_err(|_| PyValueError::new_err("the block is too large"))?;
+        let blocks = vec![block];
+        let work = Request::Blocks(blocks.clone()).work_bytes(&self.inner);
+        let array = self.inner.clone();
+        let map = blocking::run_owned(py, work, move |cancel| {
+            valid::read_missing(&shape, &dtype, &fills, &keep, |sink, out| {
+                let options = ReadOptions {
+                    transform: Some(sink),
+                    cancel: Some(cancel),
+                };
+                array.read_selections_into_with(&blocks, out, options)?;
+                Ok::<(), blocking::Failure>(())
+            })
+        })?;
+        Ok((PyArray1::from_vec(py, map.words), map.shape))
     }
 
     /// [`NativeArray::read`] in the background; `notify(error, (words, nbytes))` when done.

@@ -54,7 +54,6 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(buffer::spare_outputs, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::counter_add, m)?)?;
     m.add_function(wrap_pyfunction!(array::read_crops_many, m)?)?;
-    m.add_function(wrap_pyfunction!(valid::missing_map, m)?)?;
     m.add_function(wrap_pyfunction!(valid::window_any, m)?)?;
     m.add_function(wrap_pyfunction!(valid::bool_runs, m)?)?;
     m.add_function(wrap_pyfunction!(fft::fft_local, m)?)?;

@@ -6,26 +6,6 @@ use zcrop::sampler::valid;
 
 use crate::blocking;
 
-/// `(map, shape)`: which elements of a C-order block (its bytes, `dtype`, `shape`) are NaN or
-/// one of `fills`, reduced (any) over the axes where `keep` is false.
-#[pyfunction]
-// pyo3 extracts arguments by value.
-#[allow(clippy::needless_pass_by_value)]
-pub(crate) fn missing_map<'py>(
-    py: Python<'py>,
-    data: PyReadonlyArray1<'py, u8>,
-    dtype: &str,
-    shape: Vec<usize>,
-    fills: Vec<f64>,
-    keep: Vec<bool>,
-) -> PyResult<(Bound<'py, PyArray1<bool>>, Vec<usize>)> {
-    let bytes = data.as_slice()?;
-    let (map, shape) = py
-        .detach(|| valid::missing_map(bytes, dtype, &shape, &fills, &keep))
-        .map_err(|e| blocking::sampler_err(py, &e))?;
-    Ok((PyArray1::from_vec(py, map), shape))
-}
-
 /// `(any, shape)`: whether each window of `windows[d]` elements along every axis of a C-order
 /// boolean `map` holds a true element.
 #[pyfunction]

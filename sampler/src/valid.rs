@@ -3,11 +3,18 @@
 //! windows of given lengths contain a missing element.
 //!
 //! Both work on C-order arrays and make one pass over their input each (the window test one
-//! pass per window axis), so the pass costs little beside decoding.
+//! pass per window axis). The missing-element test also runs inside a read
+//! ([`read_missing`]), on each decoded run while it is in cache, so the values of a pass over
+//! a whole dataset are never written out.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
+use zcrop_zarr::StitchTransform;
 
+use crate::SamplerError;
 use crate::error::{Result, parallel, spec_err};
+use crate::pinned::{PinOptions, PinnedBuffer};
 
 /// Element types the kernels read, by their v3 names (native byte order).
 fn element_size(dtype: &str) -> Option<usize> {
@@ -83,10 +90,12 @@ macro_rules! with_test {
 /// The missing-element map of a C-order block of `shape` and type `dtype`, reduced (any) over
 /// the axes where `keep` is false. Returns the map and its shape (the kept axes).
 ///
-/// Blocks whose first axis is kept are split along it and marked in parallel (each part
-/// writes its own part of the map).
-// Fill values match exactly, as xarray masks them.
-#[allow(clippy::float_cmp)]
+/// For a block already in memory; [`read_missing`] builds the same map while a read decodes.
+/// Blocks whose first axis is kept are split along it and marked in parallel.
+///
+/// # Errors
+/// [`SamplerError::Spec`] for an unsupported `dtype` or a block
+/// whose length does not match `shape`.
 pub fn missing_map(
     bytes: &[u8],
     dtype: &str,
@@ -97,93 +106,324 @@ pub fn missing_map(
     let es = element_size(dtype)
         .ok_or_else(|| spec_err(format!("valid windows of {dtype} data are not supported")))?;
     let n: usize = shape.iter().product();
-    if bytes.len() != n * es || keep.len() != shape.len() {
+    if bytes.len() != n * es {
         return Err(spec_err(format!(
-            "a block of shape {shape:?} and {dtype} needs {} bytes and {} axis flags, got {} \
-             and {}",
+            "a block of shape {shape:?} and {dtype} needs {} bytes, got {}",
             n * es,
-            shape.len(),
-            bytes.len(),
-            keep.len()
+            bytes.len()
         )));
     }
-    let out_shape: Vec<usize> = (0..shape.len())
-        .filter(|&d| keep[d])
-        .map(|d| shape[d])
-        .collect();
-    let mut out = vec![false; out_shape.iter().product()];
-    if n == 0 {
-        return Ok((out, out_shape));
-    }
-    with_test!(dtype, fills, mark_block(bytes, shape, keep, &mut out))?;
-    Ok((out, out_shape))
+    let map = read_missing(shape, dtype, fills, keep, |sink, _| {
+        // Parts of whole rows along the first axis, as a read's threads would pass them.
+        let part = (n / shape.first().copied().unwrap_or(1).max(1)).max(1);
+        parallel(|| {
+            bytes
+                .par_chunks(part * es)
+                .enumerate()
+                .for_each(|(i, b)| sink.convert(b, &mut [], 0, i * part));
+        })
+    })?;
+    let cells = map.to_bools();
+    Ok((cells, map.shape))
 }
 
-/// [`mark`] over a whole block, in parallel parts along its first axis when that is kept.
-fn mark_block<F: Fn(&[u8]) -> bool + Sync>(
-    bytes: &[u8],
+/// Which elements of a block of `shape` (C order, type `dtype`) are missing, reduced (any)
+/// over the axes where `keep` is false (the map's shape is that of the kept axes), recorded
+/// while `read` decodes them.
+///
+/// `read(transform, out)` reads the block into `out` with the given [`StitchTransform`]. The
+/// transform's output elements are one byte each and it writes none of them: `out` is a fresh
+/// mapping whose pages are never touched, so it costs no memory. It tests each decoded chunk
+/// while the chunk is in cache, skips a chunk without a missing element, and otherwise marks the
+/// map where the chunk's runs hold one, so the values themselves are never written out. A
+/// `read` may pass runs from many threads at once.
+///
+/// # Errors
+/// [`SamplerError::Spec`] (converted into `E`) for an unsupported
+/// `dtype` or a `keep` of the wrong length, [`SamplerError::Alloc`]
+/// if the mapping fails; what `read` returns.
+// Fill values match exactly, as xarray masks them.
+#[allow(clippy::float_cmp)]
+pub fn read_missing<E: From<SamplerError>>(
     shape: &[usize],
+    dtype: &str,
+    fills: &[f64],
     keep: &[bool],
-    out: &mut [bool],
+    read: impl FnOnce(&dyn StitchTransform, &mut [u8]) -> std::result::Result<(), E>,
+) -> std::result::Result<MissingMap, E> {
+    if element_size(dtype).is_none() {
+        return Err(spec_err(format!("valid windows of {dtype} data are not supported")).into());
+    }
+    if keep.len() != shape.len() {
+        return Err(spec_err(format!(
+            "a block of shape {shape:?} needs {} axis flags, got {}",
+            shape.len(),
+            keep.len()
+        ))
+        .into());
+    }
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &x| a.checked_mul(x))
+        .ok_or_else(|| spec_err(format!("a block of shape {shape:?} is too large")))?;
+    let mut out =
+        PinnedBuffer::new(n, &PinOptions::pageable()).map_err(|e| SamplerError::Alloc {
+            bytes: n,
+            reason: e.to_string(),
+        })?;
+    let marks = Marks::new(shape, keep);
+    with_test!(
+        dtype,
+        fills,
+        read_with(&marks, |t| read(t, out.as_mut_slice()))
+    )?;
+    Ok(marks.into_map())
+}
+
+/// The map [`read_missing`] fills: which elements of the read block are missing, over the
+/// kept axes, one byte per cell (0 or 1) packed eight to an atomic word. Runs on many threads
+/// mark it at once. A word whose eight cells are all to be marked is stored whole, without
+/// reading it (no other value can be more than all marks, so the store loses none); any other
+/// is ORed, and only when it lacks a mark to be set.
+struct Marks {
+    /// The block's shape; a run never spans two rows along its last axis here.
+    shape: Vec<usize>,
+    /// Per block axis, the stride of its index in the map (0 on a reduced axis).
+    stride: Vec<usize>,
+    words: Vec<AtomicU64>,
+    /// The map's shape.
+    map_shape: Vec<usize>,
+    /// The last axis is kept: a row's elements have consecutive cells (else they share one).
+    kept_last: bool,
+}
+
+/// One mark in every byte of a word.
+const ALL_CELLS: u64 = 0x0101_0101_0101_0101;
+
+/// Where the mark of the cell in byte `b` (in memory order) of a word is: the words' bytes are
+/// the map's cells in order whatever the byte order.
+const fn cell_shift(b: usize) -> usize {
+    if cfg!(target_endian = "little") {
+        8 * b
+    } else {
+        8 * (7 - b)
+    }
+}
+
+impl Marks {
+    fn new(shape: &[usize], keep: &[bool]) -> Self {
+        let mut stride = vec![0usize; shape.len()];
+        let mut s = 1usize;
+        for d in (0..shape.len()).rev() {
+            if keep[d] {
+                stride[d] = s;
+                s *= shape[d];
+            }
+        }
+        let map_shape: Vec<usize> = (0..shape.len())
+            .filter(|&d| keep[d])
+            .map(|d| shape[d])
+            .collect();
+        Marks {
+            shape: shape.to_vec(),
+            kept_last: stride.last() == Some(&1),
+            stride,
+            words: (0..s.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
+            map_shape,
+        }
+    }
+
+    /// Splits elements `at .. at + n` of the block into the parts that lie in one row along
+    /// its last axis: `f(i, len, cell)` for the part of `len` elements from `at + i`, where
+    /// `cell()` is the map cell of its first element.
+    fn rows(&self, at: usize, n: usize, mut f: impl FnMut(usize, usize, &dyn Fn() -> usize)) {
+        let row = self.shape.last().copied().unwrap_or(1).max(1);
+        let mut i = 0;
+        while i < n {
+            let len = (row - (at + i) % row).min(n - i);
+            f(i, len, &|| self.index(at + i));
+            i += len;
+        }
+    }
+
+    /// The map index of element `e` of the block (its C-order index).
+    fn index(&self, mut e: usize) -> usize {
+        let mut at = 0;
+        for (&n, &stride) in self.shape.iter().zip(&self.stride).rev() {
+            at += (e % n) * stride;
+            e /= n;
+        }
+        at
+    }
+
+    /// ORs `mask` (a byte of 0 or 1 per cell) into word `w`, unless its marks are set already.
+    fn or_word(&self, w: usize, mask: u64) {
+        let word = &self.words[w];
+        if word.load(Ordering::Relaxed) & mask != mask {
+            word.fetch_or(mask, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks cells `start .. start + len`, with `flag(k)` saying whether cell `start + k` is
+    /// missing, a word at a time.
+    fn mark_cells(&self, start: usize, len: usize, flag: impl Fn(usize) -> bool) {
+        let mut k = 0;
+        while k < len {
+            let (w, off) = ((start + k) / 8, (start + k) % 8);
+            let take = (8 - off).min(len - k);
+            let mut mask = 0u64;
+            for j in 0..take {
+                mask |= u64::from(flag(k + j)) << cell_shift(off + j);
+            }
+            if mask != 0 {
+                self.or_word(w, mask);
+            }
+            k += take;
+        }
+    }
+
+    /// Marks every cell of `start .. start + len`.
+    fn mark_all(&self, start: usize, len: usize) {
+        let mut k = 0;
+        while k < len {
+            let (w, off) = ((start + k) / 8, (start + k) % 8);
+            let take = (8 - off).min(len - k);
+            if take == 8 {
+                self.words[w].store(ALL_CELLS, Ordering::Relaxed);
+            } else {
+                let mask = (off..off + take).fold(0, |m, b| m | 1 << cell_shift(b));
+                self.or_word(w, mask);
+            }
+            k += take;
+        }
+    }
+
+    fn into_map(self) -> MissingMap {
+        MissingMap {
+            words: self.words.into_iter().map(AtomicU64::into_inner).collect(),
+            shape: self.map_shape,
+        }
+    }
+}
+
+/// A missing-element map as [`read_missing`] returns it: over `shape` (C order), one byte per
+/// cell, 1 where an element is missing and 0 elsewhere, held in the bytes of `words` in memory
+/// order (eight to a word; the last word may run past the last cell). A caller can hand the
+/// words on as a byte array without a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingMap {
+    /// The cells' bytes.
+    pub words: Vec<u64>,
+    /// The map's shape.
+    pub shape: Vec<usize>,
+}
+
+impl MissingMap {
+    /// The number of cells.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the map has no cell.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cells as booleans.
+    pub fn to_bools(&self) -> Vec<bool> {
+        let mut out: Vec<bool> = self
+            .words
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .map(|b| b != 0)
+            .collect();
+        out.truncate(self.len());
+        out
+    }
+}
+
+/// Runs `read` with a [`MissingSink`] of `test` over `marks`.
+fn read_with<E, F: Fn(&[u8]) -> bool + Sync>(
+    marks: &Marks,
+    read: impl FnOnce(&dyn StitchTransform) -> std::result::Result<(), E>,
     es: usize,
     test: F,
-) -> Result<()> {
-    if shape.len() > 1 && keep[0] && shape[0] > 1 {
-        let n: usize = shape.iter().product();
-        let (inner, kept) = (n / shape[0] * es, out.len() / shape[0]);
-        let split = || {
-            out.par_chunks_mut(kept.max(1))
-                .zip(bytes.par_chunks(inner.max(1)))
-                .for_each(|(o, b)| mark(b, es, &shape[1..], &keep[1..], o, &test));
-        };
-        parallel(split)
-    } else {
-        mark(bytes, es, shape, keep, out, &test);
-        Ok(())
+) -> std::result::Result<(), E> {
+    read(&MissingSink { marks, es, test })
+}
+
+/// The transform of [`read_missing`]: marks where decoded elements are missing.
+struct MissingSink<'m, F> {
+    marks: &'m Marks,
+    es: usize,
+    test: F,
+}
+
+impl<F: Fn(&[u8]) -> bool + Sync> MissingSink<'_, F> {
+    /// Whether `src` holds a missing element.
+    fn any<const ES: usize>(&self, src: &[u8]) -> bool {
+        src.chunks_exact(ES).fold(false, |a, b| a | (self.test)(b))
+    }
+
+    /// Whether every element of `src` is missing.
+    fn all<const ES: usize>(&self, src: &[u8]) -> bool {
+        src.chunks_exact(ES).fold(true, |a, b| a & (self.test)(b))
+    }
+
+    /// Marks the missing elements among `src`, whose first element is element `at` of the
+    /// block, one row (along the block's last axis) at a time: a row without a missing element
+    /// costs one pass of the test, a row of them one more; only a row of both is marked
+    /// element by element.
+    fn mark<const ES: usize>(&self, src: &[u8], at: usize) {
+        self.marks.rows(at, src.len() / ES, |i, len, cell| {
+            let part = &src[i * ES..(i + len) * ES];
+            if !self.any::<ES>(part) {
+                return;
+            }
+            let base = cell();
+            if !self.marks.kept_last {
+                self.marks.mark_all(base, 1);
+            } else if self.all::<ES>(part) {
+                self.marks.mark_all(base, len);
+            } else {
+                let el = |k: usize| &part[k * ES..(k + 1) * ES];
+                self.marks.mark_cells(base, len, |k| (self.test)(el(k)));
+            }
+        });
     }
 }
 
-/// ORs into `out` (the map over the kept axes) whether each element of the C-order block
-/// `bytes` of `shape` is missing, row by row along the last axis.
-fn mark<F: Fn(&[u8]) -> bool>(
-    bytes: &[u8],
-    es: usize,
-    shape: &[usize],
-    keep: &[bool],
-    out: &mut [bool],
-    test: &F,
-) {
-    let last = shape.len() - 1;
-    let mut out_stride = vec![0usize; shape.len()];
-    let mut s = 1usize;
-    for d in (0..shape.len()).rev() {
-        if keep[d] {
-            out_stride[d] = s;
-            s *= shape[d];
+impl<F: Fn(&[u8]) -> bool + Sync> StitchTransform for MissingSink<'_, F> {
+    fn output_element_size(&self) -> usize {
+        1
+    }
+
+    fn convert(&self, src: &[u8], _: &mut [u8], _: u64, at: usize) {
+        // The element size as a constant, so that the test of a row vectorizes.
+        match self.es {
+            1 => self.mark::<1>(src, at),
+            2 => self.mark::<2>(src, at),
+            4 => self.mark::<4>(src, at),
+            _ => self.mark::<8>(src, at),
         }
     }
-    let mut idx = vec![0usize; shape.len()];
-    let mut at = 0usize;
-    for row in bytes.chunks(shape[last].max(1) * es) {
-        let flags = row.chunks_exact(es).map(test);
-        if keep[last] {
-            for (o, f) in out[at..at + shape[last]].iter_mut().zip(flags) {
-                *o |= f;
-            }
-        } else if flags.fold(false, |a, f| a | f) {
-            out[at] = true;
+
+    fn convert_fill(&self, fill: &[u8], n: usize, _: &mut [u8], _: u64, at: usize) -> bool {
+        if (self.test)(fill) {
+            let m = self.marks;
+            m.rows(at, n, |_, len, cell| {
+                m.mark_all(cell(), if m.kept_last { len } else { 1 });
+            });
         }
-        // The next row, advanced like an odometer (no divisions).
-        let mut d = last;
-        while d > 0 {
-            d -= 1;
-            idx[d] += 1;
-            at += out_stride[d];
-            if idx[d] < shape[d] {
-                break;
-            }
-            at -= out_stride[d] * shape[d];
-            idx[d] = 0;
+        true
+    }
+
+    fn skips_chunk(&self, chunk: &[u8]) -> bool {
+        match self.es {
+            1 => !self.any::<1>(chunk),
+            2 => !self.any::<2>(chunk),
+            4 => !self.any::<4>(chunk),
+            _ => !self.any::<8>(chunk),
         }
     }
 }
@@ -193,7 +433,7 @@ fn mark<F: Fn(&[u8]) -> bool>(
 /// shape, `shape[d] - windows[d] + 1` per axis (zero where the window does not fit).
 ///
 /// # Errors
-/// [`SamplerError::Threads`](crate::SamplerError::Threads) if zcrop's threads cannot start.
+/// [`SamplerError::Threads`] if zcrop's threads cannot start.
 pub fn window_any(
     map: &[bool],
     shape: &[usize],
@@ -407,12 +647,19 @@ mod tests {
     }
 
     #[test]
-    fn window_any_over_wide_rows_and_many_row_groups() {
-        // Rows wider than a strip of columns, windows short and long, several row groups.
+    fn window_any_over_long_lines_and_windows() {
+        // Lines of many words, windows along them shorter and longer than a word, windows of
+        // powers of two and not, and of a whole line.
         for (shape, w) in [
             (vec![40, 5000], vec![10, 1]),
             (vec![40, 5000], vec![3, 1]),
             (vec![6, 2, 4200], vec![2, 2, 9]),
+            (vec![3, 700], vec![2, 130]),
+            (vec![5, 300], vec![1, 64]),
+            (vec![5, 300], vec![4, 65]),
+            (vec![2, 3, 257], vec![2, 1, 128]),
+            (vec![4, 129], vec![3, 129]),
+            (vec![7, 64], vec![7, 63]),
         ] {
             let n: usize = shape.iter().product();
             let map: Vec<bool> = (0..n).map(|i| (i * 7919) % 1009 == 3).collect();
@@ -437,6 +684,22 @@ mod tests {
             let want_shape: Vec<usize> = shape.iter().zip(w).map(|(&n, &w)| (n + 1).saturating_sub(w)).collect();
             proptest::prop_assert_eq!(&got_shape, &want_shape);
             proptest::prop_assert_eq!(got, brute(&map, &shape, w));
+        }
+
+        #[test]
+        fn window_any_matches_brute_force_along_long_lines(
+            rows in 1usize..5,
+            n in 1usize..300,
+            seed in 0u64..1000,
+            w in (1usize..5, 1usize..300),
+            sparse in proptest::sample::select(vec![2u64, 5, 61]),
+        ) {
+            // Lines of several words; windows across word boundaries.
+            let shape = [rows, n];
+            let map: Vec<bool> = (0..rows * n).map(|i| ((i as u64 * 2_654_435_761) ^ seed).is_multiple_of(sparse)).collect();
+            let w = [w.0, w.1];
+            let (got, _) = window_any(&map, &shape, &w).unwrap();
+            proptest::prop_assert_eq!(got, brute(&map, &shape, &w));
         }
 
         #[test]
@@ -473,13 +736,23 @@ mod tests {
 
         #[test]
         fn missing_map_reduces_dropped_axes(
-            shape in proptest::collection::vec(1usize..6, 1..5),
+            shape in proptest::collection::vec(1usize..6, 1..4),
+            last in 1usize..40,
             seed in 0u64..1000,
             keep_bits in 0u8..16,
+            whole_rows in proptest::bool::ANY,
         ) {
+            // Rows of mixed values, and (with `whole_rows`) rows all missing beside them.
+            let shape: Vec<usize> = shape.into_iter().chain([last]).collect();
             let n: usize = shape.iter().product();
             let vals: Vec<f32> = (0..n)
-                .map(|i| match ((i as u64 * 40_503) ^ seed) % 9 { 0 => f32::NAN, 1 => -1.0, v => v as f32 })
+                .map(|i| {
+                    let row = (i / last) as u64 ^ seed;
+                    if whole_rows && row.is_multiple_of(3) {
+                        return f32::NAN;
+                    }
+                    match ((i as u64 * 40_503) ^ seed) % 9 { 0 => f32::NAN, 1 => -1.0, v => v as f32 }
+                })
                 .collect();
             let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
             let keep: Vec<bool> = (0..shape.len()).map(|d| (keep_bits >> d) & 1 == 1).collect();

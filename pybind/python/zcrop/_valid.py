@@ -3,10 +3,11 @@
 One streaming pass over the data. Positions are processed in slabs along the first position
 dimension, sized to a memory budget; each source reads only the rows (along the array axis that
 follows that dimension) it has not read yet, in whole chunks, so every chunk is read once. The
-next slab's reads, and their test for missing values (a Rust kernel, reduced over the axes a
-window takes whole), run in a background thread while the current slab is checked: running
-counts along each window axis (a second kernel; both release the GIL), then a gather of each
-position's window. The result over positions is kept as runs of valid positions, never one
+next slabs' reads run in a background thread while the current slab is checked; a read tests
+each value for being missing as it decodes it (in Rust, without the GIL), reducing over the
+axes a window takes whole, and never writes the values out. The check is a window test along
+each window axis (a second kernel, also without the GIL), then a gather of each position's
+window. The result over positions is kept as runs of valid positions, never one
 byte per position for the whole grid.
 
 Along a periodic first position dimension the rows are those of the unrolled axis: windows of
@@ -20,6 +21,7 @@ placement, and the values counted as invalid, so the second call returns at once
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import hashlib
 import json
@@ -47,6 +49,9 @@ _NONE = -(1 << 61)
 
 #: Bytes of a slab's reads and intermediate maps, all sources together, by default.
 DEFAULT_BUDGET = 512 << 20
+
+#: Slabs whose reads are queued while one is checked.
+_AHEAD = 2
 
 
 def _size(v: int | str) -> int:
@@ -235,18 +240,6 @@ def _window_any(inv: np.ndarray[Any, Any], windows: list[int]) -> np.ndarray[Any
     return out.reshape(shape)
 
 
-def _missing(block: np.ndarray[Any, Any], fills: list[float], keep: list[bool]) -> np.ndarray[Any, Any]:
-    """Which elements are NaN or a fill value, reduced (any) over the axes not kept (the Rust
-    kernel, without the GIL)."""
-    if block.dtype.byteorder == ">":
-        block = block.astype(block.dtype.newbyteorder("="))
-    block = np.ascontiguousarray(block)
-    out, shape = _zcrop.missing_map(
-        block.reshape(-1).view(np.uint8), block.dtype.name, list(block.shape), fills, keep
-    )
-    return out.reshape(shape)
-
-
 class _Reader:
     """One source's invalid-element map over its aligned axes, extended row by row along the
     axis that follows position dimension 0 (the whole array when none does)."""
@@ -272,19 +265,20 @@ class _Reader:
                 pieces.append(self.read(start, stop))
                 row += stop - start
             return np.concatenate(pieces, axis=self._lead_index())
-        sel = []
+        block: list[tuple[int, int] | np.ndarray[Any, Any]] = []
         for axis, size in enumerate(p.array.shape):
             if axis in p.fixed:
-                sel.append(p.fixed[axis])
+                fixed = p.fixed[axis]
+                picks = range(size)[fixed] if isinstance(fixed, slice) else fixed
+                block.append(np.asarray(picks, dtype=np.uint64))
             elif p.lead is not None and axis == p.lead.axis:
-                sel.append(slice(a, b))
+                block.append((a, b - a))
             else:
-                sel.append(slice(0, size))
-        if all(isinstance(x, slice) for x in sel):
-            block = p.array[tuple(sel)]
-        else:
-            block = p.array.oindex[tuple(sel)]  # picked indices
-        return _missing(block, p.fills, [axis not in p.fixed for axis in range(block.ndim)])
+                block.append((0, int(size)))
+        # The values are tested as they are decoded (in Rust, without the GIL), never written.
+        keep = [axis not in p.fixed for axis in range(len(block))]
+        words, shape = p.array._native.missing_map(block, p.array.dtype.name, p.fills, keep)
+        return words.view(np.bool_)[: math.prod(shape)].reshape(shape)
 
     def extend(self, a: int, b: int, rows: np.ndarray[Any, Any]) -> None:
         """Holds rows ``[a_keep, b)``: the new ``rows`` (``[a, b)``) after what is kept."""
@@ -322,11 +316,12 @@ def _slabs(plans: list[_Plan], grid: list[int], budget: int) -> Iterator[tuple[i
                 [_taken(p.fixed[a], s) if a in p.fixed else s for a, s in enumerate(p.array.shape)]
             )
         )
-        # Raw values, boolean maps and running sums per row, scaled to positions.
-        per_row = row * (p.array.itemsize + 6)
+        # Boolean maps and running sums per row, and the maps of the reads queued ahead, scaled
+        # to positions (a read never holds the values themselves).
+        per_row = row * (6 + _AHEAD)
         per_position += per_row * max(1, p.lead.num // max(1, p.lead.den))
     # At least a few slabs, so that reading one overlaps checking the one before.
-    step = max(1, min(budget // max(1, per_position), -(-n0 // 8)))
+    step = max(1, min(budget // max(1, per_position), -(-n0 // 4)))
     p0 = 0
     while p0 < n0:
         yield p0, min(n0, p0 + step)
@@ -556,11 +551,13 @@ def valid_windows(
     held = [[_NONE] for _ in readers]
     runs: list[np.ndarray[Any, Any]] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(reads_for, 0) if slabs else None
+        # Reads run up to _AHEAD slabs ahead, one after the other, so zcrop's threads decode
+        # while this thread checks a slab.
+        pending = collections.deque(pool.submit(reads_for, i) for i in range(min(_AHEAD, len(slabs))))
         for i, (p0, p1) in enumerate(slabs):
-            assert pending is not None
-            got = pending.result()
-            pending = pool.submit(reads_for, i + 1) if i + 1 < len(slabs) else None
+            got = pending.popleft().result()
+            if i + _AHEAD < len(slabs):
+                pending.append(pool.submit(reads_for, i + _AHEAD))
             ok: np.ndarray[Any, Any] | None = None
             for r, (a, b, rows) in zip(readers, got):
                 if r.plan.lead is not None:

@@ -29,7 +29,6 @@ __all__ = [
     "counter_add",
     "fft_local",
     "icechunk_session_repository",
-    "missing_map",
     "open_icechunk",
     "open_node",
     "read_crops_many",
@@ -181,6 +180,12 @@ class NativeArray:
         self, origins: npt.NDArray[np.uint64], shape: Sequence[int], out: npt.NDArray[np.uint8]
     ) -> None:
         """Reads crops of ``shape`` at the rows of ``origins`` into ``out``."""
+    def missing_map(
+        self, block: Sequence[_DimSelection], dtype: str, fills: list[float], keep: list[bool]
+    ) -> tuple[npt.NDArray[np.uint64], list[int]]:
+        """Which elements of ``block`` are NaN or a fill value, reduced over the axes not kept:
+        the words' bytes are the cells (0 or 1, C order); tested as the read decodes them,
+        never written out."""
     def submit_read(self, blocks: Sequence[Sequence[_DimSelection]], notify: _Notify) -> Pending:
         """:meth:`read` in the background; ``notify(error, words)``."""
     def submit_points(self, coords: npt.NDArray[np.uint64], notify: _Notify) -> Pending:
@@ -363,11 +368,6 @@ class SourceView:
 
     def __len__(self) -> int:
         """Number of bytes."""
-
-def missing_map(
-    data: npt.NDArray[np.uint8], dtype: str, shape: list[int], fills: list[float], keep: list[bool]
-) -> tuple[npt.NDArray[np.bool_], list[int]]:
-    """Which elements of a block are NaN or a fill value, reduced over the axes not kept."""
 
 def window_any(
     map: npt.NDArray[np.bool_], shape: list[int], windows: list[int]
