@@ -206,10 +206,9 @@ impl NativeArray {
         self.run(py, request, out)
     }
 
-    /// `(words, shape)`: which elements of `block` (one block as `read` takes it) are NaN or
-    /// one of `fills`, reduced (any) over the axes where `keep` is false; the words' bytes are
-    /// the map's cells (0 or 1, C order over `shape`, the last word padded). The read tests the
-    /// values as it decodes them and never writes them out (see
+    /// `(map, shape)`: which elements of `block` (one block as `read` takes it) are NaN or one
+    /// of `fills`, reduced (any) over the axes where `keep` is false. The read tests the values
+    /// as it decodes them and never writes them out (see
     /// `zcrop::sampler::valid::read_missing`); `dtype` is the array's numpy type name.
     fn missing_map<'py>(
         &self,
@@ -218,7 +217,7 @@ impl NativeArray {
         dtype: String,
         fills: Vec<f64>,
         keep: Vec<bool>,
-    ) -> PyResult<(Bound<'py, PyArray1<u64>>, Vec<usize>)> {
+    ) -> PyResult<(Bound<'py, PyArray1<bool>>, Vec<usize>)> {
         let block: Vec<DimSelection> = block
             .try_iter()?
             .map(|dim| parse_dim(&dim?))
@@ -231,17 +230,18 @@ impl NativeArray {
         let blocks = vec![block];
         let work = Request::Blocks(blocks.clone()).work_bytes(&self.inner);
         let array = self.inner.clone();
-        let map = blocking::run_owned(py, work, move |cancel| {
-            valid::read_missing(&shape, &dtype, &fills, &keep, |sink, out| {
+        let (map, shape) = blocking::run_owned(py, work, move |cancel| {
+            let map = valid::read_missing(&shape, &dtype, &fills, &keep, |sink, out| {
                 let options = ReadOptions {
                     transform: Some(sink),
                     cancel: Some(cancel),
                 };
                 array.read_selections_into_with(&blocks, out, options)?;
                 Ok::<(), blocking::Failure>(())
-            })
+            })?;
+            Ok((map.to_bools()?, map.shape))
         })?;
-        Ok((PyArray1::from_vec(py, map.words), map.shape))
+        Ok((PyArray1::from_vec(py, map), shape))
     }
 
     /// [`NativeArray::read`] in the background; `notify(error, (words, nbytes))` when done.

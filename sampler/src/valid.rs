@@ -123,7 +123,7 @@ pub fn missing_map(
                 .for_each(|(i, b)| sink.convert(b, &mut [], 0, i * part));
         })
     })?;
-    let cells = map.to_bools();
+    let cells = map.to_bools()?;
     Ok((cells, map.shape))
 }
 
@@ -181,10 +181,11 @@ pub fn read_missing<E: From<SamplerError>>(
 }
 
 /// The map [`read_missing`] fills: which elements of the read block are missing, over the
-/// kept axes, one byte per cell (0 or 1) packed eight to an atomic word. Runs on many threads
-/// mark it at once. A word whose eight cells are all to be marked is stored whole, without
-/// reading it (no other value can be more than all marks, so the store loses none); any other
-/// is ORed, and only when it lacks a mark to be set.
+/// kept axes, one bit per cell in atomic words, so that a slab's map stays small enough for
+/// the caches while the channels of an area mark the same cells one after the other. Runs on
+/// many threads mark it at once. A word whose cells are all to be marked is stored whole,
+/// without reading it (no other value can be more than all marks, so the store loses none);
+/// any other is ORed, and only when it lacks a mark to be set.
 struct Marks {
     /// The block's shape; a run never spans two rows along its last axis here.
     shape: Vec<usize>,
@@ -195,19 +196,6 @@ struct Marks {
     map_shape: Vec<usize>,
     /// The last axis is kept: a row's elements have consecutive cells (else they share one).
     kept_last: bool,
-}
-
-/// One mark in every byte of a word.
-const ALL_CELLS: u64 = 0x0101_0101_0101_0101;
-
-/// Where the mark of the cell in byte `b` (in memory order) of a word is: the words' bytes are
-/// the map's cells in order whatever the byte order.
-const fn cell_shift(b: usize) -> usize {
-    if cfg!(target_endian = "little") {
-        8 * b
-    } else {
-        8 * (7 - b)
-    }
 }
 
 impl Marks {
@@ -228,7 +216,7 @@ impl Marks {
             shape: shape.to_vec(),
             kept_last: stride.last() == Some(&1),
             stride,
-            words: (0..s.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..s.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             map_shape,
         }
     }
@@ -256,7 +244,7 @@ impl Marks {
         at
     }
 
-    /// ORs `mask` (a byte of 0 or 1 per cell) into word `w`, unless its marks are set already.
+    /// ORs `mask` into word `w`, unless its marks are set already.
     fn or_word(&self, w: usize, mask: u64) {
         let word = &self.words[w];
         if word.load(Ordering::Relaxed) & mask != mask {
@@ -269,11 +257,11 @@ impl Marks {
     fn mark_cells(&self, start: usize, len: usize, flag: impl Fn(usize) -> bool) {
         let mut k = 0;
         while k < len {
-            let (w, off) = ((start + k) / 8, (start + k) % 8);
-            let take = (8 - off).min(len - k);
+            let (w, off) = ((start + k) / 64, (start + k) % 64);
+            let take = (64 - off).min(len - k);
             let mut mask = 0u64;
             for j in 0..take {
-                mask |= u64::from(flag(k + j)) << cell_shift(off + j);
+                mask |= u64::from(flag(k + j)) << (off + j);
             }
             if mask != 0 {
                 self.or_word(w, mask);
@@ -286,13 +274,12 @@ impl Marks {
     fn mark_all(&self, start: usize, len: usize) {
         let mut k = 0;
         while k < len {
-            let (w, off) = ((start + k) / 8, (start + k) % 8);
-            let take = (8 - off).min(len - k);
-            if take == 8 {
-                self.words[w].store(ALL_CELLS, Ordering::Relaxed);
+            let (w, off) = ((start + k) / 64, (start + k) % 64);
+            let take = (64 - off).min(len - k);
+            if take == 64 {
+                self.words[w].store(u64::MAX, Ordering::Relaxed);
             } else {
-                let mask = (off..off + take).fold(0, |m, b| m | 1 << cell_shift(b));
-                self.or_word(w, mask);
+                self.or_word(w, (u64::MAX >> (64 - take)) << off);
             }
             k += take;
         }
@@ -300,20 +287,18 @@ impl Marks {
 
     fn into_map(self) -> MissingMap {
         MissingMap {
-            words: self.words.into_iter().map(AtomicU64::into_inner).collect(),
+            bits: self.words.into_iter().map(AtomicU64::into_inner).collect(),
             shape: self.map_shape,
         }
     }
 }
 
-/// A missing-element map as [`read_missing`] returns it: over `shape` (C order), one byte per
-/// cell, 1 where an element is missing and 0 elsewhere, held in the bytes of `words` in memory
-/// order (eight to a word; the last word may run past the last cell). A caller can hand the
-/// words on as a byte array without a copy.
+/// A missing-element map as [`read_missing`] returns it: over `shape` (C order), bit `i % 64`
+/// of `bits[i / 64]` is set where element `i` is missing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MissingMap {
-    /// The cells' bytes.
-    pub words: Vec<u64>,
+    /// The cells' bits (the last word may run past the last cell, with zeros).
+    pub bits: Vec<u64>,
     /// The map's shape.
     pub shape: Vec<usize>,
 }
@@ -329,16 +314,27 @@ impl MissingMap {
         self.len() == 0
     }
 
-    /// The cells as booleans.
-    pub fn to_bools(&self) -> Vec<bool> {
-        let mut out: Vec<bool> = self
-            .words
-            .iter()
-            .flat_map(|w| w.to_ne_bytes())
-            .map(|b| b != 0)
-            .collect();
-        out.truncate(self.len());
-        out
+    /// The cells as booleans, unpacked in parallel parts on zcrop's threads (a word without a
+    /// mark, the common case, costs a compare).
+    ///
+    /// # Errors
+    /// [`SamplerError::Threads`] if zcrop's threads cannot start.
+    pub fn to_bools(&self) -> Result<Vec<bool>> {
+        let mut out = vec![false; self.len()];
+        parallel(|| {
+            out.par_chunks_mut(64 * 1024)
+                .zip(self.bits.par_chunks(1024))
+                .for_each(|(cells, bits)| {
+                    for (part, &word) in cells.chunks_mut(64).zip(bits) {
+                        if word != 0 {
+                            for (k, c) in part.iter_mut().enumerate() {
+                                *c = (word >> k) & 1 == 1;
+                            }
+                        }
+                    }
+                });
+        })?;
+        Ok(out)
     }
 }
 

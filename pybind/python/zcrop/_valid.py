@@ -277,8 +277,8 @@ class _Reader:
                 block.append((0, int(size)))
         # The values are tested as they are decoded (in Rust, without the GIL), never written.
         keep = [axis not in p.fixed for axis in range(len(block))]
-        words, shape = p.array._native.missing_map(block, p.array.dtype.name, p.fills, keep)
-        return words.view(np.bool_)[: math.prod(shape)].reshape(shape)
+        out, shape = p.array._native.missing_map(block, p.array.dtype.name, p.fills, keep)
+        return out.reshape(shape)
 
     def extend(self, a: int, b: int, rows: np.ndarray[Any, Any]) -> None:
         """Holds rows ``[a_keep, b)``: the new ``rows`` (``[a, b)``) after what is kept."""

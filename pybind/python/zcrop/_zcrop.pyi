@@ -182,10 +182,9 @@ class NativeArray:
         """Reads crops of ``shape`` at the rows of ``origins`` into ``out``."""
     def missing_map(
         self, block: Sequence[_DimSelection], dtype: str, fills: list[float], keep: list[bool]
-    ) -> tuple[npt.NDArray[np.uint64], list[int]]:
-        """Which elements of ``block`` are NaN or a fill value, reduced over the axes not kept:
-        the words' bytes are the cells (0 or 1, C order); tested as the read decodes them,
-        never written out."""
+    ) -> tuple[npt.NDArray[np.bool_], list[int]]:
+        """Which elements of ``block`` are NaN or a fill value, reduced over the axes not kept;
+        tested as the read decodes them, never written out."""
     def submit_read(self, blocks: Sequence[Sequence[_DimSelection]], notify: _Notify) -> Pending:
         """:meth:`read` in the background; ``notify(error, words)``."""
     def submit_points(self, coords: npt.NDArray[np.uint64], notify: _Notify) -> Pending:
