@@ -91,11 +91,11 @@ macro_rules! with_test {
 /// the axes where `keep` is false. Returns the map and its shape (the kept axes).
 ///
 /// For a block already in memory; [`read_missing`] builds the same map while a read decodes.
-/// Blocks whose first axis is kept are split along it and marked in parallel.
+/// The block is split along its first axis and the parts are marked in parallel.
 ///
 /// # Errors
-/// [`SamplerError::Spec`] for an unsupported `dtype` or a block
-/// whose length does not match `shape`.
+/// [`SamplerError::Spec`] for an unsupported `dtype` or a block whose length does not match
+/// `shape`; [`SamplerError::Threads`] if zcrop's threads cannot start.
 pub fn missing_map(
     bytes: &[u8],
     dtype: &str,
@@ -139,9 +139,8 @@ pub fn missing_map(
 /// `read` may pass runs from many threads at once.
 ///
 /// # Errors
-/// [`SamplerError::Spec`] (converted into `E`) for an unsupported
-/// `dtype` or a `keep` of the wrong length, [`SamplerError::Alloc`]
-/// if the mapping fails; what `read` returns.
+/// [`SamplerError::Spec`] (converted into `E`) for an unsupported `dtype` or a `keep` of the
+/// wrong length, [`SamplerError::Alloc`] if the mapping fails; what `read` returns.
 // Fill values match exactly, as xarray masks them.
 #[allow(clippy::float_cmp)]
 pub fn read_missing<E: From<SamplerError>>(
