@@ -221,14 +221,13 @@ impl Marks {
     }
 
     /// Splits elements `at .. at + n` of the block into the parts that lie in one row along
-    /// its last axis: `f(i, len, cell)` for the part of `len` elements from `at + i`, where
-    /// `cell()` is the map cell of its first element.
-    fn rows(&self, at: usize, n: usize, mut f: impl FnMut(usize, usize, &dyn Fn() -> usize)) {
+    /// its last axis: `f(i, len)` for the part of `len` elements from `at + i`.
+    fn rows(&self, at: usize, n: usize, mut f: impl FnMut(usize, usize)) {
         let row = self.shape.last().copied().unwrap_or(1).max(1);
         let mut i = 0;
         while i < n {
             let len = (row - (at + i) % row).min(n - i);
-            f(i, len, &|| self.index(at + i));
+            f(i, len);
             i += len;
         }
     }
@@ -370,12 +369,12 @@ impl<F: Fn(&[u8]) -> bool + Sync> MissingSink<'_, F> {
     /// costs one pass of the test, a row of them one more; only a row of both is marked
     /// element by element.
     fn mark<const ES: usize>(&self, src: &[u8], at: usize) {
-        self.marks.rows(at, src.len() / ES, |i, len, cell| {
+        self.marks.rows(at, src.len() / ES, |i, len| {
             let part = &src[i * ES..(i + len) * ES];
             if !self.any::<ES>(part) {
                 return;
             }
-            let base = cell();
+            let base = self.marks.index(at + i);
             if !self.marks.kept_last {
                 self.marks.mark_all(base, 1);
             } else if self.all::<ES>(part) {
@@ -406,8 +405,8 @@ impl<F: Fn(&[u8]) -> bool + Sync> StitchTransform for MissingSink<'_, F> {
     fn convert_fill(&self, fill: &[u8], n: usize, _: &mut [u8], _: u64, at: usize) -> bool {
         if (self.test)(fill) {
             let m = self.marks;
-            m.rows(at, n, |_, len, cell| {
-                m.mark_all(cell(), if m.kept_last { len } else { 1 });
+            m.rows(at, n, |i, len| {
+                m.mark_all(m.index(at + i), if m.kept_last { len } else { 1 });
             });
         }
         true
