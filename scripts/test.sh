@@ -98,7 +98,15 @@ step "maturin develop (the zcrop Python package)"
 VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" \
     "$VENV/bin/maturin" develop --quiet --manifest-path pybind/Cargo.toml
 
-step "pytest"
+# pytest's temporary arrays peak at about 7 GiB (one FFT test writes 6 GiB and deletes it; a
+# passing test's directory goes as it passes, pyproject.toml). Earlier runs' kept directories
+# are dropped first when room is short: a full disk fails unrelated tests with ENOSPC.
+PYTEST_TMP="${TMPDIR:-/tmp}/pytest-of-$(id -un)"
+if [ "$(free_gib "${TMPDIR:-/tmp}")" -lt 10 ] && [ -d "$PYTEST_TMP" ]; then
+    step "low disk space: $(free_gib "${TMPDIR:-/tmp}") GiB free; dropping $PYTEST_TMP"
+    rm -rf "$PYTEST_TMP"
+fi
+step "pytest ($(free_gib "${TMPDIR:-/tmp}") GiB free under ${TMPDIR:-/tmp}; about 7 needed)"
 "$VENV/bin/python" -m pytest pybind/tests -q -p no:cacheprovider 2>&1 | tee "$LOGS/pytest.log"
 
 # --- summary -----------------------------------------------------------------------------------

@@ -189,6 +189,17 @@ def test_an_array_eight_times_all_workers_memory(tmp_path):
     limit = 192 << 20
     lines, n = 24576, 16384
     assert lines * n * 8 >= 8 * 2 * limit
+    # 3 GiB in and 3 GiB out, deleted at the end whatever happens: say so before filling the
+    # disk halfway, which would fail the tests after this one for no reason of their own.
+    need, free = 2 * lines * n * 8 + (1 << 30), shutil.disk_usage(tmp_path).free
+    assert free >= need, f"needs {need / 2**30:.1f} GiB free in {tmp_path}, has {free / 2**30:.1f}"
+    try:
+        _eight_times_memory(tmp_path, limit, lines, n)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _eight_times_memory(tmp_path: Path, limit: int, lines: int, n: int) -> None:
     a = zarr.create_array(
         str(tmp_path / "big.zarr"), shape=(lines, n), chunks=(64, 2048), dtype="f8",
         dimension_names=("x", "time"), compressors=None,
