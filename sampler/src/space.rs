@@ -7,6 +7,8 @@
 //! (or, with weights, a point of the cumulative weight); epoch mode permutes the enumeration.
 //! Either way a position costs one binary search over the blocks and a mixed-radix decode.
 
+use std::sync::Arc;
+
 use smallvec::SmallVec;
 use zcrop_zarr::Array;
 
@@ -197,7 +199,8 @@ pub struct Mask {
     shape: Vec<u64>,
     cells: Cells,
     /// Allowed cells: disjoint, sorted `[start, end)` ranges of C-order linear cell indices.
-    runs: Vec<(u64, u64)>,
+    /// Shared, so that the sampler's copies of a mask of millions of runs cost nothing.
+    runs: Arc<Vec<(u64, u64)>>,
     /// The cells' edges, unless they are fitted to a sampler's position grid.
     grid: Option<Grid>,
 }
@@ -240,7 +243,7 @@ impl Mask {
         Ok(Mask {
             shape,
             cells,
-            runs,
+            runs: Arc::new(runs),
             grid,
         })
     }
@@ -585,19 +588,19 @@ impl PositionSpace {
             fields: Fields::default(),
         };
         // Blocks from the first mask's runs (or the whole box), then split by the other masks
-        // and the weights.
-        let mut blocks: Vec<Block> = Vec::new();
+        // and the weights. A fine mask makes tens of millions of them: they stay flat.
+        let mut blocks = Blocks::new(nd);
         match fields.masks.first() {
-            None => blocks.push((space.start.clone(), space.end.clone())),
+            None => blocks.push(&space.start, &space.end),
             Some((m, g)) => {
                 let shape = g.shape();
                 let span: Vec<(u64, u64)> = (0..nd)
                     .map(|d| g.cells_between(d, space.start[d], space.end[d]))
                     .collect();
-                for &(a, b) in &m.runs {
+                blocks.reserve(m.runs.len());
+                let (mut lo, mut hi) = (vec![0u64; nd], vec![0u64; nd]);
+                for &(a, b) in m.runs.iter() {
                     range_boxes(a, b, &shape, |clo, chi| {
-                        let mut lo = vec![0u64; nd];
-                        let mut hi = vec![0u64; nd];
                         for d in 0..nd {
                             let c0 = clo[d].max(span[d].0);
                             let c1 = chi[d].min(span[d].1);
@@ -607,46 +610,54 @@ impl PositionSpace {
                             lo[d] = g.edges[d][c0 as usize].max(space.start[d]);
                             hi[d] = g.edges[d][c1 as usize].min(space.end[d]);
                         }
-                        blocks.push((lo, hi));
+                        blocks.push(&lo, &hi);
                     });
                 }
             }
         }
         for (m, g) in fields.masks.iter().skip(1) {
-            blocks = split(blocks, g, |lin| m.cell_allowed(lin));
+            blocks = split(&blocks, g, |lin| m.cell_allowed(lin));
         }
         // A draw walks the weight cells its block crosses: a block that crosses many (a box
         // without a mask crosses them all) is split into one block per cell of positive weight.
         if let Some((w, g)) = &fields.weights {
-            blocks = blocks
-                .into_iter()
-                .flat_map(|b| {
-                    let crossed: u64 = (0..nd)
-                        .map(|d| {
-                            let (c0, c1) = g.cells_between(d, b.0[d], b.1[d]);
-                            c1 - c0
-                        })
-                        .product();
-                    if crossed > WALK_LIMIT {
-                        split(vec![b], g, |lin| w.values[lin as usize] > 0.0)
-                    } else {
-                        vec![b]
-                    }
-                })
-                .collect();
+            let mut out = Blocks::new(nd);
+            out.reserve(blocks.len());
+            for (lo, hi) in blocks.iter() {
+                let crossed: u64 = (0..nd)
+                    .map(|d| {
+                        let (c0, c1) = g.cells_between(d, lo[d], hi[d]);
+                        c1 - c0
+                    })
+                    .product();
+                if crossed > WALK_LIMIT {
+                    split_into(&mut out, lo, hi, g, |lin| w.values[lin as usize] > 0.0);
+                } else {
+                    out.push(lo, hi);
+                }
+            }
+            blocks = out;
         }
+        // Blocks without a lattice point are dropped in place; the lists become the space's.
         let overflow = || spec_err("the number of sample positions overflows 64 bits");
         let mut total = 0u64;
-        for (lo, hi) in blocks {
-            let count = space.count(&lo, &hi).ok_or_else(overflow)?;
+        let mut kept = 0;
+        space.prefix.reserve(blocks.len());
+        for b in 0..blocks.len() {
+            let (lo, hi) = blocks.get(b);
+            let count = space.count(lo, hi).ok_or_else(overflow)?;
             if count == 0 {
                 continue;
             }
             total = total.checked_add(count).ok_or_else(overflow)?;
-            space.lo.extend_from_slice(&lo);
-            space.hi.extend_from_slice(&hi);
+            blocks.lo.copy_within(b * nd..(b + 1) * nd, kept * nd);
+            blocks.hi.copy_within(b * nd..(b + 1) * nd, kept * nd);
+            kept += 1;
             space.prefix.push(total);
         }
+        blocks.lo.truncate(kept * nd);
+        blocks.hi.truncate(kept * nd);
+        (space.lo, space.hi) = (blocks.lo, blocks.hi);
         space.drawable = total;
         if space.blocks() >= u32::MAX as usize {
             return Err(spec_err(
@@ -885,42 +896,90 @@ impl PositionSpace {
 }
 
 /// A box of positions `[lo, hi)`.
-type Block = (Vec<u64>, Vec<u64>);
+/// Boxes of positions, `[lo, hi)` per dimension, kept flat: box `i` is
+/// `lo[i * nd..][..nd] .. hi[i * nd..][..nd]`.
+struct Blocks {
+    nd: usize,
+    n: usize,
+    lo: Vec<u64>,
+    hi: Vec<u64>,
+}
+
+impl Blocks {
+    fn new(nd: usize) -> Self {
+        Blocks {
+            nd,
+            n: 0,
+            lo: Vec::new(),
+            hi: Vec::new(),
+        }
+    }
+
+    fn reserve(&mut self, boxes: usize) {
+        self.lo.reserve(boxes.saturating_mul(self.nd));
+        self.hi.reserve(boxes.saturating_mul(self.nd));
+    }
+
+    fn push(&mut self, lo: &[u64], hi: &[u64]) {
+        self.lo.extend_from_slice(lo);
+        self.hi.extend_from_slice(hi);
+        self.n += 1;
+    }
+
+    fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Box `i`.
+    fn get(&self, i: usize) -> (&[u64], &[u64]) {
+        let nd = self.nd;
+        (&self.lo[i * nd..][..nd], &self.hi[i * nd..][..nd])
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&[u64], &[u64])> {
+        (0..self.n).map(|i| self.get(i))
+    }
+}
 
 /// Splits each block by the cells of `grid`, keeping the parts in cells where `keep(cell)`
 /// (C-order linear index) holds and dropping those outside the grid.
-fn split(blocks: Vec<Block>, grid: &Grid, keep: impl Fn(u64) -> bool) -> Vec<Block> {
-    let nd = grid.ndim();
-    let mut out = Vec::with_capacity(blocks.len());
-    let mut cell = vec![0u64; nd];
-    for (lo, hi) in blocks {
-        let ranges: Vec<(u64, u64)> = (0..nd)
-            .map(|d| grid.cells_between(d, lo[d], hi[d]))
-            .collect();
-        let span: Vec<u64> = ranges.iter().map(|(a, b)| b - a).collect();
-        let n: u64 = span.iter().product();
-        let mut local = vec![0u64; nd];
-        for i in 0..n {
-            unravel(i, &span, &mut local);
-            for d in 0..nd {
-                cell[d] = ranges[d].0 + local[d];
-            }
-            if !keep(grid.linear(&cell)) {
-                continue;
-            }
-            let mut sub_lo = lo.clone();
-            let mut sub_hi = hi.clone();
-            for d in 0..nd {
-                let c = cell[d] as usize;
-                sub_lo[d] = lo[d].max(grid.edges[d][c]);
-                sub_hi[d] = hi[d].min(grid.edges[d][c + 1]);
-            }
-            if (0..nd).all(|d| sub_lo[d] < sub_hi[d]) {
-                out.push((sub_lo, sub_hi));
-            }
-        }
+fn split(blocks: &Blocks, grid: &Grid, keep: impl Fn(u64) -> bool) -> Blocks {
+    let mut out = Blocks::new(blocks.nd);
+    out.reserve(blocks.len());
+    for (lo, hi) in blocks.iter() {
+        split_into(&mut out, lo, hi, grid, &keep);
     }
     out
+}
+
+/// Pushes onto `out` the parts of the block `lo .. hi` in the cells of `grid` where
+/// `keep(cell)` holds.
+fn split_into(out: &mut Blocks, lo: &[u64], hi: &[u64], grid: &Grid, keep: impl Fn(u64) -> bool) {
+    let nd = grid.ndim();
+    let ranges: Vec<(u64, u64)> = (0..nd)
+        .map(|d| grid.cells_between(d, lo[d], hi[d]))
+        .collect();
+    let span: Small = ranges.iter().map(|(a, b)| b - a).collect();
+    let n: u64 = span.iter().product();
+    let (mut local, mut cell) = (Small::from_elem(0, nd), Small::from_elem(0, nd));
+    let (mut sub_lo, mut sub_hi) = (Small::from_elem(0, nd), Small::from_elem(0, nd));
+    for i in 0..n {
+        unravel(i, &span, &mut local);
+        for d in 0..nd {
+            cell[d] = ranges[d].0 + local[d];
+        }
+        if !keep(grid.linear(&cell)) {
+            continue;
+        }
+        for d in 0..nd {
+            let c = cell[d] as usize;
+            sub_lo[d] = lo[d].max(grid.edges[d][c]);
+            sub_hi[d] = hi[d].min(grid.edges[d][c + 1]);
+        }
+        if (0..nd).all(|d| sub_lo[d] < sub_hi[d]) {
+            out.push(&sub_lo, &sub_hi);
+        }
+    }
 }
 
 #[cfg(test)]
