@@ -895,7 +895,6 @@ impl PositionSpace {
     }
 }
 
-/// A box of positions `[lo, hi)`.
 /// Boxes of positions, `[lo, hi)` per dimension, kept flat: box `i` is
 /// `lo[i * nd..][..nd] .. hi[i * nd..][..nd]`.
 struct Blocks {
@@ -956,7 +955,7 @@ fn split(blocks: &Blocks, grid: &Grid, keep: impl Fn(u64) -> bool) -> Blocks {
 /// `keep(cell)` holds.
 fn split_into(out: &mut Blocks, lo: &[u64], hi: &[u64], grid: &Grid, keep: impl Fn(u64) -> bool) {
     let nd = grid.ndim();
-    let ranges: Vec<(u64, u64)> = (0..nd)
+    let ranges: SmallVec<[(u64, u64); 8]> = (0..nd)
         .map(|d| grid.cells_between(d, lo[d], hi[d]))
         .collect();
     let span: Small = ranges.iter().map(|(a, b)| b - a).collect();
