@@ -12,8 +12,9 @@ only, its chunks are never read). Each case builds a ``zcrop.Samples`` and times
 - ``mask 1e9 + weights 1e6``: both;
 - ``coarse mask + weights``: a random mask of 100 x 100 x 100 cells, and the weights.
 
-Reports build time, the blocks the allowed positions are stored as, the process's RSS growth,
-and positions/s (median of --repeats). Run with a release build of zcrop installed:
+Reports build time, the blocks the allowed positions are stored as, the memory the position
+space holds (blocks, lookup tables, the masks' runs and the weights), and positions/s (median
+of --repeats). Run with a release build of zcrop installed:
 
     python3 benches/sampler_bench.py [--repeats 5] [--draws 1000000]
 """
@@ -21,7 +22,6 @@ and positions/s (median of --repeats). Run with a release build of zcrop install
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import tempfile
 import time
@@ -31,12 +31,6 @@ import zarr
 
 import zcrop
 from machine import cpu_model
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * resource.getpagesize() / 2**20
 
 
 def nan_like_runs(shape: tuple[int, int, int], seed: int) -> np.ndarray:
@@ -81,20 +75,19 @@ def main() -> None:
         }
         print(f"machine: {cpu_model()}; zcrop {zcrop.__version__}; {args.draws} draws x {args.repeats}")
         print(f"mask 1e9: {len(fine.runs)} runs, {fine.count() / 1e9:.3f} of positions allowed\n")
-        print("| case | build s | blocks | RSS MiB | positions/s (median) |")
+        print("| case | build s | blocks | held MiB | positions/s (median) |")
         print("|---|---|---|---|---|")
         for name, kw in cases.items():
-            before = rss_mib()
             t0 = time.perf_counter()
             s = zcrop.Samples(src, length=1, seed=3, **kw)
             build = time.perf_counter() - t0
-            grown = rss_mib() - before
+            held = s._native.position_bytes / 2**20
             rates = []
             for r in range(args.repeats):
                 t0 = time.perf_counter()
                 s._native.positions(r * args.draws, args.draws)
                 rates.append(args.draws / (time.perf_counter() - t0))
-            print(f"| {name} | {build:.2f} | {s._native.position_blocks} | {grown:.0f} | "
+            print(f"| {name} | {build:.2f} | {s._native.position_blocks} | {held:.0f} | "
                   f"{statistics.median(rates):,.0f} |")
             del s
 

@@ -690,6 +690,12 @@ impl NativeSampler {
         self.sampler.position_blocks()
     }
 
+    /// Heap bytes of the position space (blocks, lookup tables, masks' runs, weights).
+    #[getter]
+    fn position_bytes(&self) -> usize {
+        self.sampler.position_bytes()
+    }
+
     /// Whether the sampler may draw position `pos`.
     fn allows(&self, pos: Vec<u64>) -> bool {
         self.sampler.allows(&pos)

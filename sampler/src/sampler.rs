@@ -889,6 +889,12 @@ impl Sampler {
         self.inner.space.blocks()
     }
 
+    /// Heap bytes the position space holds: its blocks and lookup tables, and the runs and
+    /// weights of the masks and weights it was built from.
+    pub fn position_bytes(&self) -> usize {
+        self.inner.space.heap_bytes()
+    }
+
     /// Number of allowed positions (of positive weight, with weights): the epoch length in
     /// epoch mode.
     pub fn epoch_len(&self) -> u64 {

@@ -437,12 +437,18 @@ type Small = SmallVec<[u64; 8]>;
 
 /// A guide table of `n + 1` entries over the cumulative sums `cum` (`cum[0] == 0`, one more
 /// than blocks): entry `g` is the block holding the point `g / n` of the way through.
+/// `at` is non-decreasing, so one pass over `cum` serves every entry.
 fn guide<T: Copy + PartialOrd>(cum: &[T], n: usize, at: impl Fn(usize) -> T) -> Vec<u32> {
     let last = cum.len() - 2;
+    let mut i = 0;
     (0..=n)
         .map(|g| {
             let x = at(g);
-            (cum.partition_point(|&p| p <= x).max(1) - 1).min(last) as u32
+            // `i` becomes `cum.partition_point(|&p| p <= x)`.
+            while i < cum.len() && cum[i] <= x {
+                i += 1;
+            }
+            (i.max(1) - 1).min(last) as u32
         })
         .collect()
 }
@@ -791,6 +797,32 @@ impl PositionSpace {
         self.prefix.len() - 1
     }
 
+    /// Heap bytes held: the blocks, their sums and guide tables, and the masks' runs and
+    /// weights' values they were built from (a mask shared with the caller counts in full).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        fn bytes<T>(v: &[T]) -> usize {
+            size_of_val(v)
+        }
+        let fields = self
+            .fields
+            .masks
+            .iter()
+            .map(|(m, _)| bytes(m.runs()))
+            .sum::<usize>()
+            + self
+                .fields
+                .weights
+                .as_ref()
+                .map_or(0, |(w, _)| bytes(&w.values));
+        bytes(&self.lo)
+            + bytes(&self.hi)
+            + bytes(&self.prefix)
+            + self.mass.as_deref().map_or(0, bytes)
+            + bytes(&self.guide)
+            + bytes(&self.mass_guide)
+            + fields
+    }
+
     /// The box start (inclusive) and end (exclusive).
     pub(crate) fn bounds(&self) -> (&[u64], &[u64]) {
         (&self.start, &self.end)
@@ -1079,6 +1111,18 @@ mod tests {
     }
 
     #[test]
+    fn heap_bytes_count_blocks_tables_and_the_masks_runs() {
+        // Runs along rows of a 4x10 mask of single positions: one block per run.
+        let runs = vec![(1, 3), (12, 18), (25, 26), (31, 40)];
+        let mask = Mask::from_runs(vec![4, 10], Cells::Size(vec![1, 1]), runs).unwrap();
+        let s = space(vec![0, 0], vec![4, 10], vec![1, 1], &[mask], None).unwrap();
+        assert_eq!(s.blocks(), 4);
+        // lo and hi (2 x 2 x u64 per block), prefix (u64) and guide (u32), one more than
+        // blocks each, and the 4 runs of (u64, u64).
+        assert_eq!(s.heap_bytes(), 4 * 32 + 5 * 8 + 5 * 4 + 4 * 16);
+    }
+
+    #[test]
     fn fitted_and_edged_grids_and_several_masks_combine() {
         // A fitted 3x3 mask over a 10x7 grid: cells of 4x3 positions (the last ones short).
         let fitted = Mask::from_bools(
@@ -1209,6 +1253,38 @@ mod tests {
         let m3 = Mask::from_fn(vec![1, 1, 1], vec![1, 1, 1], |_| true).unwrap();
         let e = space(vec![0, 0], vec![2, 2], vec![1, 1], &[m3], None).unwrap_err();
         assert!(e.to_string().contains("3 dimensions"), "{e}");
+    }
+
+    proptest::proptest! {
+        /// The one-pass guide table equals a binary search per entry, and `guided` finds the
+        /// block holding any point.
+        #[test]
+        fn the_guide_table_matches_a_search_per_entry(
+            counts in proptest::collection::vec(0u64..5, 1..60),
+            n in 1usize..80,
+            probes in proptest::collection::vec(0u64..1000, 20),
+        ) {
+            let mut cum = vec![0u64];
+            for c in &counts {
+                cum.push(cum.last().unwrap() + c);
+            }
+            let total = *cum.last().unwrap();
+            let at = |g: usize| (g as u64 * total) / n as u64;
+            let last = cum.len() - 2;
+            let want: Vec<u32> = (0..=n)
+                .map(|g| (cum.partition_point(|&p| p <= at(g)).max(1) - 1).min(last) as u32)
+                .collect();
+            let table = guide(&cum, n, at);
+            proptest::prop_assert_eq!(&table, &want);
+            if total > 0 {
+                for x in probes.iter().map(|p| p % total) {
+                    let g = (u128::from(x) * n as u128 / u128::from(total)) as usize;
+                    let g = g.min(n - 1);
+                    let b = guided(&cum, &table, g, x);
+                    proptest::prop_assert!(cum[b] <= x && x < cum[b + 1], "{x} in block {b}");
+                }
+            }
+        }
     }
 
     proptest::proptest! {

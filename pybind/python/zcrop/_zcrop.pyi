@@ -281,6 +281,9 @@ class NativeSampler:
     @property
     def position_blocks(self) -> int:
         """Number of disjoint boxes holding the allowed positions."""
+    @property
+    def position_bytes(self) -> int:
+        """Heap bytes of the position space (blocks, lookup tables, masks' runs, weights)."""
     def allows(self, pos: list[int]) -> bool:
         """Whether the sampler may draw position ``pos``."""
     def positions(self, first: int, n: int) -> npt.NDArray[np.uint64]:
