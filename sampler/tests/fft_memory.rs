@@ -62,6 +62,8 @@ static ALLOC: Counting = Counting;
 const CHILD_ENV: &str = "ZCROP_FFT_MEMORY_CHILD";
 /// The budget: 4 MiB, for a 32 MiB float32 input (64 MiB complex64 output).
 const BUDGET: usize = 4 << 20;
+/// What the anonymous memory may grow by beyond the budget: see the parent test.
+const THREADS_SLACK: usize = 2 << 20;
 const SHAPE: [u64; 2] = [524_288, 16];
 const CHUNKS: [u64; 2] = [2048, 16];
 
@@ -139,9 +141,14 @@ fn peak_memory_stays_within_the_budget_on_an_array_larger_than_it() {
         heap <= BUDGET,
         "peak heap {heap} exceeds the budget {BUDGET}"
     );
+    // Anonymous memory also holds what the call's IO and decode threads cost whatever the
+    // budget (their stacks, per-thread allocator arenas): about 1 MiB, varying with how many
+    // threads the machine's load lets start. Memory the FFT keeps outside the counted heap
+    // would be a multiple of the budget.
     assert!(
-        anon <= BUDGET,
-        "anonymous memory grew by {anon} bytes, more than the budget {BUDGET}"
+        anon <= BUDGET + THREADS_SLACK,
+        "anonymous memory grew by {anon} bytes, more than the budget {BUDGET} and \
+         {THREADS_SLACK} for threads"
     );
 }
 
