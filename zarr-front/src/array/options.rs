@@ -147,8 +147,6 @@ pub enum WholeReason {
     /// zstd: anything else the partial decoder leaves to libzstd (a dictionary, bytes after the
     /// frame, a frame it calls damaged).
     ZstdOther,
-    /// blosc: bitshuffled blocks (c-blosc decodes every block the crops touch).
-    BloscBitshuffle,
     /// blosc: splits compressed by a codec other than LZ4 or zstd (blosclz, zlib, snappy).
     BloscOtherCompressor,
     /// blosc: anything else left to c-blosc whose needed bytes span all its blocks.
@@ -162,7 +160,7 @@ pub enum WholeReason {
 
 impl WholeReason {
     /// Every reason, in the order of [`WholeChunks`]'s counts.
-    pub const ALL: [WholeReason; 12] = [
+    pub const ALL: [WholeReason; 11] = [
         WholeReason::NeededWhole,
         WholeReason::NeededEnd,
         WholeReason::Checksum,
@@ -170,7 +168,6 @@ impl WholeReason {
         WholeReason::ZstdTooManySequences,
         WholeReason::ZstdMultiBlockFrame,
         WholeReason::ZstdOther,
-        WholeReason::BloscBitshuffle,
         WholeReason::BloscOtherCompressor,
         WholeReason::BloscOther,
         WholeReason::CodecChain,
@@ -187,7 +184,6 @@ impl WholeReason {
             WholeReason::ZstdTooManySequences => "zstd_too_many_sequences",
             WholeReason::ZstdMultiBlockFrame => "zstd_multi_block_frame",
             WholeReason::ZstdOther => "zstd_other",
-            WholeReason::BloscBitshuffle => "blosc_bitshuffle",
             WholeReason::BloscOtherCompressor => "blosc_other_compressor",
             WholeReason::BloscOther => "blosc_other",
             WholeReason::CodecChain => "codec_chain",

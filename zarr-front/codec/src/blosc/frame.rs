@@ -26,8 +26,6 @@ pub(super) const MAX_SPLITS: usize = 16;
 /// ...whose streams hold at least this many bytes.
 pub(super) const MIN_BUFFERSIZE: usize = 128;
 
-/// [`Error::Unsupported`] of a bitshuffled chunk.
-pub const BITSHUFFLE: &str = "bitshuffle";
 /// [`Error::Unsupported`] of a chunk whose splits are compressed by a codec other than LZ4 or
 /// zstd.
 pub const OTHER_COMPRESSOR: &str = "splits compressed other than by LZ4 or zstd";
@@ -35,7 +33,7 @@ pub const OTHER_COMPRESSOR: &str = "splits compressed other than by LZ4 or zstd"
 /// Why a chunk is left to c-blosc.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
-    /// A valid chunk this module does not decode (bitshuffle, another compressor).
+    /// A valid chunk this module does not decode (another compressor, an unusual layout).
     Unsupported(&'static str),
     /// The buffer is damaged; c-blosc words the error.
     Corrupt(&'static str),
@@ -56,6 +54,8 @@ pub(super) enum Seg {
 #[derive(Debug, Default)]
 pub struct Scratch {
     pub(super) tmp: Vec<u8>,
+    /// Bitshuffled blocks' needed bytes as byte planes: see [`Chunk::planes`].
+    pub(super) planes: Vec<u8>,
     pub(super) segs: Vec<Seg>,
     /// Literals of zstd splits decoded in part.
     literals: Vec<u8>,
@@ -87,8 +87,11 @@ fn zstd_split(
 pub(super) struct Layout {
     pub(super) nbytes: usize,
     pub(super) blocksize: usize,
-    /// Bytes per element of the shuffle; 1 when the chunk is not shuffled.
+    /// Bytes per element of the shuffle; 1 when the chunk is not shuffled. For a bitshuffled
+    /// chunk, the type size.
     pub(super) shuffle: usize,
+    /// Bitshuffled: see [`bit_main`].
+    pub(super) bits: bool,
     /// Splits of a full block (the leftover block has one).
     pub(super) splits: usize,
     pub(super) memcpyed: bool,
@@ -108,12 +111,29 @@ impl Layout {
     }
 }
 
+/// Bytes at the start of a bitshuffled block of `size` bytes that c-blosc transposed, for a
+/// type of `ts` bytes: all whole elements if they are a multiple of 8 (and at least one), else
+/// none. The transposed bytes are `8 * ts` rows of `elements / 8` bytes, row `8 * k + b`
+/// holding bit `b` of byte `k` of every element; the bytes after them are stored as they are.
+pub(super) fn bit_main(size: usize, ts: usize) -> usize {
+    let elements = size / ts;
+    if elements > 0 && elements.is_multiple_of(8) {
+        elements * ts
+    } else {
+        0
+    }
+}
+
 /// A blosc chunk opened for reading one byte range: see [`open`].
 #[derive(Debug)]
 pub struct Chunk<'a> {
     pub(super) src: &'a [u8],
     pub(super) tmp: &'a [u8],
     pub(super) segs: &'a [Seg],
+    /// For a bitshuffled chunk: the needed groups of each block's transposed part, as the byte
+    /// shuffle lays them out (byte `k` of element `e` of block `j` at `j * blocksize +
+    /// k * (size / ts) + e`), so the unshuffle reads them as it reads a byte-shuffled block.
+    pub(super) planes: &'a [u8],
     pub(super) layout: Layout,
     pub(super) want: Range<usize>,
     pub(super) decoded: usize,
@@ -185,6 +205,7 @@ pub fn open<'a>(
             nbytes,
             blocksize: nbytes,
             shuffle: 1,
+            bits: false,
             splits: 1,
             memcpyed: true,
         };
@@ -195,20 +216,18 @@ pub fn open<'a>(
             src,
             tmp: &[],
             segs: &scratch.segs,
+            planes: &[],
             layout,
             want,
             decoded,
             streams: None,
         });
     }
-    if flags & DOBITSHUFFLE != 0 {
-        return Err(Error::Unsupported(BITSHUFFLE));
-    }
-    let shuffle = if flags & DOSHUFFLE != 0 && typesize > 1 {
-        typesize
-    } else {
-        1
-    };
+    // As c-blosc: the byte shuffle wins when both flags are set; a bitshuffled block shorter
+    // than one element is stored as it is (`bit_main` is 0 then).
+    let byte_shuffle = flags & DOSHUFFLE != 0 && typesize > 1;
+    let bits = !byte_shuffle && flags & DOBITSHUFFLE != 0;
+    let shuffle = if byte_shuffle || bits { typesize } else { 1 };
     let splits = if flags & DONT_SPLIT == 0
         && typesize <= MAX_SPLITS
         && blocksize / typesize >= MIN_BUFFERSIZE
@@ -228,6 +247,7 @@ pub fn open<'a>(
         nbytes,
         blocksize,
         shuffle,
+        bits,
         splits,
         memcpyed: false,
     };
@@ -241,13 +261,20 @@ pub fn open<'a>(
         if scratch.tmp.len() < tmp_len {
             scratch.tmp.resize(tmp_len, 0);
         }
+        if bits && scratch.planes.len() < tmp_len {
+            scratch.planes.resize(tmp_len, 0);
+        }
         for j in first..=last {
             let base = j * blocksize;
             let (size, nsplits) = layout.block(j);
             let la = want.start.max(base) - base;
             let lb = want.end.min(base + size) - base;
             let seg_len = size / nsplits;
-            let need = needed_ranges(la..lb, size, shuffle, nsplits);
+            let need = if bits {
+                needed_bit_ranges(la..lb, size, shuffle, nsplits)
+            } else {
+                needed_ranges(la..lb, size, shuffle, nsplits)
+            };
             let Some(last_seg) = need.iter().rposition(|r| !r.is_empty()) else {
                 continue;
             };
@@ -302,6 +329,13 @@ pub fn open<'a>(
             }
             // Lines the LZ4 splits did not take (short splits, none at all, or an error).
             along.finish();
+            if bits {
+                let planes = &mut scratch.planes[base..base + size];
+                let split = |q: usize, len: usize| {
+                    seg_bytes(src, &scratch.tmp, &scratch.segs, &layout, j, q, len)
+                };
+                transpose_band(split, planes, size, shuffle, la..lb);
+            }
         }
     }
     let scratch: &'a Scratch = scratch;
@@ -309,6 +343,7 @@ pub fn open<'a>(
         src,
         tmp: &scratch.tmp,
         segs: &scratch.segs,
+        planes: &scratch.planes,
         layout,
         want,
         decoded,
@@ -317,16 +352,83 @@ pub fn open<'a>(
     if nblocks == 1
         && matches!(shuffle, 2 | 4 | 8)
         && nbytes.is_multiple_of(shuffle)
+        && (!bits || bit_main(nbytes, shuffle) == nbytes)
         && !chunk.want.is_empty()
     {
         let neb = nbytes / shuffle;
         let mut streams: [&[u8]; 8] = [&[]; 8];
         for (k, s) in streams.iter_mut().enumerate().take(shuffle) {
-            *s = chunk.seg_slice(0, k * neb, neb);
+            *s = chunk.shuffled(0, k * neb, neb);
         }
         chunk.streams = Some((shuffle, streams));
     }
     Ok(chunk)
+}
+
+/// `len` bytes at position `q` of block `j`'s split-ordered buffer (one split holds them): in
+/// `src` for a raw split, in `tmp` for a decoded one.
+pub(super) fn seg_bytes<'s>(
+    src: &'s [u8],
+    tmp: &'s [u8],
+    segs: &[Seg],
+    layout: &Layout,
+    j: usize,
+    q: usize,
+    len: usize,
+) -> &'s [u8] {
+    let (size, nsplits) = layout.block(j);
+    let seg_len = size / nsplits;
+    let s = q / seg_len;
+    let off = q % seg_len;
+    match segs[j * layout.splits + s] {
+        Seg::Raw(at) => &src[at + off..at + off + len],
+        Seg::Decoded => {
+            let at = j * layout.blocksize + s * seg_len + off;
+            &tmp[at..at + len]
+        }
+        Seg::Unread => unreachable!("blosc split {s} of block {j} read but not opened"),
+    }
+}
+
+/// Writes into `planes` (a block of `size` bytes, type size `ts`) the groups of 8 elements
+/// that hold the block bytes `range`, bit-unshuffled into byte planes: byte `k` of element `e`
+/// at `k * (size / ts) + e`. `split(q, len)` gives the bit-transposed block's bytes `q..q +
+/// len`. Each group's byte `k` is the 8x8 bit transpose of one byte of each of rows `8 * k ..
+/// 8 * k + 8`: gathering those bytes is the byte shuffle's interleave of 8 streams.
+fn transpose_band<'s>(
+    split: impl Fn(usize, usize) -> &'s [u8],
+    planes: &mut [u8],
+    size: usize,
+    ts: usize,
+    range: Range<usize>,
+) {
+    let main = bit_main(size, ts);
+    let stop = range.end.min(main);
+    if range.start >= stop {
+        return;
+    }
+    let (elements, row) = (main / ts, main / ts / 8);
+    let (g0, g1) = (range.start / ts / 8, stop.div_ceil(ts).div_ceil(8));
+    for k in 0..ts {
+        let rows: [&[u8]; 8] = std::array::from_fn(|b| split((8 * k + b) * row + g0, g1 - g0));
+        let plane = &mut planes[k * elements + 8 * g0..k * elements + 8 * g1];
+        crate::shuffle::interleave::<8>(rows, plane);
+        for word in plane.chunks_exact_mut(8) {
+            let x = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+            word.copy_from_slice(&transpose_bits(x).to_le_bytes());
+        }
+    }
+}
+
+/// Transposes the 8x8 bit matrix `x` (byte `r` its row `r`, bit `c` of it column `c`): byte
+/// `c` of the result holds bit `c` of every byte of `x`. bitshuffle's `TRANS_BIT_8X8`.
+pub(super) fn transpose_bits(mut x: u64) -> u64 {
+    let mut t = (x ^ (x >> 7)) & 0x00AA_00AA_00AA_00AA;
+    x = x ^ t ^ (t << 7);
+    t = (x ^ (x >> 14)) & 0x0000_CCCC_0000_CCCC;
+    x = x ^ t ^ (t << 14);
+    t = (x ^ (x >> 28)) & 0x0000_0000_F0F0_F0F0;
+    x ^ t ^ (t << 28)
 }
 
 /// Asks the CPU for the bytes of `src`, a blosc chunk, that [`open`] reads first for `want`:
@@ -413,27 +515,7 @@ pub(super) fn needed_ranges(
     if range.is_empty() {
         return need;
     }
-    let seg_len = size / nsplits;
-    // Marks the positions `q` of the block's split-ordered buffer as needed.
-    let mut mark = |q: Range<usize>| {
-        if q.is_empty() {
-            return;
-        }
-        for (s, n) in need.iter_mut().enumerate().take(nsplits) {
-            let seg = s * seg_len..(s + 1) * seg_len;
-            if q.start < seg.end && q.end > seg.start {
-                let (a, b) = (
-                    q.start.max(seg.start) - seg.start,
-                    q.end.min(seg.end) - seg.start,
-                );
-                *n = if Range::is_empty(n) {
-                    a..b
-                } else {
-                    n.start.min(a)..n.end.max(b)
-                };
-            }
-        }
-    };
+    let mut mark = |q: Range<usize>| mark_needed(&mut need, q, size / nsplits, nsplits);
     if shuffle > 1 {
         let neb = size / shuffle;
         let main = neb * shuffle;
@@ -448,4 +530,63 @@ pub(super) fn needed_ranges(
         mark(range);
     }
     need
+}
+
+/// [`needed_ranges`] of a bitshuffled block (type size `ts`): the bytes of each split that the
+/// block bytes `range` need. A group of 8 elements takes one byte of each of the `8 * ts` bit
+/// rows, so a band of elements needs a band of every row.
+pub(super) fn needed_bit_ranges(
+    range: Range<usize>,
+    size: usize,
+    ts: usize,
+    nsplits: usize,
+) -> [Range<usize>; MAX_SPLITS] {
+    let mut need: [Range<usize>; MAX_SPLITS] = std::array::from_fn(|_| 0..0);
+    if range.is_empty() {
+        return need;
+    }
+    let seg_len = size / nsplits;
+    let main = bit_main(size, ts);
+    let (e0, e1) = (range.start / ts, range.end.min(main).div_ceil(ts));
+    if e0 < e1 {
+        let row = main / ts / 8;
+        let (g0, g1) = (e0 / 8, e1.div_ceil(8));
+        for r in 0..8 * ts {
+            mark_needed(&mut need, r * row + g0..r * row + g1, seg_len, nsplits);
+        }
+    }
+    mark_needed(
+        &mut need,
+        range.start.max(main)..range.end.max(main),
+        seg_len,
+        nsplits,
+    );
+    need
+}
+
+/// Widens `need` (per split, the bytes needed) by the positions `q` of a block's split-ordered
+/// buffer, in splits of `seg_len` bytes.
+fn mark_needed(
+    need: &mut [Range<usize>; MAX_SPLITS],
+    q: Range<usize>,
+    seg_len: usize,
+    nsplits: usize,
+) {
+    if q.is_empty() {
+        return;
+    }
+    for (s, n) in need.iter_mut().enumerate().take(nsplits) {
+        let seg = s * seg_len..(s + 1) * seg_len;
+        if q.start < seg.end && q.end > seg.start {
+            let (a, b) = (
+                q.start.max(seg.start) - seg.start,
+                q.end.min(seg.end) - seg.start,
+            );
+            *n = if Range::is_empty(n) {
+                a..b
+            } else {
+                n.start.min(a)..n.end.max(b)
+            };
+        }
+    }
 }

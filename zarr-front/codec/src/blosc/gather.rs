@@ -1,6 +1,6 @@
 //! Unshuffling an opened range of a blosc chunk into a buffer or straight into crops.
 
-use super::frame::{Chunk, HEADER, Seg};
+use super::frame::{Chunk, HEADER, bit_main, seg_bytes};
 use crate::dest::{Rows, RunGroup};
 use crate::shuffle::interleave;
 
@@ -18,17 +18,17 @@ impl<'a> Chunk<'a> {
 
     /// `len` bytes at position `q` of block `j`'s split-ordered buffer (one split holds them).
     pub(super) fn seg_slice(&self, j: usize, q: usize, len: usize) -> &'a [u8] {
-        let (size, nsplits) = self.layout.block(j);
-        let seg_len = size / nsplits;
-        let s = q / seg_len;
-        let off = q % seg_len;
-        match self.segs[j * self.layout.splits + s] {
-            Seg::Raw(at) => &self.src[at + off..at + off + len],
-            Seg::Decoded => {
-                let at = j * self.layout.blocksize + s * seg_len + off;
-                &self.tmp[at..at + len]
-            }
-            Seg::Unread => unreachable!("blosc split {s} of block {j} read but not opened"),
+        seg_bytes(self.src, self.tmp, self.segs, &self.layout, j, q, len)
+    }
+
+    /// `len` bytes at position `q` of block `j` in byte-shuffled order: the splits of a
+    /// byte-shuffled block, the planes of a bitshuffled one.
+    pub(super) fn shuffled(&self, j: usize, q: usize, len: usize) -> &'a [u8] {
+        if self.layout.bits {
+            let at = j * self.layout.blocksize + q;
+            &self.planes[at..at + len]
+        } else {
+            self.seg_slice(j, q, len)
         }
     }
 
@@ -118,23 +118,29 @@ impl<'a> Chunk<'a> {
             let lp = p - j * bs;
             let n = out.len().min(size - lp);
             let (here, rest) = out.split_at_mut(n);
-            if self.layout.shuffle > 1 {
+            if self.layout.bits && bit_main(size, self.layout.shuffle) == 0 {
+                // Stored as it is (fewer than 8 elements, or not a multiple of 8).
+                self.copy_plain(j, size / nsplits, lp, here);
+            } else if self.layout.shuffle > 1 || self.layout.bits {
                 self.unshuffle(j, size, lp, here);
             } else {
-                // Not shuffled: the block is its splits in order.
-                let seg_len = size / nsplits;
-                let mut q = lp;
-                let mut to = &mut here[..];
-                while !to.is_empty() {
-                    let len = to.len().min(seg_len - q % seg_len);
-                    let (part, later) = to.split_at_mut(len);
-                    part.copy_from_slice(self.seg_slice(j, q, len));
-                    to = later;
-                    q += len;
-                }
+                self.copy_plain(j, size / nsplits, lp, here);
             }
             out = rest;
             p += n;
+        }
+    }
+
+    /// Copies the bytes `q..q + out.len()` of block `j`, stored as they are in splits of
+    /// `seg_len` bytes, into `out`.
+    fn copy_plain(&self, j: usize, seg_len: usize, mut q: usize, out: &mut [u8]) {
+        let mut to = out;
+        while !to.is_empty() {
+            let len = to.len().min(seg_len - q % seg_len);
+            let (part, later) = to.split_at_mut(len);
+            part.copy_from_slice(self.seg_slice(j, q, len));
+            to = later;
+            q += len;
         }
     }
 
@@ -142,11 +148,15 @@ impl<'a> Chunk<'a> {
     fn unshuffle(&self, j: usize, size: usize, lp: usize, out: &mut [u8]) {
         let ts = self.layout.shuffle;
         let neb = size / ts;
-        let main = neb * ts;
+        let main = if self.layout.bits {
+            bit_main(size, ts)
+        } else {
+            neb * ts
+        };
         let end = lp + out.len();
         // Shuffled part: element e's byte k is byte e of stream k.
         let mut p = lp;
-        let byte = |p: usize| self.seg_slice(j, (p % ts) * neb + p / ts, 1)[0];
+        let byte = |p: usize| self.shuffled(j, (p % ts) * neb + p / ts, 1)[0];
         while p < end.min(main) && !p.is_multiple_of(ts) {
             out[p - lp] = byte(p);
             p += 1;
@@ -155,7 +165,7 @@ impl<'a> Chunk<'a> {
         if p < whole_end {
             let (e0, e1) = (p / ts, whole_end / ts);
             let to = &mut out[p - lp..whole_end - lp];
-            let stream = |k: usize| self.seg_slice(j, k * neb + e0, e1 - e0);
+            let stream = |k: usize| self.shuffled(j, k * neb + e0, e1 - e0);
             match ts {
                 2 => interleave::<2>([stream(0), stream(1)], to),
                 4 => interleave::<4>(std::array::from_fn(stream), to),
@@ -177,7 +187,8 @@ impl<'a> Chunk<'a> {
         // Bytes past the last whole element are stored as they are, at the block's end.
         if end > main {
             let from = p.max(main);
-            out[from - lp..].copy_from_slice(self.seg_slice(j, from, end - from));
+            let (_, nsplits) = self.layout.block(j);
+            self.copy_plain(j, size / nsplits, from, &mut out[from - lp..]);
         }
     }
 }

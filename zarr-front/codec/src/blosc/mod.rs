@@ -17,9 +17,14 @@
 //! into the crops ([`Chunk::gather_group`] into a stitch's [`crate::dest::Rows`]), so the
 //! needed bytes are touched once.
 //!
-//! Left to c-blosc (an `Err` here, and the caller falls back): bitshuffle, splits compressed
-//! with anything but LZ4 or zstd (blosclz, zlib, snappy), and anything this parser calls damaged
-//! (c-blosc then words the error). As with any decoder that stops early, the bytes of a chunk
+//! A bitshuffled block stores bit `b` of byte `k` of every element in row `8 * k + b`, so any
+//! band of elements needs a band of every row, and its splits decode (almost) whole. Only the
+//! needed groups of 8 elements are transposed back, into byte planes laid out as the byte
+//! shuffle's, which the unshuffle then reads like a byte-shuffled block.
+//!
+//! Left to c-blosc (an `Err` here, and the caller falls back): splits compressed with anything
+//! but LZ4 or zstd (blosclz, zlib, snappy), and anything this parser calls damaged (c-blosc then
+//! words the error). As with any decoder that stops early, the bytes of a chunk
 //! outside the needed range are not verified.
 
 mod blocks;
@@ -27,9 +32,7 @@ mod frame;
 mod gather;
 
 pub use blocks::BlockIndex;
-pub use frame::{
-    BITSHUFFLE, Chunk, Error, OTHER_COMPRESSOR, Scratch, decoded_size, open, prefetch,
-};
+pub use frame::{Chunk, Error, OTHER_COMPRESSOR, Scratch, decoded_size, open, prefetch};
 
 #[cfg(test)]
 mod tests {
@@ -90,7 +93,7 @@ mod tests {
     #[test]
     fn ranges_equal_c_blosc_across_layouts() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let (mut tried, mut several_blocks) = (0, 0);
+        let (mut tried, mut several_blocks, mut bits) = (0, 0, 0);
         for &elsize in &[1usize, 2, 4, 8, 3, 16] {
             for &n in &[1usize, 7, 100, 1000, 16384, 40000, 150_000] {
                 for &(shuffle, cname) in &[
@@ -101,6 +104,7 @@ mod tests {
                     (2, "lz4"),
                     (1, "zstd"),
                     (0, "zstd"),
+                    (2, "zstd"),
                 ] {
                     for &blocksize in &[0usize, 4096] {
                         let data = if rng.random_bool(0.3) {
@@ -117,12 +121,15 @@ mod tests {
                                 if chunk.layout.blocksize < chunk.layout.nbytes {
                                     several_blocks += 1;
                                 }
+                                if chunk.layout.bits {
+                                    bits += 1;
+                                }
                                 check_ranges(&encoded, &data, &mut rng, &what);
                                 tried += 1;
                             }
-                            // Bitshuffle and blosclz (when a split compresses) are c-blosc's.
+                            // blosclz (when a split compresses) is c-blosc's.
                             Err(Error::Unsupported(_)) => {
-                                assert!(shuffle == 2 || cname == "blosclz", "{what}");
+                                assert!(cname == "blosclz", "{what}");
                             }
                             Err(e) => panic!("{what}: {e:?}"),
                         }
@@ -130,11 +137,32 @@ mod tests {
                 }
             }
         }
-        assert!(tried > 250, "only {tried} layouts took this path");
+        assert!(tried > 300, "only {tried} layouts took this path");
+        assert!(bits > 50, "only {bits} bitshuffled layouts");
         assert!(
             several_blocks > 20,
             "only {several_blocks} chunks of several blocks"
         );
+    }
+
+    #[test]
+    fn the_bit_transpose_swaps_rows_and_columns() {
+        // Row 0 all ones: bit 0 of every byte. The diagonal stays.
+        assert_eq!(frame::transpose_bits(0xFF), 0x0101_0101_0101_0101);
+        let diagonal = u64::from_le_bytes(std::array::from_fn(|r| 1u8 << r));
+        assert_eq!(frame::transpose_bits(diagonal), diagonal);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        for _ in 0..1000 {
+            let x: u64 = rng.random();
+            let t = frame::transpose_bits(x);
+            for (r, c) in (0..8).flat_map(|r| (0..8).map(move |c| (r, c))) {
+                assert_eq!(
+                    (x >> (8 * r + c)) & 1,
+                    (t >> (8 * c + r)) & 1,
+                    "{x:#x} bit {r},{c}"
+                );
+            }
+        }
     }
 
     #[test]
