@@ -1116,10 +1116,15 @@ mod tests {
         let runs = vec![(1, 3), (12, 18), (25, 26), (31, 40)];
         let mask = Mask::from_runs(vec![4, 10], Cells::Size(vec![1, 1]), runs).unwrap();
         let s = space(vec![0, 0], vec![4, 10], vec![1, 1], &[mask], None).unwrap();
-        assert_eq!(s.blocks(), 4);
-        // lo and hi (2 x 2 x u64 per block), prefix (u64) and guide (u32), one more than
-        // blocks each, and the 4 runs of (u64, u64).
-        assert_eq!(s.heap_bytes(), 4 * 32 + 5 * 8 + 5 * 4 + 4 * 16);
+        let (blocks, nd, runs) = (4, 2, 4);
+        assert_eq!(s.blocks(), blocks);
+        let bounds = 2 * blocks * nd * size_of::<u64>();
+        let (prefix, guide) = (
+            (blocks + 1) * size_of::<u64>(),
+            (blocks + 1) * size_of::<u32>(),
+        );
+        let mask = runs * size_of::<(u64, u64)>();
+        assert_eq!(s.heap_bytes(), bounds + prefix + guide + mask);
     }
 
     #[test]

@@ -142,9 +142,9 @@ fn peak_memory_stays_within_the_budget_on_an_array_larger_than_it() {
         "peak heap {heap} exceeds the budget {BUDGET}"
     );
     // Anonymous memory also holds what the call's IO and decode threads cost whatever the
-    // budget (their stacks, per-thread allocator arenas): about 1 MiB, varying with how many
-    // threads the machine's load lets start. Memory the FFT keeps outside the counted heap
-    // would be a multiple of the budget.
+    // budget (their stacks, per-thread allocator arenas), which varies with how many threads
+    // the machine's load lets start. Memory the FFT kept outside the counted heap would be a
+    // multiple of the budget.
     assert!(
         anon <= BUDGET + THREADS_SLACK,
         "anonymous memory grew by {anon} bytes, more than the budget {BUDGET} and \
