@@ -270,11 +270,7 @@ pub fn open<'a>(
             let la = want.start.max(base) - base;
             let lb = want.end.min(base + size) - base;
             let seg_len = size / nsplits;
-            let need = if bits {
-                needed_bit_ranges(la..lb, size, shuffle, nsplits)
-            } else {
-                needed_ranges(la..lb, size, shuffle, nsplits)
-            };
+            let need = needed_ranges(la..lb, size, shuffle, nsplits, bits);
             let Some(last_seg) = need.iter().rposition(|r| !r.is_empty()) else {
                 continue;
             };
@@ -455,7 +451,7 @@ pub fn prefetch(src: &[u8], want: Range<usize>) {
             return None;
         }
         let seg_len = nbytes / 2;
-        let need = needed_ranges(want.clone(), nbytes, 2, 2);
+        let need = needed_ranges(want.clone(), nbytes, 2, 2, false);
         let at0 = le_usize(src, HEADER, "").ok()?;
         let csize0 = le_usize(src, at0, "").ok()?;
         let at1 = at0.checked_add(4)?.checked_add(csize0)?;
@@ -502,65 +498,46 @@ pub(super) fn prefetch_split<'s>(
     }
 }
 
-/// For the block bytes `range` of a block of `size` bytes shuffled by `shuffle` (1: not) and
-/// stored in `nsplits` equal splits: the bytes of each split they need (empty: none). An LZ4
-/// split decodes its prefix up to the range's end.
+/// For the block bytes `range` of a block of `size` bytes shuffled by `shuffle` (1: not;
+/// with `bits`, bitshuffled by that type size) and stored in `nsplits` equal splits: the bytes
+/// of each split they need (empty: none). An LZ4 split decodes its prefix up to the range's
+/// end. The shuffled part is planes of equal length: one per byte of the type, with element `e`
+/// at byte `e`; or bitshuffled, one row per bit of the type, with the group of 8 elements
+/// holding `e` at byte `e / 8`. A band of elements needs a band of every plane.
 pub(super) fn needed_ranges(
     range: Range<usize>,
     size: usize,
     shuffle: usize,
     nsplits: usize,
+    bits: bool,
 ) -> [Range<usize>; MAX_SPLITS] {
     let mut need: [Range<usize>; MAX_SPLITS] = std::array::from_fn(|_| 0..0);
     if range.is_empty() {
         return need;
     }
     let mut mark = |q: Range<usize>| mark_needed(&mut need, q, size / nsplits, nsplits);
-    if shuffle > 1 {
+    if shuffle > 1 || bits {
         let neb = size / shuffle;
-        let main = neb * shuffle;
-        let (e0, e1) = (range.start / shuffle, range.end.div_ceil(shuffle).min(neb));
+        let main = if bits {
+            bit_main(size, shuffle)
+        } else {
+            neb * shuffle
+        };
+        let (e0, e1) = (range.start / shuffle, range.end.min(main).div_ceil(shuffle));
         if e0 < e1 {
-            for k in 0..shuffle {
-                mark(k * neb + e0..k * neb + e1);
+            let (planes, len, lo, hi) = if bits {
+                (8 * shuffle, main / shuffle / 8, e0 / 8, e1.div_ceil(8))
+            } else {
+                (shuffle, neb, e0, e1)
+            };
+            for k in 0..planes {
+                mark(k * len + lo..k * len + hi);
             }
         }
         mark(range.start.max(main)..range.end.max(main));
     } else {
         mark(range);
     }
-    need
-}
-
-/// [`needed_ranges`] of a bitshuffled block (type size `ts`): the bytes of each split that the
-/// block bytes `range` need. A group of 8 elements takes one byte of each of the `8 * ts` bit
-/// rows, so a band of elements needs a band of every row.
-pub(super) fn needed_bit_ranges(
-    range: Range<usize>,
-    size: usize,
-    ts: usize,
-    nsplits: usize,
-) -> [Range<usize>; MAX_SPLITS] {
-    let mut need: [Range<usize>; MAX_SPLITS] = std::array::from_fn(|_| 0..0);
-    if range.is_empty() {
-        return need;
-    }
-    let seg_len = size / nsplits;
-    let main = bit_main(size, ts);
-    let (e0, e1) = (range.start / ts, range.end.min(main).div_ceil(ts));
-    if e0 < e1 {
-        let row = main / ts / 8;
-        let (g0, g1) = (e0 / 8, e1.div_ceil(8));
-        for r in 0..8 * ts {
-            mark_needed(&mut need, r * row + g0..r * row + g1, seg_len, nsplits);
-        }
-    }
-    mark_needed(
-        &mut need,
-        range.start.max(main)..range.end.max(main),
-        seg_len,
-        nsplits,
-    );
     need
 }
 

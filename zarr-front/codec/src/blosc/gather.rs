@@ -118,10 +118,13 @@ impl<'a> Chunk<'a> {
             let lp = p - j * bs;
             let n = out.len().min(size - lp);
             let (here, rest) = out.split_at_mut(n);
-            if self.layout.bits && bit_main(size, self.layout.shuffle) == 0 {
-                // Stored as it is (fewer than 8 elements, or not a multiple of 8).
-                self.copy_plain(j, size / nsplits, lp, here);
-            } else if self.layout.shuffle > 1 || self.layout.bits {
+            // A bitshuffled block with no whole group of 8 elements is stored as it is.
+            let shuffled = if self.layout.bits {
+                bit_main(size, self.layout.shuffle) > 0
+            } else {
+                self.layout.shuffle > 1
+            };
+            if shuffled {
                 self.unshuffle(j, size, lp, here);
             } else {
                 self.copy_plain(j, size / nsplits, lp, here);
