@@ -16,7 +16,9 @@
 //! engine runs short of, and a GET costs one for a round trip, `latency / limit` of the
 //! engine's time. Holes merge while smaller than `bandwidth` times that cost: the
 //! bandwidth-delay product per slot where requests are scarce, a few kilobytes on a link that
-//! is full.
+//! is full. Holes of up to [`MIN_GAP`] merge whatever was measured: the bandwidth is what the
+//! link delivered, so GETs of a few bytes from a slow store measure a slow link where the link
+//! idles, and a GET's own request and answer headers weigh about as much as such a hole.
 //!
 //! And they say when a GET is late ([`Limiter::hedge_delay`]): past the 95th percentile of
 //! recent first bytes, and past [`HEDGE_OVER_MEDIAN`] times their median, so that a store whose
@@ -38,6 +40,8 @@ pub(crate) const THROTTLE_CUT: f64 = 0.7;
 const DECREASE: f64 = 0.5;
 /// The weight of each new GET in the recent GET time.
 const RECENT_WEIGHT: f64 = 0.125;
+/// Holes of up to this many bytes always merge (about a GET's request and answer headers).
+pub(crate) const MIN_GAP: u64 = 4096;
 /// GETs per window of the quickest-recent-time minimum. It spans this window and the one
 /// before, so a store that became slower for good (a longer route) is the new quickest within
 /// two windows.
@@ -174,8 +178,9 @@ impl Limiter {
         s.slots.saturating_sub(self.slots.available_permits())
     }
 
-    /// The largest hole worth reading to save a GET, at most `max`: `max` until the
-    /// bandwidth and the latency are measured (see the module's documentation).
+    /// The largest hole worth reading to save a GET, at most `max` and at least [`MIN_GAP`]
+    /// (or `max` when smaller): `max` until the bandwidth and the latency are measured (see the
+    /// module's documentation).
     pub(crate) fn max_gap(&self, max: u64) -> u64 {
         let s = self.state();
         let latency = s.first_byte_min.min(s.first_byte_previous);
@@ -185,7 +190,7 @@ impl Limiter {
                 if s.limit >= self.max as f64 {
                     per_get = per_get.max(latency / s.limit);
                 }
-                ((bw * per_get) as u64).min(max)
+                ((bw * per_get) as u64).max(MIN_GAP).min(max)
             }
             _ => max,
         }
@@ -460,6 +465,31 @@ mod tests {
             ((floor * 0.7) as u64..(floor * 1.1) as u64).contains(&gap),
             "{gap}"
         );
+    }
+
+    /// GETs of a few bytes from a slow store deliver little and measure a slow link: holes
+    /// the size of a GET's own headers still merge.
+    #[test]
+    fn small_holes_merge_however_slowly_small_gets_arrive() {
+        let l = Limiter::new(8, 1, 8, false);
+        let start = Instant::now();
+        while start.elapsed() < METER_WINDOW * 2 {
+            let slot = Slot {
+                permit: Some(Arc::clone(&l.slots).try_acquire_owned().unwrap()),
+                limiter: Arc::clone(&l),
+            };
+            std::thread::sleep(Duration::from_millis(5));
+            slot.finish(
+                Some(Duration::from_millis(5)),
+                Some(Duration::from_micros(4900)),
+                64,
+                0,
+            );
+        }
+        let bw = l.state().bandwidth.unwrap();
+        assert!(bw < 20_000.0, "{bw}");
+        assert_eq!(l.max_gap(1 << 20), MIN_GAP);
+        assert_eq!(l.max_gap(100), 100);
     }
 
     #[test]
