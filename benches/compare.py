@@ -71,7 +71,7 @@ from machine import cpu_model
 from pagecache import ROOT, drop_caches, prewarm, zcrop_binary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-READERS = ["zcrop", "zcrop-mmap", "zcrop-cache", "zcrop-fixed", "zcrop-whole", "tensorstore", "zarrs", "zarr", "zarrs-obstore", "zarr-obstore", "zarr-fsspec"]
+READERS = ["zcrop", "zcrop-mmap", "zcrop-cache", "zcrop-fixed", "zcrop-whole", "zcrop-blocks", "tensorstore", "zarrs", "zarr", "zarrs-obstore", "zarr-obstore", "zarr-fsspec"]
 LOCAL_READERS = ["zcrop", "zcrop-mmap", "tensorstore", "zarrs", "zarr"]
 S3_READERS = ["zcrop", "zcrop-cache", "tensorstore", "zarr-obstore", "zarr-fsspec"]
 LABEL = {
@@ -80,6 +80,7 @@ LABEL = {
     "zcrop-cache": "zcrop (64 MiB chunk cache)",
     "zcrop-fixed": "zcrop (64 GETs in flight, fixed)",
     "zcrop-whole": "zcrop (blosc chunks fetched whole)",
+    "zcrop-blocks": "zcrop (blosc chunks fetched by block)",
     "tensorstore": "TensorStore",
     "zarrs": "zarr-python + zarrs",
     "zarr": "zarr-python",
@@ -188,13 +189,16 @@ def open_s3_reader(name: str, url: str, zarr_format: int):
     """:func:`open_reader` for an ``s3://`` URL on the endpoint in $ZCROP_BENCH_S3_ENDPOINT."""
     endpoint = os.environ["ZCROP_BENCH_S3_ENDPOINT"]
     bucket, _, key = url[len("s3://"):].partition("/")
-    if name in ("zcrop", "zcrop-cache", "zcrop-fixed", "zcrop-whole"):
+    if name in ("zcrop", "zcrop-cache", "zcrop-fixed", "zcrop-whole", "zcrop-blocks"):
         if name == "zcrop-fixed":
             # The object engine's old way: a fixed 64 GETs in flight.
             os.environ.update(ZCROP_OBJECT_ADAPTIVE="0", ZCROP_OBJECT_CONCURRENCY=str(S3_CONCURRENCY))
         if name == "zcrop-whole":
             # Large blosc chunks fetched whole, not by block.
             os.environ["ZCROP_BLOSC_BLOCK_FETCH"] = "never"
+        if name == "zcrop-blocks":
+            # Large blosc chunks fetched by block even by a read alone on the link.
+            os.environ["ZCROP_BLOSC_BLOCK_FETCH"] = "always"
         import zcrop
 
         # zcrop-cache: a decoded-chunk cache of the budget TensorStore's cache pool gets.
