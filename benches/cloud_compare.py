@@ -25,11 +25,11 @@ adapts, up to 512), `zcrop-fixed` (zcrop held at a fixed 64, its old default), T
 s3 kvstore (64 MiB cache pool, ts.Batch, 64 requests in flight), and zarr-python 3 over
 obstore's S3Store (a batch's crops gathered at once, async concurrency 64), plain and with the
 zarrs codec pipeline (which fetches a batch's chunks one at a time, so it runs only at 0 ms
-unless --all-latencies; `zcrop-cache`, zcrop with a 64 MiB chunk cache, and `zcrop-whole` /
-`zcrop-blocks`, zcrop fetching large blosc chunks always whole / always by block, can be
-added with --readers). Per run the simulator counts the GETs and body bytes of the timed batches; the
-report gives crops/s, GB/s delivered, GETs, bytes fetched per stored byte the crops need, MB/s
-fetched, p50/p99 batch latency, the ratio to the best peer and whether the bytes equal zcrop's.
+unless --all-latencies). --readers can add `zcrop-cache` (zcrop with a 64 MiB chunk cache)
+and `zcrop-whole` / `zcrop-blocks` (large blosc chunks always fetched whole / by block). Per
+run the simulator counts the GETs and body bytes of the timed batches; the report gives
+crops/s, GB/s delivered, GETs, bytes fetched per stored byte the crops need, MB/s fetched,
+p50/p99 batch latency, the ratio to the best peer and whether the bytes equal zcrop's.
 Writes cloud.md / cloud.json to --out.
 """
 

@@ -16,9 +16,8 @@
 //! engine runs short of, and a GET costs one for a round trip, `latency / limit` of the
 //! engine's time. Holes merge while smaller than `bandwidth` times that cost: the
 //! bandwidth-delay product per slot where requests are scarce, a few kilobytes on a link that
-//! is full. Holes of up to [`MIN_GAP`] merge whatever was measured: the bandwidth is what the
-//! link delivered, so GETs of a few bytes from a slow store measure a slow link where the link
-//! idles, and a GET's own request and answer headers weigh about as much as such a hole.
+//! is full. Holes of up to [`MIN_GAP`] always merge: the bandwidth measured is what GETs
+//! delivered, and a few small GETs from a slow store would otherwise pass for a slow link.
 //!
 //! And they say when a GET is late ([`Limiter::hedge_delay`]): past the 95th percentile of
 //! recent first bytes, and past [`HEDGE_OVER_MEDIAN`] times their median, so that a store whose
@@ -41,7 +40,7 @@ const DECREASE: f64 = 0.5;
 /// The weight of each new GET in the recent GET time.
 const RECENT_WEIGHT: f64 = 0.125;
 /// Holes of up to this many bytes always merge (about a GET's request and answer headers).
-pub(crate) const MIN_GAP: u64 = 4096;
+const MIN_GAP: u64 = 4096;
 /// GETs per window of the quickest-recent-time minimum. It spans this window and the one
 /// before, so a store that became slower for good (a longer route) is the new quickest within
 /// two windows.
