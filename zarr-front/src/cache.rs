@@ -1,15 +1,21 @@
-//! The caches of shard indexes and decoded chunks: `quick_cache` with a byte budget.
+//! The caches of shard indexes and decoded chunks: `quick_cache` with a byte budget, and the
+//! memory of recently read chunks that decides which decoded chunks are worth keeping.
 //!
 //! Each entry costs the bytes its caller says; the total stays within the budget the cache was
 //! made with. Eviction is `quick_cache`'s CLOCK-Pro-like policy, which keeps entries that are
 //! used again when a stream of one-off entries passes through (random crops revisiting part of
 //! an array). One shard, so that an entry may use the whole budget (all but the 3% `quick_cache`
-//! keeps for entries not yet used twice), not one shard's share of it.
+//! keeps for entries not yet used again), not one shard's share of it.
 
-use std::hash::Hash;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, Equivalent, OptionsBuilder, Weighter};
+
+/// The share of the budget `quick_cache` keeps for entries used since they came in (its
+/// default).
+const DEFAULT_HOT_SHARE: f64 = 0.97;
 
 /// Bytes of budget per entry expected (a shard index or a small chunk), which sizes the memory
 /// of recently evicted keys that lets an entry used again come back as one worth keeping.
@@ -43,8 +49,21 @@ impl<K: Hash + Eq + Clone, V: Clone> std::fmt::Debug for LruCache<K, V> {
 impl<K: Hash + Eq + Clone, V: Clone> LruCache<K, V> {
     /// An empty cache holding at most `budget` bytes.
     pub(crate) fn new(budget: usize) -> Self {
+        Self::with_hot_share(budget, DEFAULT_HOT_SHARE)
+    }
+
+    /// An empty cache holding at most `budget` bytes, for entries that were asked for again
+    /// before they are inserted (see [`SeenRecently`]): half of the budget holds entries not
+    /// yet used since they came in, instead of 3%, as they are no longer one-off entries
+    /// that `quick_cache` must keep from pushing out the rest.
+    pub(crate) fn admitted(budget: usize) -> Self {
+        Self::with_hot_share(budget, 0.5)
+    }
+
+    fn with_hot_share(budget: usize, hot: f64) -> Self {
         let options = OptionsBuilder::new()
             .weight_capacity(budget as u64)
+            .hot_allocation(hot)
             .estimated_items_capacity((budget / EXPECTED_ENTRY_BYTES).max(1))
             .shards(1)
             .build()
@@ -79,9 +98,13 @@ impl<K: Hash + Eq + Clone, V: Clone> LruCache<K, V> {
     }
 
     /// Bytes held now.
-    #[cfg(test)]
     pub(crate) fn used(&self) -> usize {
         self.inner.weight() as usize
+    }
+
+    /// Whether another `cost` bytes fit without evicting anything.
+    pub(crate) fn has_room_for(&self, cost: usize) -> bool {
+        self.used().saturating_add(cost) <= self.budget
     }
 
     /// Forgets every entry.
@@ -90,9 +113,69 @@ impl<K: Hash + Eq + Clone, V: Clone> LruCache<K, V> {
     }
 }
 
+/// Remembers the keys of the last few thousand chunks read, a fingerprint per slot, so that a
+/// chunk read again soon is known as such. A decoded-chunk cache keeps only those once it is
+/// full: keeping a chunk means decoding it whole, and where reads rarely come back to a chunk
+/// (an array many times the budget) that would cost every read a whole decode to serve few.
+///
+/// Lossy by design: a slot holds the latest key hashed to it, so a key is forgotten once
+/// another takes its slot, and a fingerprint match of two keys (1 in 2^64) only keeps a chunk
+/// that was not read before.
+pub(crate) struct SeenRecently {
+    slots: Box<[AtomicU64]>,
+    /// SipHash with fixed keys: the same keys take the same slots in every run.
+    hasher: BuildHasherDefault<DefaultHasher>,
+}
+
+impl SeenRecently {
+    /// Room for about `keys` keys (rounded up to a power of two, at least 64).
+    pub(crate) fn new(keys: usize) -> Self {
+        let n = keys.clamp(64, 1 << 24).next_power_of_two();
+        SeenRecently {
+            slots: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            hasher: BuildHasherDefault::default(),
+        }
+    }
+
+    /// Whether `key` was seen since its slot last changed hands; either way it is remembered
+    /// now, until another key takes its slot.
+    pub(crate) fn seen_again<Q: Hash + ?Sized>(&self, key: &Q) -> bool {
+        // 0 marks an empty slot.
+        let print = self.hasher.hash_one(key).max(1);
+        let slot = &self.slots[(print as usize) & (self.slots.len() - 1)];
+        slot.swap(print, Ordering::Relaxed) == print
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_seen_again_until_its_slot_is_taken() {
+        let seen = SeenRecently::new(100);
+        assert_eq!(seen.slots.len(), 128);
+        let key = |i: u64| vec![i, 7, 3];
+        assert!(!seen.seen_again(key(1).as_slice()), "first time");
+        assert!(seen.seen_again(key(1).as_slice()), "again");
+        assert!(
+            seen.seen_again(&key(1)),
+            "owned and borrowed keys hash alike"
+        );
+        // Far more keys than slots pass: the first is forgotten, and most of the last ones of
+        // a slot's worth are still remembered.
+        for i in 2..10_000 {
+            seen.seen_again(key(i).as_slice());
+        }
+        assert!(!seen.seen_again(key(1).as_slice()), "forgotten");
+        // Newest first: asking for a forgotten key takes its slot back from a newer one.
+        let kept = (9_950..10_000)
+            .rev()
+            .filter(|&i| seen.seen_again(key(i).as_slice()))
+            .count();
+        assert!(kept >= 35, "{kept} of the last 50 keys remembered");
+        assert_eq!(SeenRecently::new(0).slots.len(), 64);
+    }
 
     #[test]
     fn stays_within_budget_and_keeps_what_is_used() {

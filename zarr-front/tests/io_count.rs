@@ -4,7 +4,7 @@ mod common;
 
 use common::{assert_same, copy_store, expected, region};
 use zcrop_io::{BackendChoice, CoalesceLimits, IoConfig, IoEngine};
-use zcrop_zarr::{Array, OpenOptions};
+use zcrop_zarr::{Array, OpenOptions, WholeReason};
 
 fn fresh(options: &OpenOptions) -> (Array, IoEngine) {
     // A private engine, so its counters see only this test's reads; no coalescing, so every
@@ -168,6 +168,63 @@ fn decoded_chunk_cache_serves_repeated_reads() {
     assert_eq!(stats.chunks_cached, 0);
     assert!(stats.chunks_decoded > 0);
     assert_eq!(again, first);
+}
+
+#[test]
+fn a_full_chunk_cache_keeps_chunks_read_again_not_those_read_once() {
+    // Room for 16 inner chunks of (1, 1, 16, 16) u16.
+    let (a, _) = fresh(&OpenOptions {
+        chunk_cache_bytes: 16 * 512,
+        ..OpenOptions::default()
+    });
+    // 60 chunks read whole fill it.
+    a.read_region(&[0, 0, 0, 0], &[2, 1, 70, 90]).unwrap();
+    // Part of each of 4 other chunks.
+    let (origin, shape) = ([5u64, 2, 4, 4], [1u64, 1, 24, 24]);
+    let expected = a.read_region(&origin, &shape).unwrap();
+    let read = || {
+        let mut out = vec![0u8; expected.len()];
+        let stats = a.read_region_into(&origin, &shape, &mut out).unwrap();
+        assert_eq!(out, expected);
+        stats
+    };
+    // The first read above decoded them in part and kept none; this second read is the first
+    // seen again: each is decoded whole and kept.
+    let second = read();
+    assert_eq!(
+        (second.chunks_cached, second.chunks_decoded),
+        (0, 4),
+        "{second:?}"
+    );
+    assert_eq!(
+        second.whole_chunks.get(WholeReason::ChunkCache),
+        4,
+        "{second:?}"
+    );
+    let third = read();
+    assert_eq!(
+        (third.chunks_cached, third.chunks_decoded),
+        (4, 0),
+        "{third:?}"
+    );
+}
+
+#[test]
+fn a_chunk_cache_with_room_keeps_what_it_reads_first() {
+    let (a, _) = fresh(&OpenOptions {
+        chunk_cache_bytes: 16 * 512,
+        ..OpenOptions::default()
+    });
+    let (origin, shape) = ([5u64, 2, 4, 4], [1u64, 1, 24, 24]);
+    let first = a.read_region_into(&origin, &shape, &mut vec![0u8; 24 * 24 * 2]);
+    assert_eq!(first.unwrap().whole_chunks.get(WholeReason::ChunkCache), 4);
+    let mut out = vec![0u8; 24 * 24 * 2];
+    let again = a.read_region_into(&origin, &shape, &mut out).unwrap();
+    assert_eq!(
+        (again.chunks_cached, again.chunks_decoded),
+        (4, 0),
+        "{again:?}"
+    );
 }
 
 #[test]

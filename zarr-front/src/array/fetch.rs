@@ -301,7 +301,7 @@ impl Array {
             let mut stamps: FxHashMap<Vec<u64>, Option<FileStamp>> = FxHashMap::default();
             let (mut storage, mut inner) = (Vec::new(), vec![0; core.layout.levels.len()]);
             for (i, leaf) in plan.leaves.iter().enumerate() {
-                if let Some((stamp, chunk)) = cache.get(leaf.coords.as_slice()) {
+                if let Some((stamp, chunk)) = cache.chunks.get(leaf.coords.as_slice()) {
                     core.layout.locate(&leaf.coords, &mut storage, &mut inner);
                     let now = match stamps.get(&storage) {
                         Some(&s) => s,
@@ -339,9 +339,7 @@ impl Array {
         // Small chunks go to tasks in groups too, decoded one after the other, each with
         // the next one's bytes asked for meanwhile (see `decode_and_stitch_each`).
         let small = core.decoder.chunk_bytes <= PREFETCHED_CHUNK_BYTES;
-        if core.caches().chunk.is_some() {
-            1
-        } else if core.decoder.decodes_in_groups() {
+        if core.decoder.decodes_in_groups() {
             let group = if small {
                 SMALL_ZSTD_DECODE_GROUP
             } else {
@@ -446,6 +444,8 @@ impl Array {
         for (k, chunk) in group.iter().enumerate() {
             if plan.leaves[chunk.leaf].needed.len() >= full {
                 results[k] = Some(self.decode_and_stitch(ctx, chunk));
+            } else if self.keeps(ctx, chunk) {
+                results[k] = Some(self.decode_and_keep(ctx, chunk));
             } else {
                 members.push(k);
             }
@@ -512,12 +512,61 @@ impl Array {
             .collect()
     }
 
+    /// Whether the leaf `fetched` holds goes into the decoded-chunk cache (see
+    /// [`super::DecodedChunks::keeps`]); counts as its read there. Ask once per leaf.
+    fn keeps(&self, ctx: &StitchCtx<'_, '_>, fetched: &Fetched) -> bool {
+        let core = &*self.core;
+        core.caches().chunk.as_ref().is_some_and(|cache| {
+            let coords = &ctx.plan.leaves[fetched.leaf].coords;
+            cache.keeps(coords, core.decoder.chunk_bytes)
+        })
+    }
+
+    /// Decodes the leaf `fetched` holds whole, writes all its copies and keeps it in the
+    /// decoded-chunk cache; returns what it cost.
+    fn decode_and_keep(
+        &self,
+        ctx: &StitchCtx<'_, '_>,
+        fetched: &Fetched,
+    ) -> Result<ReadStats, DecodeError> {
+        let (i, bytes) = (fetched.leaf, &fetched.bytes);
+        let core = &*self.core;
+        let leaf = &ctx.plan.leaves[i];
+        let mut stats = ReadStats {
+            chunks_decoded: 1,
+            chunk_bytes_read: bytes.len() as u64,
+            ..ReadStats::default()
+        };
+        let mut chunk = Vec::new();
+        crate::decode::zeroed(&mut chunk, core.decoder.chunk_bytes)?;
+        let mut cost = core.decoder.decode_full_into(bytes, &mut chunk)?;
+        if cost.whole.is_some() && leaf.needed.len() < core.decoder.chunk_bytes {
+            cost.whole = Some(WholeReason::ChunkCache);
+        }
+        stats.add_cost(cost);
+        let chunk: Arc<[u8]> = chunk.into();
+        ctx.stitch_leaf(i, &chunk);
+        // The caller reports lost bytes; a chunk decoded from them is not kept.
+        if let Some(cache) = &core.caches().chunk
+            && zcrop_io::mapped_intact(bytes)
+        {
+            let cost = chunk.len();
+            cache
+                .chunks
+                .insert(leaf.coords.to_vec(), (fetched.stamp, chunk), cost);
+        }
+        Ok(stats)
+    }
+
     /// Decodes the leaf `fetched` holds and writes all its copies; returns what it cost.
     fn decode_and_stitch(
         &self,
         ctx: &StitchCtx<'_, '_>,
         fetched: &Fetched,
     ) -> Result<ReadStats, DecodeError> {
+        if self.keeps(ctx, fetched) {
+            return self.decode_and_keep(ctx, fetched);
+        }
         let (i, bytes) = (fetched.leaf, &fetched.bytes);
         let core = &*self.core;
         let plan = ctx.plan;
@@ -527,27 +576,6 @@ impl Array {
             chunk_bytes_read: bytes.len() as u64,
             ..ReadStats::default()
         };
-        if let Some(cache) = &core.caches().chunk {
-            let mut chunk = Vec::new();
-            crate::decode::zeroed(&mut chunk, core.decoder.chunk_bytes)?;
-            let mut cost = core.decoder.decode_full_into(bytes, &mut chunk)?;
-            if cost.whole.is_some() && leaf.needed.len() < core.decoder.chunk_bytes {
-                cost.whole = Some(WholeReason::ChunkCache);
-            }
-            stats.add_cost(cost);
-            let chunk: Arc<[u8]> = chunk.into();
-            ctx.stitch_leaf(i, &chunk);
-            if !zcrop_io::mapped_intact(bytes) {
-                // The caller reports it; a chunk decoded from lost bytes is not kept.
-                return Ok(stats);
-            }
-            cache.insert(
-                leaf.coords.to_vec(),
-                (fetched.stamp, Arc::clone(&chunk)),
-                chunk.len(),
-            );
-            return Ok(stats);
-        }
         // A copy that takes the whole chunk contiguously: decode straight into the output, then
         // serve the chunk's other copies from there.
         if core.decoder.decodes_in_place()

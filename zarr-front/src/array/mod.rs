@@ -24,7 +24,7 @@ use std::sync::Arc;
 use zcrop_io::fork::PerProcess;
 use zcrop_io::{IoEngine, ObjectEngine, ReadRange, ReadRequest};
 
-use crate::cache::LruCache;
+use crate::cache::{LruCache, SeenRecently};
 use crate::decode::LeafDecoder;
 use crate::error::{Location, Result, ZarrError};
 use crate::layout::Layout;
@@ -99,7 +99,34 @@ struct Caches {
     index: IndexCache,
     /// Where the blocks of large blosc chunks are (see [`blocks`]), by chunk object.
     blosc: LruCache<Arc<Path>, Arc<zcrop_codec::blosc::BlockIndex>>,
-    chunk: Option<ChunkCache>,
+    chunk: Option<DecodedChunks>,
+}
+
+/// The decoded-chunk cache, and the chunks read recently, which decide what it keeps (see
+/// [`DecodedChunks::keeps`]).
+struct DecodedChunks {
+    chunks: ChunkCache,
+    seen: SeenRecently,
+}
+
+impl DecodedChunks {
+    fn new(budget: usize, chunk_bytes: usize) -> Self {
+        DecodedChunks {
+            chunks: LruCache::admitted(budget),
+            // As many keys as chunks fit: a chunk read again within about a full cache's worth
+            // of other chunks is one the cache would have served.
+            seen: SeenRecently::new(budget / chunk_bytes.max(1)),
+        }
+    }
+
+    /// Whether a chunk of `bytes` decoded at `coords` is worth keeping: while the cache has
+    /// room, every one is; once full, one read again while remembered. Each call counts as a
+    /// read of `coords`. A chunk kept is decoded whole, which a read of part of it otherwise
+    /// avoids, so chunks read once (an array many times the budget) never pay for it.
+    fn keeps(&self, coords: &[u64], bytes: usize) -> bool {
+        let again = self.seen.seen_again(coords);
+        again || self.chunks.has_room_for(bytes)
+    }
 }
 
 impl Core {
@@ -108,8 +135,9 @@ impl Core {
         self.caches.get_or_init(|| Caches {
             index: LruCache::new(self.options.index_cache_bytes),
             blosc: LruCache::new(self.options.index_cache_bytes),
-            chunk: (self.options.chunk_cache_bytes > 0)
-                .then(|| LruCache::new(self.options.chunk_cache_bytes)),
+            chunk: (self.options.chunk_cache_bytes > 0).then(|| {
+                DecodedChunks::new(self.options.chunk_cache_bytes, self.decoder.chunk_bytes)
+            }),
         })
     }
 }
@@ -496,7 +524,7 @@ impl Array {
     pub fn clear_caches(&self) {
         self.core.caches().index.clear();
         if let Some(c) = &self.core.caches().chunk {
-            c.clear();
+            c.chunks.clear();
         }
     }
 

@@ -28,7 +28,8 @@ pub struct OpenOptions {
     /// Byte budget of the shard-index cache.
     pub index_cache_bytes: usize,
     /// Byte budget of the decoded-chunk cache; `0` (the default) turns it off. Worth enabling
-    /// when crops of successive reads overlap.
+    /// when crops of successive reads overlap. Once full, it takes only chunks read again
+    /// while remembered, so that chunks read once are still decoded in part.
     pub chunk_cache_bytes: usize,
     /// Verify checksums (crc32c, zstd, gzip, zlib) while decoding. On by default; turning it off
     /// lets gzip and zlib chunks stop decoding early.
