@@ -208,8 +208,10 @@ fn parse_source(s: &Bound<'_, PyDict>) -> PyResult<Source> {
         let path: PathBuf = array.extract()?;
         let storage_options: Option<Vec<(String, String)>> = item(s, "storage_options")?;
         let options = crate::group::open_options(storage_options, 0);
-        Source::open_with(name, path, crop, &options)
-            .map_err(|e| blocking::sampler_err(array.py(), &e))?
+        // Opening reads metadata (GETs from an object store): without the GIL.
+        let py = array.py();
+        py.detach(|| Source::open_with(name, path, crop, &options))
+            .map_err(|e| blocking::sampler_err(py, &e))?
     };
     let dims: Option<Vec<Bound<'_, PyAny>>> = item(s, "dims")?;
     let mut source = match dims {

@@ -8,7 +8,11 @@ origins for the data, and brute force over every position for the sample space.
 
 from __future__ import annotations
 
+import os
 import pathlib
+import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -246,6 +250,103 @@ def test_loader_and_samples_agree_across_workers_and_restarts(ocf):
         np.testing.assert_array_equal(s[i]["nwp"], first[i // 3]["nwp"][i % 3])
 
 
+def same(a, b) -> bool:
+    """Equal batches or meta: dicts and lists by item, numpy arrays by dtype, shape and bytes."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, np.ndarray):
+        return (isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
+                and a.tobytes() == b.tobytes())
+    return type(a) is type(b) and a == b
+
+
+def take(loader, n=None) -> list:
+    """Batches of ``loader`` (all, or the next ``n``), copied out of its ring buffers."""
+    out = []
+    for b in loader:
+        out.append({k: v if k == "meta" else v.copy() for k, v in b.items()})
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+# A fresh process builds the pickled loader arguments and writes its batches back.
+RESTART = """
+import pickle, sys
+import zcrop
+sources, kw = pickle.load(open(sys.argv[1], "rb"))
+with zcrop.Loader(sources, **kw) as loader:
+    batches = [{k: v if k == "meta" else v.copy() for k, v in b.items()} for b in loader]
+pickle.dump(batches, open(sys.argv[2], "wb"))
+"""
+
+
+def test_aligned_masked_weighted_batches_are_identical_everywhere(ocf, tmp_path):
+    """Three sources aligned by labels (a label-unit window, a forecast by init time, stations
+    by exact hour), a DataArray valid= on a coarser (y, x) grid and DataArray weights= over
+    time: batch k is the same bytes and meta (labels included) in a fresh process with another
+    hash seed, after load_state_dict or seek, and whatever threads, prefetch and workers; and
+    Samples gives the same samples."""
+    sat, nwp, pv = ocf
+    sources = {
+        "sat": zcrop.Source(sat["ir"], crop={"y": 8, "x": 8}, window={"time": ("-1h", "0h")}),
+        "nwp": zcrop.Source(nwp["t2m"], crop={"init_time": 1, "step": 2, "y": 2, "x": 2},
+                            dims=["time", 0, "y", "x"],
+                            align={"init_time": "previous", "y": "nearest", "x": "nearest"}),
+        "pv": zcrop.Source(pv["power"], crop={}, window={"time": (-2, 2)}),
+    }
+    rng = np.random.default_rng(6)
+    land = xr.DataArray(rng.random((4, 4)) < 0.6, dims=("y", "x"),
+                        coords={"y": np.arange(3.5, 32.0, 8.0), "x": np.arange(3.5, 32.0, 8.0)})
+    times = pd.date_range("2024-06-01", periods=9, freq="3h")
+    busy = xr.DataArray(rng.random(9) + 0.2, dims="time", coords={"time": times})
+    busy[4] = 0.0
+    kw = dict(positions=["time", "y", "x"], valid=land, weights=busy, batch_size=3, seed=5,
+              steps=6)
+    base = take(zcrop.Loader(sources, **kw, prefetch=1, workers=1, threads=1))
+    # Not vacuous: each draw is on the hour (pv aligns exactly), on land, of positive weight.
+    for batch in base:
+        for m in batch["meta"]:
+            t0 = pd.Timestamp(sat.time.values[m["position"][0]])
+            y, x = (float(sat[d].values[p]) for d, p in zip("yx", m["position"][1:]))
+            assert t0.minute == 0 and bool(land.sel(y=y, x=x, method="nearest"))
+            assert float(busy.sel(time=t0, method="nearest")) > 0
+    for more in ({}, {"prefetch": 4, "workers": 3}, {"threads": 2, "pin": False}):
+        assert same(take(zcrop.Loader(sources, **kw, **more)), base), more
+    # A restart in a fresh process, another hash seed (no set or dict order leaks in).
+    args, out = tmp_path / "args.pkl", tmp_path / "out.pkl"
+    args.write_bytes(pickle.dumps((sources, kw)))
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    subprocess.run([sys.executable, "-c", RESTART, str(args), str(out)], check=True, env=env,
+                   timeout=120)
+    assert same(pickle.loads(out.read_bytes()), base)
+    # Resumed from a state saved by a loader with other settings, and by seek back and forth.
+    first = zcrop.Loader(sources, **kw, workers=3, prefetch=2)
+    take(first, 2)
+    state = first.state_dict()
+    first.close()
+    resumed = zcrop.Loader(sources, **kw)
+    resumed.load_state_dict(state)
+    assert same(take(resumed), base[2:])
+    with zcrop.Loader(sources, **kw, prefetch=3) as ld:
+        ld.seek(4)
+        assert same(take(ld, 1), base[4:5])
+        ld.seek(1)
+        assert same(take(ld), base[1:])
+    # Samples: sample i is sample i of the loader, position, origins and data.
+    s = zcrop.Samples(sources, positions=kw["positions"], valid=land, weights=busy, seed=5,
+                      length=18)
+    for i in range(18):
+        got, want = s[i], base[i // 3]
+        m = want["meta"][i % 3]
+        assert list(got["meta"]["position"]) == m["position"]
+        for name in sources:
+            assert list(got["meta"]["origin"][name]) == m["sources"][name]["origin"]
+            np.testing.assert_array_equal(got[name], want[name][i % 3])
+
+
 def test_valid_windows_follow_aligned_and_stepped_sources(tmp_path):
     t = pd.date_range("2024-01-01", periods=40, freq="15min")
     path = write(tmp_path / "a.zarr", "v", ["time", "y"], {"time": t, "y": np.arange(12.0)}, (8, 12))
@@ -289,6 +390,35 @@ def test_bad_alignment_input_is_named(ocf, tmp_path):
                        align={"y": "nearest"}, tolerance={"y": 0.25})
     with pytest.raises(ValueError, match=r"source 'off' dimension 'y'.*no position.*tolerance 0.25"):
         zcrop.Samples([sat_src, far], positions=positions, length=1)
+    # Two sources that each align, but never at the same position: hourly data on the hour
+    # and on the half hour, by exact label. The error names both and the dimension.
+    for i, start in enumerate(["2024-06-01 00:00", "2024-06-01 00:30"]):
+        write(tmp_path / f"h{i}.zarr", f"h{i}", ["time", "y", "x"],
+              {"time": pd.date_range(start, periods=24, freq="h"), "y": np.arange(32.0),
+               "x": np.arange(32.0)}, (8, 8, 8))
+    hourly = [zcrop.Source(xr.open_dataset(tmp_path / f"h{i}.zarr", engine="zcrop")[f"h{i}"],
+                           crop={"time": 1, "y": 2, "x": 2}) for i in range(2)]
+    disjoint = (r"along position dimension 'time' have no position in common: "
+                r"source 'h0' dimension 'time' \(align 'exact'\) aligns at 24 of 96 positions "
+                r"\(2024-06-01T00:00, 2024-06-01T01:00, .*; source 'h1' dimension 'time' "
+                r"\(align 'exact'\) aligns at 24 of 96 positions \(2024-06-01T00:30, ")
+    for make in (lambda: zcrop.Samples([sat_src, *hourly], positions=positions, length=1),
+                 lambda: zcrop.Loader([sat_src, *hourly], positions=positions),
+                 lambda: zcrop.valid_windows([sat_src, *hourly], positions, cache=False)):
+        with pytest.raises(zcrop.InvalidArgumentError, match=disjoint):
+            make()
+    # Whole windows, not labels, keep them apart: the previous hour with 2 hours of history
+    # fits from t0 = 02:00 on, the next half hour with 23 hours ahead only up to 01:30.
+    late = zcrop.Source(xr.open_dataset(tmp_path / "h0.zarr", engine="zcrop")["h0"],
+                        crop={"y": 2, "x": 2}, align={"time": "previous"},
+                        window={"time": (-2, 1)})
+    ahead = zcrop.Source(xr.open_dataset(tmp_path / "h1.zarr", engine="zcrop")["h1"],
+                         crop={"time": 23, "y": 2, "x": 2}, align={"time": "next"})
+    with pytest.raises(ValueError, match=r"source 'h0' dimension 'time' \(align 'previous'\) "
+                                         r"aligns at 88 of 96 positions \(2024-06-01T02:00, .*"
+                                         r"source 'h1' dimension 'time' \(align 'next'\) "
+                                         r"aligns at 7 of 96 positions"):
+        zcrop.Samples([sat_src, late, ahead], positions=positions, length=1)
     # A coordinate that is not monotonic.
     t = pd.to_datetime(["2024-06-01 00:00", "2024-06-01 02:00", "2024-06-01 01:00"])
     bad = write(tmp_path / "bad.zarr", "b", ["time", "y", "x"],

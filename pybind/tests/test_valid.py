@@ -7,8 +7,13 @@ Oracles: brute force over every position (numpy on the data zarr-python wrote), 
 
 from __future__ import annotations
 
+import json
+import math
 import pathlib
 import pickle
+import subprocess
+import sys
+import urllib.request
 import warnings
 
 import numpy as np
@@ -51,6 +56,30 @@ def brute_valid(data: np.ndarray, crop, bad) -> np.ndarray:
 
 def all_positions(samples: zcrop.Samples) -> list[tuple[int, ...]]:
     return [tuple(int(x) for x in samples[i]["meta"]["position"]) for i in range(len(samples))]
+
+
+def chi2_critical(dof: int) -> float:
+    """The chi-square value that ``dof`` degrees of freedom exceed with probability 0.001
+    (Wilson-Hilferty; 3.0902 is the normal's upper 0.1% point)."""
+    k = 2 / (9 * dof)
+    return dof * (1 - k + 3.0902 * math.sqrt(k)) ** 3
+
+
+def chi2(counts: np.ndarray, expect: np.ndarray) -> float:
+    k = expect > 0
+    return float((((counts[k] - expect[k]) ** 2) / expect[k]).sum())
+
+
+def snapshot(loader: zcrop.Loader) -> list:
+    """Every batch of ``loader``: each source's bytes, and the meta."""
+    with loader:
+        return [({k: v.tobytes() for k, v in b.items() if k != "meta"}, b["meta"]) for b in loader]
+
+
+def snapshot_one(loader: zcrop.Loader) -> tuple:
+    """The next batch of ``loader``, as :func:`snapshot` gives each."""
+    b = next(loader)
+    return {k: v.tobytes() for k, v in b.items() if k != "meta"}, b["meta"]
 
 
 # --- valid_windows against brute force -------------------------------------------------------
@@ -288,6 +317,10 @@ def test_valid_times_and_label_errors(labelled):
         assert s.labels(i)["t2m"]["time"][0] in times
     with pytest.raises(ValueError, match="not 'time' labels"):
         zcrop.Samples(src, valid_times=["1999-01-01"], length=1)
+    # An empty list allows nothing: said at construction, not left to the sampler.
+    for empty in ([], np.array([], dtype="datetime64[ns]")):
+        with pytest.raises(ValueError, match="valid_times is empty"):
+            zcrop.Loader(src, valid_times=empty, batch_size=1)
     narrow = xr.DataArray([True, True], dims="latitude", coords={"latitude": [25.0, 25.5]})
     with pytest.raises(ValueError, match="does not cover"):
         zcrop.Samples(src, valid=narrow, length=1)
@@ -343,3 +376,230 @@ def test_samples_with_fields_pickle(grid_array):
     t = pickle.loads(pickle.dumps(s))
     for i in range(0, 50, 7):
         np.testing.assert_array_equal(s[i]["meta"]["position"], t[i]["meta"]["position"])
+
+
+# --- determinism and draws with masks and weights together --------------------------------------
+
+
+def test_masked_weighted_batches_are_identical_across_restarts_seek_and_settings(tmp_path):
+    """With valid= (a ValidMask and a numpy block mask) and weights=, batch k is a pure function
+    of the seed and k: the same bytes and meta from a fresh loader, one resumed by
+    load_state_dict or seek (forwards and back), and whatever threads, prefetch and workers."""
+    rng = np.random.default_rng(8)
+    data = rng.random((12, 16, 18)).astype("float32")
+    data[rng.random(data.shape) < 0.02] = np.nan
+    path = write_array(tmp_path / "n.zarr", data, (4, 8, 9), dims=["t", "y", "x"])
+    src = zcrop.Source(path, crop=(2, 3, 3), name="x")
+    clean = zcrop.valid_windows(src, cache=False)
+    blocks = rng.random((3, 4, 6)) < 0.7  # one value per 4 x 4 x 3 positions
+    w = rng.random((2, 2, 3))  # one per 6 x 8 x 6
+    w[0, 1, 2] = 0.0
+    kw = dict(valid=[clean, blocks], weights=w, batch_size=5, seed=21, steps=8)
+
+    def run(**more):
+        return snapshot(zcrop.Loader(src, **{**kw, **more}))
+
+    base = run(prefetch=1, workers=1, threads=1)
+    # Not vacuous: every draw is clean, allowed by both masks and of positive weight.
+    ok = clean.to_numpy()
+    for batch, meta in base:
+        assert not np.isnan(np.frombuffer(batch["x"], dtype="float32")).any()
+        for m in meta:
+            t, y, x = m["position"]
+            assert ok[t, y, x] and blocks[t // 4, y // 4, x // 3] and w[t // 6, y // 8, x // 6] > 0
+    for more in ({}, {"prefetch": 4, "workers": 3}, {"threads": 2, "pin": False},
+                 {"prefetch": "auto", "workers": 2, "copy": True}):
+        assert run(**more) == base, more
+    assert run(seed=22) != base
+    # Resumed from a state saved by a loader with other settings.
+    first = zcrop.Loader(src, **{**kw, "workers": 3, "prefetch": 3})
+    for _ in range(3):
+        next(first)
+    state = first.state_dict()
+    first.close()
+    resumed = zcrop.Loader(src, **{**kw, "threads": 1})
+    resumed.load_state_dict(state)
+    assert snapshot(resumed) == base[3:]
+    # Seeking forwards, then back (reads in flight are dropped), and start_step.
+    with zcrop.Loader(src, **{**kw, "prefetch": 4}) as ld:
+        ld.seek(6)
+        assert snapshot_one(ld) == base[6]
+        ld.seek(2)
+        assert snapshot(ld) == base[2:]
+    assert run(start_step=5, steps=3) == base[5:]
+
+
+def test_weighted_draws_under_a_mask_follow_weight_times_allowed_positions(grid_array):
+    """valid= and weights= together: each allowed position is drawn with probability
+    proportional to its cell's weight, so a cell's share is its weight times its number of
+    allowed positions (not times its size): a chi-square test per position, fixed seed."""
+    src = zcrop.Source(grid_array, crop=(1, 3, 3))  # positions t < 10, y < 10, x < 12
+    w = np.array([[[1.0, 0.0], [2.0, 0.5]], [[0.3, 3.0], [1.0, 4.0]]])  # cells of 5 x 6 x 7
+    t, y, x = np.indices((10, 12, 14))
+    cell = (t // 5, y // 6, x // 7)
+    # Masks of very different density per weight cell, so that weight x allowed count and
+    # weight x cell size disagree.
+    density = np.array([[[0.9, 0.5], [0.15, 0.8]], [[0.6, 0.1], [0.85, 0.3]]])
+    rng = np.random.default_rng(12)
+    fine = rng.random((10, 12, 14)) < density[cell]
+    coarse = rng.random((3, 3, 5)) < 0.8  # one value per 4 x 4 x 3 positions
+    allowed = fine & coarse[t // 4, y // 4, x // 3] & (y < 10) & (x < 12)
+    s = zcrop.Samples(
+        src, valid=[zcrop.ValidMask.from_bools(["t", "y", "x"], fine), coarse], weights=w,
+        length=1,
+    )
+    n = 60_000
+    pos = np.asarray(s._native.positions(0, n)).reshape(n, 3)
+    counts = np.bincount(np.ravel_multi_index(pos.T, (10, 12, 14)), minlength=10 * 12 * 14)
+    mass = np.where(allowed, w[cell], 0.0).ravel()
+    assert counts[mass == 0].sum() == 0  # never outside the masks, never at weight zero
+    expect = mass / mass.sum() * n
+    dof = int((mass > 0).sum()) - 1
+    assert dof > 100 and expect[mass > 0].min() > 20
+    assert chi2(counts, expect) < chi2_critical(dof)
+    # The test tells the rules apart: weight x cell size spread over the allowed positions
+    # (or no weights at all) fails it.
+    per_cell = np.zeros_like(w)
+    np.add.at(per_cell, tuple(c[allowed] for c in cell), 1)
+    size = np.zeros_like(w)
+    np.add.at(size, tuple(c[(y < 10) & (x < 12)] for c in cell), 1)
+    wrong = np.where(allowed, (w * size / np.maximum(per_cell, 1))[cell], 0.0).ravel()
+    assert chi2(counts, wrong / wrong.sum() * n) > chi2_critical(dof)
+    flat = (mass > 0) * 1.0
+    assert chi2(counts, flat / flat.sum() * n) > chi2_critical(dof)
+    # A cell that the masks leave empty gets no mass, whatever its weight.
+    empty = fine.copy()
+    empty[5:, 6:, 7:] = False
+    s = zcrop.Samples(src, valid=empty, weights=w, length=1)
+    pos = np.asarray(s._native.positions(0, 5000)).reshape(-1, 3)
+    assert not ((pos[:, 0] >= 5) & (pos[:, 1] >= 6) & (pos[:, 2] >= 7)).any()
+
+
+def test_dataarray_weights_on_a_coarser_grid_are_followed(tmp_path):
+    """weights= as a DataArray on coordinates: cos(latitude) on a grid 5 times coarser than a
+    descending 2-degree latitude. Draws per latitude follow the weight xarray's
+    sel(method="nearest") gives each position's label (chi-square, fixed seed)."""
+    lat = np.arange(80.0, -80.5, -2.0)
+    lon = np.arange(0.0, 16.0, 2.0)
+    ds = xr.Dataset(
+        {"t": (("time", "latitude", "longitude"), np.zeros((2, lat.size, lon.size), "f4"))},
+        coords={"time": pd.date_range("2022-01-01", periods=2, freq="6h"), "latitude": lat,
+                "longitude": lon},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.to_zarr(tmp_path / "w.zarr", zarr_format=3, consolidated=False)
+    opened = zcrop.open_dataset(tmp_path / "w.zarr")
+    src = zcrop.Source(opened["t"], crop={"time": 1, "latitude": 3, "longitude": 3})
+    coarse = np.arange(-84.0, 87.0, 10.0)  # ascending, no position half-way between labels
+    weights = xr.DataArray(np.cos(np.deg2rad(coarse)), dims="latitude",
+                           coords={"latitude": coarse})
+    s = zcrop.Samples(src, weights=weights, length=1, seed=3)
+    n = 40_000
+    pos = np.asarray(s._native.positions(0, n)).reshape(n, 3)
+    rows = lat.size - 2  # window starts along latitude
+    counts = np.bincount(pos[:, 1], minlength=rows)
+    want = np.array([float(weights.sel(latitude=la, method="nearest")) for la in lat[:rows]])
+    expect = want / want.sum() * n
+    assert chi2(counts, expect) < chi2_critical(rows - 1)
+    uniform = np.full(rows, n / rows)
+    assert chi2(counts, uniform) > chi2_critical(rows - 1)  # the weights matter here
+    # Time and longitude are not weighted: uniform over their positions.
+    for axis, m in ((0, 2), (2, lon.size - 2)):
+        c = np.bincount(pos[:, axis], minlength=m)
+        assert chi2(c, np.full(m, n / m)) < chi2_critical(m - 1)
+
+
+# A file server that counts the GETs of each path (``GET /__gets`` returns the counts as JSON).
+# It runs in its own process: a sampler opens its arrays holding the GIL, which would stall a
+# server thread of the test's own process.
+COUNTING_SERVER = r"""
+import http.server, json, pathlib, re, sys, threading
+
+root, gets, lock = pathlib.Path(sys.argv[1]), {}, threading.Lock()
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        if self.path == "/__gets":
+            with lock:
+                data = json.dumps(gets).encode()
+            self.send_response(200)
+        else:
+            with lock:
+                gets[self.path] = gets.get(self.path, 0) + 1
+            path = (root / self.path.lstrip("/")).resolve()
+            if not path.is_file():
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = path.read_bytes()
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+            if m:
+                start = int(m[1])
+                end = min(len(data), int(m[2]) + 1) if m[2] else len(data)
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+                data = data[start:end]
+            else:
+                self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+server.daemon_threads = True
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def test_valid_windows_reads_each_chunk_once(tmp_path):
+    """valid_windows streams in slabs (a tiny budget: one position row each), and each source
+    reads only rows it has not read yet, in whole chunks: over HTTP, every chunk of both
+    arrays is fetched exactly once, a jittered coarse source whose windows overlap from slab
+    to slab included. (zcrop exposes no decode counter for this path: the store's GETs count
+    the reads.)"""
+    rng = np.random.default_rng(4)
+    fine = rng.random((20, 12, 30)).astype("float32") + 1
+    fine[rng.random(fine.shape) < 0.002] = np.nan
+    coarse = rng.random((10, 12, 30)).astype("float32") + 1
+    coarse[rng.random(coarse.shape) < 0.002] = np.nan
+    write_array(tmp_path / "f.zarr", fine, (4, 6, 10), dims=["t", "y", "x"])
+    write_array(tmp_path / "c.zarr", coarse, (3, 6, 10), dims=["t", "y", "x"])
+
+    def sources(where):
+        return [
+            zcrop.Source(f"{where}/f.zarr", crop=(2, 3, 3), name="f"),
+            zcrop.Source(f"{where}/c.zarr", crop=(2, 3, 3), name="c",
+                         dims=[zcrop.Dim.along("t").scale(1, 2).jitter(1), "y", "x"]),
+        ]
+
+    server = subprocess.Popen([sys.executable, "-c", COUNTING_SERVER, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+        mask = zcrop.valid_windows(sources(url), budget=1, cache=False)
+        with urllib.request.urlopen(f"{url}/__gets", timeout=30) as r:
+            gets = json.load(r)
+    finally:
+        server.kill()
+        server.wait()
+    chunks = {k: n for k, n in gets.items() if "/c/" in k}
+    # The windows of the positions (t in 2..15) reach every element of both arrays: every
+    # chunk is needed, 5 x 2 x 3 of the fine array and 4 x 2 x 3 of the coarse one.
+    want = {f"/f.zarr/c/{a}/{b}/{c}" for a in range(5) for b in range(2) for c in range(3)}
+    want |= {f"/c.zarr/c/{a}/{b}/{c}" for a in range(4) for b in range(2) for c in range(3)}
+    assert set(chunks) == want
+    assert all(n == 1 for n in chunks.values()), {k: n for k, n in chunks.items() if n > 1}
+    # And what was read is right: the same mask as from the local store.
+    local = zcrop.valid_windows(sources(str(tmp_path)), cache=False)
+    np.testing.assert_array_equal(mask.to_numpy(), local.to_numpy())
+    assert 0 < mask.count() < 14 * 10 * 28

@@ -411,3 +411,74 @@ def _check_by_index(src: Source, names: list[str], explicit: set[str]) -> None:
     hit = sorted(followed & explicit)
     if hit:
         raise _by_index(src.name, hit[0])
+
+
+def alignment_conflict(
+    srcs: list[Source], dims: list[Dims | None], labels: Mapping[str, np.ndarray[Any, Any]]
+) -> str | None:
+    """Why no position is left, where the sources' alignments are the reason: along some
+    position dimension each source aligns (whole crops inside its array) at some positions,
+    but no position suits them all. ``dims``: the sources' dims with lookup tables. None when
+    the alignments leave a position along every dimension (masks, weights or the lattice
+    emptied the space then)."""
+    allowed: dict[str, list[tuple[str, np.ndarray[Any, Any]]]] = {}
+    for src, spec in zip(srcs, dims):
+        if spec is None or src._dim_names is None:
+            continue
+        for axis, d in enumerate(spec):
+            if d[0] != "lookup":
+                continue
+            _, pos, table, offset, jitter, every = d[:6]
+            dim = src._dim_names[axis]
+            # As the sampler admits a table entry: an origin whose crop (and jitter) fits.
+            ok = np.asarray(table) >= 0
+            if src._wrap != axis and axis not in src._pad:
+                o = np.asarray(table, dtype=np.int64) + int(offset)
+                span = (int(src._spec["crop"][axis]) - 1) * int(every) + 1
+                ok &= (o - int(jitter) >= 0) & (o + int(jitter) + span <= len(src._labels[dim]))
+            rule = src._align[dim].rule if dim in src._align else "exact"
+            allowed.setdefault(str(pos), []).append(
+                (f"source {src.name!r} dimension {dim!r} (align {rule!r})", ok)
+            )
+    for pos, entries in allowed.items():
+        if len(entries) < 2 or any(not ok.any() for _, ok in entries):
+            continue  # one source alone leaves nothing: the sampler's error names it
+        if np.logical_and.reduce([ok for _, ok in entries]).any():
+            continue
+        # Name the first two that share no position, else all of them.
+        pair = next(
+            (
+                [a, b]
+                for i, a in enumerate(entries)
+                for b in entries[i + 1 :]
+                if not (a[1] & b[1]).any()
+            ),
+            entries,
+        )
+        where = np.asarray(labels[pos]) if pos in labels else None
+        parts = []
+        for what, ok in pair:
+            hits = np.flatnonzero(ok)
+            shown = _shown(where[hits[:3]]) if where is not None else [str(h) for h in hits[:3]]
+            more = ", ..." if len(hits) > 3 else ""
+            parts.append(
+                f"{what} aligns at {len(hits)} of {len(ok)} positions ({', '.join(shown)}{more})"
+            )
+        return (
+            f"no sample position: the sources' alignments along position dimension {pos!r} "
+            f"have no position in common: {'; '.join(parts)}. Loosen an align rule or "
+            "tolerance, or move a window"
+        )
+    return None
+
+
+def _shown(values: np.ndarray[Any, Any]) -> list[str]:
+    """Labels as short strings (times in the coarsest unit that shows them all exactly)."""
+    if values.dtype.kind == "M":
+        unit = next(
+            u
+            for u in ("D", "m", "s", "ms", "us", "ns")
+            if (values.astype(f"M8[{u}]") == values).all()
+        )
+        return [str(v) for v in values.astype(f"M8[{unit}]")]
+    return [str(v) for v in values.tolist()]

@@ -262,6 +262,11 @@ def _times_mask(
     (d,) = dims
     grid = np.asarray(labels[d])
     wanted = np.asarray(times, dtype=grid.dtype).ravel()
+    if wanted.size == 0:
+        raise ValueError(
+            f"valid_times is empty, so it allows no position: give at least one {d!r} label "
+            "of the positions (or leave valid_times out to allow them all)"
+        )
     hit = np.isin(wanted, grid)
     if not hit.all():
         missing = wanted[~hit]

@@ -17,13 +17,14 @@ pipeline running; holding more makes :meth:`Loader.__next__` raise :class:`zcrop
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Union, cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
 from zcrop._align import (
     Alignment,
+    alignment_conflict,
     lookup_dims,
     position_labels,
     resolved_dims,
@@ -32,6 +33,7 @@ from zcrop._align import (
 from zcrop._api import is_url, storage_option_pairs
 from zcrop._array import Array
 from zcrop._fields import ValidMask, _fields, check_grid
+from zcrop.errors import InvalidArgumentError
 from zcrop._zcrop import NativeArray, NativeBatch, NativeLoader, NativeSampler
 
 __all__ = ["Batch", "Dim", "Loader", "Source"]
@@ -635,7 +637,8 @@ def _space_spec(
     weights: Any = None,
 ) -> dict[str, Any]:
     """The sample space of a loader spec: the sources, the position dimensions, the masks and
-    weights over them, and how positions are drawn."""
+    weights over them, and how positions are drawn. Two entries are for the caller, not the
+    sampler: ``labelled`` (see :func:`check_grid`) and ``why_empty`` (see :func:`built`)."""
     if mode not in ("uniform", "epoch"):
         raise ValueError(f"mode must be 'uniform' or 'epoch', got {mode!r}")
     if mode == "epoch" and stride is None:
@@ -675,7 +678,30 @@ def _space_spec(
         "masks": masks,
         "weights": weight_field,
         "labelled": labelled,
+        "why_empty": lambda: alignment_conflict(srcs, dims, labels),
     }
+
+
+_Native = TypeVar("_Native")
+
+
+def built(
+    make: Callable[[dict[str, Any]], _Native],
+    spec: dict[str, Any],
+    why_empty: Callable[[], str | None],
+) -> _Native:
+    """``make(spec)`` (a native sampler or loader). Where it finds no sample position and the
+    sources' alignments are why (``why_empty``), the error names the sources and dimension
+    instead of the sampler's "the masks allow no lattice point"."""
+    try:
+        return make(spec)
+    except InvalidArgumentError as e:
+        if "no valid sample position" not in str(e):
+            raise
+        why = why_empty()
+        if why is None:
+            raise
+        raise InvalidArgumentError(why) from e
 
 
 def _wrapped(
@@ -924,6 +950,7 @@ class Loader:
             srcs, positions, seed, mode, stride, region, valid, valid_times, weights
         )
         labelled = space.pop("labelled")
+        why_empty = space.pop("why_empty")
         prefetch_max = None
         if prefetch == "auto":
             prefetch, prefetch_max = 2, AUTO_PREFETCH_MAX
@@ -958,7 +985,7 @@ class Loader:
             "pin": bool(pin),
             "shared_memory": bool(shared_memory),
         }
-        self._native: NativeLoader | None = NativeLoader(spec)
+        self._native: NativeLoader | None = built(NativeLoader, spec, why_empty)
         check_grid(self._native.position_grid, space["positions"], labelled)
         self._dtypes = [_np_dtype(s["dtype"]) for s in self._native.sources]
 
@@ -1139,8 +1166,9 @@ class Samples:
             srcs, positions, seed, mode, stride, region, valid, valid_times, weights
         )
         labelled = space.pop("labelled")
+        why_empty = space.pop("why_empty")
         spec = sampler_spec(space)
-        self._native = NativeSampler(spec)
+        self._native = built(NativeSampler, spec, why_empty)
         check_grid(self._native.position_grid, spec["positions"], labelled)
         self._names = [s.name for s in srcs]
         self._labels = _source_labels(srcs)

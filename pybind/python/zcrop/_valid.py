@@ -38,7 +38,7 @@ import numpy as np
 from zcrop._api import is_url
 from zcrop._array import Array
 from zcrop._fields import ValidMask, _runs
-from zcrop._loader import _open_native, _sources, _space_spec, sampler_spec
+from zcrop._loader import _open_native, _sources, _space_spec, built, sampler_spec
 from zcrop import _zcrop
 from zcrop._zcrop import NativeSampler
 
@@ -506,7 +506,8 @@ def valid_windows(
     space = _space_spec(srcs, positions, 0, "uniform", None, None)
     names = space["positions"]
     space.pop("labelled")
-    sampler = NativeSampler(sampler_spec(space))
+    why_empty = space.pop("why_empty")
+    sampler = built(NativeSampler, sampler_spec(space), why_empty)
     grid = [int(g) for g in sampler.position_grid]
     plans = _plans(sampler, srcs, invalid)
     budget = _size(budget)
