@@ -65,6 +65,66 @@ def assert_same(expected, got) -> None:
     assert g.tobytes() == e.tobytes()
 
 
+class FileServer:
+    """The files under ``root`` over plain HTTP on loopback (range GETs included), served by a
+    thread of this process, counting the GETs of each path. A context manager; ``url`` is
+    the root's URL, ``gets()`` the counts so far."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        import http.server
+        import re
+        import threading
+
+        counts: dict[str, int] = {}
+        lock = threading.Lock()
+
+        class Files(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                with lock:
+                    counts[self.path] = counts.get(self.path, 0) + 1
+                path = (root / self.path.lstrip("/")).resolve()
+                if not path.is_file():
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = path.read_bytes()
+                m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+                if m:
+                    start = int(m[1])
+                    end = min(len(data), int(m[2]) + 1) if m[2] else len(data)
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+                    data = data[start:end]
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._counts, self._lock = counts, lock
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def gets(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def __enter__(self) -> FileServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 class S3Server:
     """A moto server on loopback (see the ``s3`` fixture) and the options that reach it."""
 

@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 import zcrop
-from conftest import FIXTURES
+from conftest import FIXTURES, FileServer
 
 WORKLOAD = str(FIXTURES / "data/v3_workload_4d_u2.zarr")  # (6, 3, 70, 90) uint16
 CROP = (2, 3, 16, 16)
@@ -301,59 +301,23 @@ def test_sixteen_bit_floats_take_no_fft():
                                   fft={"axes": [2, 3]}))
 
 
-def test_url_sources_open_without_holding_the_gil():
+def test_url_sources_open_without_holding_the_gil(tmp_path):
     """A loader opens its URL sources (metadata GETs) with the GIL released: here the store is
     served by a thread of this process, which could not answer while the GIL was held (the
     open would wait out the client's timeout)."""
-    import http.server
-    import json
-    import threading
     import time
 
-    meta = json.dumps({
-        "zarr_format": 3, "node_type": "array", "shape": [4, 64, 64], "data_type": "uint8",
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1, 64, 64]}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": 0, "codecs": [{"name": "bytes"}], "attributes": {},
-    }).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path.endswith("/zarr.json"):
-                body = meta
-            elif "/c/" in self.path:
-                t = int(self.path.split("/c/")[1].split("/")[0])
-                body = bytes([t + 1]) * (64 * 64)
-            else:
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        options = {
-            "endpoint_url": f"http://127.0.0.1:{server.server_address[1]}",
-            "region": "us-east-1", "access_key_id": "x", "secret_access_key": "y",
-        }
+    data = np.arange(4 * 64 * 64, dtype="uint16").reshape(4, 64, 64)
+    z = zarr.create_array(tmp_path / "a.zarr", shape=data.shape, chunks=(1, 32, 32),
+                          dtype=data.dtype)
+    z[...] = data
+    with FileServer(tmp_path) as server:
         t0 = time.monotonic()
-        src = zcrop.Source(
-            "s3://bucket/a.zarr", crop=(1, 8, 8), name="a", storage_options=options
-        )
+        src = zcrop.Source(f"{server.url}/a.zarr", crop=(1, 8, 8), name="a")
         batches = [(b["a"].copy(), b["meta"]) for b in zcrop.Loader(src, batch_size=4, steps=2)]
         assert time.monotonic() - t0 < 20, "the open waited on the store's thread"
-        assert len(batches) == 2
-        for crops, meta in batches:
-            for x, m in zip(crops, meta):
-                assert (x == m["sources"]["a"]["origin"][0] + 1).all()
-    finally:
-        server.shutdown()
+        assert server.gets(), "read through the server"
+    assert len(batches) == 2
+    for crops, meta in batches:
+        for x, m in zip(crops, meta):
+            np.testing.assert_array_equal(x, crop_at(data, m["sources"]["a"]["origin"], (1, 8, 8)))

@@ -7,13 +7,9 @@ Oracles: brute force over every position (numpy on the data zarr-python wrote), 
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 import pickle
-import subprocess
-import sys
-import urllib.request
 import warnings
 
 import numpy as np
@@ -23,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import zcrop
+from conftest import FileServer
 
 xr = pytest.importorskip("xarray")
 pd = pytest.importorskip("pandas")
@@ -510,57 +507,6 @@ def test_dataarray_weights_on_a_coarser_grid_are_followed(tmp_path):
         assert chi2(c, np.full(m, n / m)) < chi2_critical(m - 1)
 
 
-# A file server that counts the GETs of each path (``GET /__gets`` returns the counts as JSON).
-# It runs in its own process: a sampler opens its arrays holding the GIL, which would stall a
-# server thread of the test's own process.
-COUNTING_SERVER = r"""
-import http.server, json, pathlib, re, sys, threading
-
-root, gets, lock = pathlib.Path(sys.argv[1]), {}, threading.Lock()
-
-
-class Files(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self):
-        if self.path == "/__gets":
-            with lock:
-                data = json.dumps(gets).encode()
-            self.send_response(200)
-        else:
-            with lock:
-                gets[self.path] = gets.get(self.path, 0) + 1
-            path = (root / self.path.lstrip("/")).resolve()
-            if not path.is_file():
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            data = path.read_bytes()
-            m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-            if m:
-                start = int(m[1])
-                end = min(len(data), int(m[2]) + 1) if m[2] else len(data)
-                self.send_response(206)
-                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
-                data = data[start:end]
-            else:
-                self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
-server.daemon_threads = True
-print(server.server_address[1], flush=True)
-server.serve_forever()
-"""
-
-
 def test_valid_windows_reads_each_chunk_once(tmp_path):
     """valid_windows streams in slabs (a tiny budget: one position row each), and each source
     reads only rows it has not read yet, in whole chunks: over HTTP, every chunk of both
@@ -582,16 +528,9 @@ def test_valid_windows_reads_each_chunk_once(tmp_path):
                          dims=[zcrop.Dim.along("t").scale(1, 2).jitter(1), "y", "x"]),
         ]
 
-    server = subprocess.Popen([sys.executable, "-c", COUNTING_SERVER, str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
-        mask = zcrop.valid_windows(sources(url), budget=1, cache=False)
-        with urllib.request.urlopen(f"{url}/__gets", timeout=30) as r:
-            gets = json.load(r)
-    finally:
-        server.kill()
-        server.wait()
+    with FileServer(tmp_path) as server:
+        mask = zcrop.valid_windows(sources(server.url), budget=1, cache=False)
+        gets = server.gets()
     chunks = {k: n for k, n in gets.items() if "/c/" in k}
     # The windows of the positions (t in 2..15) reach every element of both arrays: every
     # chunk is needed, 5 x 2 x 3 of the fine array and 4 x 2 x 3 of the coarse one.
