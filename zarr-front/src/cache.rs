@@ -113,7 +113,7 @@ impl<K: Hash + Eq + Clone, V: Clone> LruCache<K, V> {
     }
 }
 
-/// Remembers the keys of the last few thousand chunks read, a fingerprint per slot, so that a
+/// Remembers the keys of recently read chunks, a fingerprint per slot, so that a
 /// chunk read again soon is known as such. A decoded-chunk cache keeps only those once it is
 /// full: keeping a chunk means decoding it whole, and where reads rarely come back to a chunk
 /// (an array many times the budget) that would cost every read a whole decode to serve few.

@@ -515,11 +515,8 @@ impl Array {
     /// Whether the leaf `fetched` holds goes into the decoded-chunk cache (see
     /// [`super::DecodedChunks::keeps`]); counts as its read there. Ask once per leaf.
     fn keeps(&self, ctx: &StitchCtx<'_, '_>, fetched: &Fetched) -> bool {
-        let core = &*self.core;
-        core.caches().chunk.as_ref().is_some_and(|cache| {
-            let coords = &ctx.plan.leaves[fetched.leaf].coords;
-            cache.keeps(coords, core.decoder.chunk_bytes)
-        })
+        let coords = &ctx.plan.leaves[fetched.leaf].coords;
+        (self.core.caches().chunk.as_ref()).is_some_and(|cache| cache.keeps(coords))
     }
 
     /// Decodes the leaf `fetched` holds whole, writes all its copies and keeps it in the

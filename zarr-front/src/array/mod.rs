@@ -107,6 +107,8 @@ struct Caches {
 struct DecodedChunks {
     chunks: ChunkCache,
     seen: SeenRecently,
+    /// Bytes of a decoded chunk (every entry's cost).
+    chunk_bytes: usize,
 }
 
 impl DecodedChunks {
@@ -116,16 +118,17 @@ impl DecodedChunks {
             // As many keys as chunks fit: a chunk read again within about a full cache's worth
             // of other chunks is one the cache would have served.
             seen: SeenRecently::new(budget / chunk_bytes.max(1)),
+            chunk_bytes,
         }
     }
 
-    /// Whether a chunk of `bytes` decoded at `coords` is worth keeping: while the cache has
-    /// room, every one is; once full, one read again while remembered. Each call counts as a
-    /// read of `coords`. A chunk kept is decoded whole, which a read of part of it otherwise
-    /// avoids, so chunks read once (an array many times the budget) never pay for it.
-    fn keeps(&self, coords: &[u64], bytes: usize) -> bool {
+    /// Whether the chunk at `coords` is worth keeping: while the cache has room, every one is;
+    /// once full, one read again while remembered. Each call counts as a read of `coords`. A
+    /// chunk kept is decoded whole, which a read of part of it otherwise avoids, so chunks read
+    /// once (an array many times the budget) never pay for it.
+    fn keeps(&self, coords: &[u64]) -> bool {
         let again = self.seen.seen_again(coords);
-        again || self.chunks.has_room_for(bytes)
+        again || self.chunks.has_room_for(self.chunk_bytes)
     }
 }
 
