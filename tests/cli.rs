@@ -272,6 +272,9 @@ fn bench_reads_batches_at_once_as_it_reads_them_one_by_one() {
                     "0",
                     "--in-flight",
                     in_flight,
+                    // A cache would serve the batches read together differently.
+                    "--chunk-cache",
+                    "0",
                 ])
                 .arg(fixture("v3_workload_4d_u2.zarr"))
                 .output()

@@ -63,7 +63,7 @@ pub use budget::{Budget, Permit};
 pub use coalesce::{CoalesceLimits, Coalesced, Member, MergedRead, coalesce};
 pub use config::{
     BackendChoice, BackendKind, DEFAULT_FD_CACHE, DEFAULT_QUEUE_DEPTH, FastPath, IoConfig,
-    MAP_MIN_FILE_BYTES, MapFiles,
+    MAP_MIN_FILE_BYTES, MapFiles, parse_size,
 };
 pub use engine::{Batch, IoEngine};
 pub use error::{EngineError, IoError};

@@ -122,10 +122,10 @@ impl NativeGroup {
 }
 
 /// Open options with `storage_options` (`(key, value)` pairs, for a URL) and a decoded-chunk
-/// cache of `chunk_cache` bytes (`0`: none).
+/// cache of the array's own of `chunk_cache` bytes (`0`: none; `None`: the process-wide one).
 pub(crate) fn open_options(
     storage_options: Option<Vec<(String, String)>>,
-    chunk_cache: usize,
+    chunk_cache: Option<usize>,
 ) -> OpenOptions {
     OpenOptions {
         storage_options: storage_options.unwrap_or_default(),
@@ -134,15 +134,25 @@ pub(crate) fn open_options(
     }
 }
 
-/// A cache budget given as bytes (an int) or a size (`"512M"`, `"2G"`); `None` is no cache.
-pub(crate) fn cache_bytes(value: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+/// The process-wide decoded-chunk cache: `(bytes held, budget)`; `None` where it is off.
+/// A `ZCROP_CHUNK_CACHE` that does not parse is an error.
+#[pyfunction]
+pub(crate) fn chunk_cache_usage(py: Python<'_>) -> PyResult<Option<(usize, usize)>> {
+    zcrop::zarr::shared_chunk_cache_budget().map_err(|e| crate::errors::to_pyerr(py, &e))?;
+    Ok(zcrop::zarr::shared_chunk_cache_usage())
+}
+
+/// A cache budget given as bytes (an int) or a size (`"512M"`, `"2G"`); `None` is the
+/// process-wide cache.
+pub(crate) fn cache_bytes(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
     let Some(value) = value.filter(|v| !v.is_none()) else {
-        return Ok(0);
+        return Ok(None);
     };
     if let Ok(text) = value.extract::<String>() {
         let bytes = zcrop::bench::synth::parse_size(&text)
             .map_err(|e| PyValueError::new_err(format!("chunk_cache: {e}")))?;
         return usize::try_from(bytes)
+            .map(Some)
             .map_err(|_| PyValueError::new_err(format!("chunk_cache {text:?} is too large")));
     }
     if value.is_instance_of::<pyo3::types::PyBool>() {
@@ -151,7 +161,7 @@ pub(crate) fn cache_bytes(value: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         ));
     }
     match value.extract::<i128>() {
-        Ok(n) => usize::try_from(n).map_err(|_| {
+        Ok(n) => usize::try_from(n).map(Some).map_err(|_| {
             PyValueError::new_err(format!("chunk_cache must be a size in bytes >= 0, not {n}"))
         }),
         Err(_) => Err(PyTypeError::new_err(format!(

@@ -51,6 +51,7 @@ fn _zcrop(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(icechunk::icechunk_session_repository, m)?)?;
     m.add_class::<icechunk::NativeIcechunk>()?;
     m.add_function(wrap_pyfunction!(group::submit_open, m)?)?;
+    m.add_function(wrap_pyfunction!(group::chunk_cache_usage, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::spare_outputs, m)?)?;
     m.add_function(wrap_pyfunction!(buffer::counter_add, m)?)?;
     m.add_function(wrap_pyfunction!(array::read_crops_many, m)?)?;

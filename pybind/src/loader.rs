@@ -207,7 +207,7 @@ fn parse_source(s: &Bound<'_, PyDict>) -> PyResult<Source> {
     } else {
         let path: PathBuf = array.extract()?;
         let storage_options: Option<Vec<(String, String)>> = item(s, "storage_options")?;
-        let options = crate::group::open_options(storage_options, 0);
+        let options = crate::group::open_options(storage_options, None);
         // Opening reads metadata (GETs from an object store): without the GIL.
         let py = array.py();
         py.detach(|| Source::open_with(name, path, crop, &options))

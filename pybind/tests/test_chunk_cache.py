@@ -1,5 +1,5 @@
-"""``chunk_cache=``: decoded chunks kept per array, served again while their files are
-unchanged, never after.
+"""The decoded-chunk cache: one per process shared by default, or an array's own
+(``chunk_cache=``); chunks served again while their files are unchanged, never after.
 
 That a cached chunk is served without reading the store is counted in zarr-front's
 io_count.rs (the engine's reads); here: the option is taken by every open function, the values
@@ -10,7 +10,11 @@ the read sees the new bytes, like an array without a cache.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -39,22 +43,22 @@ def test_cached_chunks_are_served_without_reading_the_store(tmp_path, name, cach
     shutil.copytree(FIXTURES / entry["store"], store)
     expected = np.load(FIXTURES / entry["npy"])
     cached = zcrop.open_array(str(store), chunk_cache=cache)
-    uncached = zcrop.open_array(str(store))
+    shared = zcrop.open_array(str(store))
+    uncached = zcrop.open_array(str(store), chunk_cache=0)
     region = (slice(0, 16), slice(0, 16))
-    np.testing.assert_array_equal(cached[region], expected[region])
-    np.testing.assert_array_equal(uncached[region], expected[region])
-    np.testing.assert_array_equal(cached[region], expected[region])
+    for arr in [cached, shared, uncached, cached, shared]:
+        np.testing.assert_array_equal(arr[region], expected[region])
     assert corrupt_chunks(store) > 0
-    # Both read the corrupt bytes: the cache serves no chunk of a file that changed.
-    with pytest.raises(zcrop.ZcropError):
-        uncached[region]
-    with pytest.raises(zcrop.ZcropError):
-        cached[region]
+    # All read the corrupt bytes: no cache serves a chunk of a file that changed.
+    for arr in [uncached, cached, shared]:
+        with pytest.raises(zcrop.ZcropError):
+            arr[region]
     # Rewritten as they were: read (and cached) again.
     shutil.rmtree(store)
     shutil.copytree(FIXTURES / entry["store"], store)
     for _ in range(2):
         np.testing.assert_array_equal(cached[region], expected[region])
+        np.testing.assert_array_equal(shared[region], expected[region])
 
 
 def test_open_async_takes_the_cache(tmp_path):
@@ -86,5 +90,84 @@ def test_bad_cache_budgets_are_refused(tmp_path):
     for bad, exc in [(-1, ValueError), ("lots", ValueError), (True, TypeError), (1.5, TypeError)]:
         with pytest.raises(exc, match="chunk_cache"):
             zcrop.open_array(where, chunk_cache=bad)
-    # None and 0 mean no cache.
+    # None: the process-wide cache; 0: none.
     assert zcrop.open_array(where, chunk_cache=None).shape == zcrop.open_array(where, chunk_cache=0).shape
+
+
+#: Runs in a fresh process (so the process-wide cache holds only its reads) with the
+#: environment a test gives; prints what it saw.
+SHARED_SCRIPT = r"""
+import gc, json, sys
+import numpy as np
+import zcrop
+
+store, npy = sys.argv[1], sys.argv[2]
+expected = np.load(npy)
+seen = {"before": zcrop.chunk_cache_info()}
+a = zcrop.open_array(store)
+b = zcrop.open_array(store)
+region = (slice(0, 16), slice(0, 16))
+for arr in (a, a, b):
+    assert (arr[region] == expected[region]).all()
+del arr
+seen["two_arrays"] = zcrop.chunk_cache_info()
+del a
+gc.collect()
+seen["one_array"] = zcrop.chunk_cache_info()
+own = zcrop.open_array(store, chunk_cache="1M")
+assert (own[region] == expected[region]).all()
+seen["own_cache_too"] = zcrop.chunk_cache_info()
+del b
+gc.collect()
+seen["none"] = zcrop.chunk_cache_info()
+print(json.dumps(seen))
+"""
+
+
+def _shared_cache_run(cache_env: str | None) -> subprocess.CompletedProcess:
+    entry = ENTRIES["v2_zstd_be_u2"]
+    env = {k: v for k, v in os.environ.items() if k != "ZCROP_CHUNK_CACHE"}
+    if cache_env is not None:
+        env["ZCROP_CHUNK_CACHE"] = cache_env
+    return subprocess.run(
+        [sys.executable, "-c", SHARED_SCRIPT, str(FIXTURES / entry["store"]),
+         str(FIXTURES / entry["npy"])],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_arrays_share_one_process_wide_cache_by_default():
+    entry = ENTRIES["v2_zstd_be_u2"]
+    # The script's 16 x 16 region is chunk (0, 0), stored, of 16 x 16 uint16.
+    assert entry["chunks"] == [16, 16] and entry["dtype"] == ">u2"
+    region_chunks, chunk_bytes = 1, 16 * 16 * 2
+
+    run = _shared_cache_run(None)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    budget = 256 << 20
+    assert seen["before"] == {"budget": budget, "used": 0}
+    # Two opens of one array: each keeps its own entries, in the one budget.
+    assert seen["two_arrays"] == {"budget": budget, "used": 2 * region_chunks * chunk_bytes}
+    # A dropped array's entries leave with it.
+    assert seen["one_array"] == {"budget": budget, "used": region_chunks * chunk_bytes}
+    # An array with a cache of its own leaves the shared one alone.
+    assert seen["own_cache_too"] == seen["one_array"]
+    assert seen["none"] == {"budget": budget, "used": 0}
+
+    run = _shared_cache_run("1M")
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["two_arrays"] == {"budget": 1 << 20, "used": 2 * region_chunks * chunk_bytes}
+
+    run = _shared_cache_run("0")
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert all(v == {"budget": 0, "used": 0} for v in seen.values()), seen
+
+
+def test_a_bad_process_cache_budget_is_an_error_naming_the_variable():
+    run = _shared_cache_run("lots")
+    assert run.returncode != 0
+    assert "InvalidArgumentError" in run.stderr, run.stderr
+    assert 'ZCROP_CHUNK_CACHE="lots"' in run.stderr, run.stderr

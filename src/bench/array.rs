@@ -40,8 +40,9 @@ pub struct ArrayBenchOptions {
     pub prewarm: bool,
     /// IO engine configuration.
     pub io: IoConfig,
-    /// Decoded-chunk cache budget (0 = off).
-    pub chunk_cache_bytes: usize,
+    /// Decoded-chunk cache budget (0 = off; `None`: the process-wide cache, as arrays open by
+    /// default).
+    pub chunk_cache_bytes: Option<usize>,
     /// Show a progress bar on stderr.
     pub progress: bool,
     /// For a URL: the object store's options (endpoint, region, credentials, ...).
@@ -164,6 +165,10 @@ pub struct ArrayBenchReport {
     pub memory_decode_sample_bytes: Option<u64>,
     /// The last-level CPU cache the sample is sized by (bytes).
     pub last_level_cache_bytes: u64,
+    /// Budget of the decoded-chunk cache the array read through (0: none).
+    pub chunk_cache_bytes: u64,
+    /// Whether that cache is the process-wide one arrays share by default.
+    pub chunk_cache_shared: bool,
     /// Slices of the decode-limit probes run between the timed batches: in a warm run, a
     /// 100 ms slice of each after every second of reading, so limit and reads see the same
     /// machine. 0 in a cold run (its samples would warm the cache; the limits are measured
@@ -454,6 +459,8 @@ pub struct TotalsReport {
     pub chunks_decoded_whole: u64,
     /// Chunks absent from storage (fill value).
     pub chunks_missing: u64,
+    /// Chunks served by the decoded-chunk cache.
+    pub chunks_cached: u64,
     /// Bytes decoded.
     pub bytes_decoded: u64,
     /// Encoded chunk bytes read.
@@ -574,6 +581,7 @@ pub fn run_array(
         ..OpenOptions::default()
     };
     let a = open_array(path, array, &options)?;
+    let chunk_cache = a.chunk_cache();
     let shape = a.shape().to_vec();
     let crop = match &opts.crop {
         Some(c) => c.clone(),
@@ -792,11 +800,14 @@ pub fn run_array(
         decode_probe_slices_between: slices_between,
         decode_probe_seconds: probes.seconds(),
         last_level_cache_bytes: llc,
+        chunk_cache_bytes: chunk_cache.map_or(0, |(b, _)| b as u64),
+        chunk_cache_shared: chunk_cache.is_some_and(|(_, shared)| shared),
         totals: TotalsReport {
             chunks: totals.chunks,
             chunks_decoded: totals.chunks_decoded,
             chunks_decoded_whole: totals.whole_chunks.total(),
             chunks_missing: totals.chunks_missing,
+            chunks_cached: totals.chunks_cached,
             bytes_decoded: totals.bytes_decoded,
             chunk_bytes_read: totals.chunk_bytes_read,
             index_reads: totals.index_reads,

@@ -254,33 +254,7 @@ pub fn ensure(spec: &Spec, dir: &Path, progress: &(dyn Fn(u64, u64) + Sync)) -> 
     Ok(path)
 }
 
-/// Parses sizes like `2G`, `500M`, `64K`, `4096` (binary units).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().find(|(_, ch)| ch.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let unit = s[i..].to_ascii_lowercase();
-            let mult = match unit.trim_end_matches("ib").trim_end_matches('b') {
-                "" => 1,
-                "k" => 1 << 10,
-                "m" => 1 << 20,
-                "g" => 1 << 30,
-                "t" => 1u64 << 40,
-                _ => return Err(format!("unknown size unit in {s:?} (use K, M, G, T)")),
-            };
-            (&s[..i], mult)
-        }
-        None => (s, 1),
-    };
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("not a size: {s:?}"))?;
-    if !(n.is_finite() && n >= 0.0) {
-        return Err(format!("not a size: {s:?}"));
-    }
-    Ok((n * mult as f64) as u64)
-}
+pub use zcrop_io::parse_size;
 
 /// `bytes`, if a dataset of that size can be made (at least one shard), or an error.
 pub fn checked_size(bytes: u64) -> Result<u64> {

@@ -234,9 +234,10 @@ pub(crate) struct ArrayBenchArgs {
     /// Seed of the crop origins.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
-    /// Decoded-chunk cache budget (e.g. 512M; default off).
-    #[arg(long, value_parser = parse_size, default_value = "0")]
-    pub(crate) chunk_cache: u64,
+    /// Decoded-chunk cache of the array's own (e.g. 512M; 0: none). Default: the process-wide
+    /// cache arrays share (256M, or ZCROP_CHUNK_CACHE).
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) chunk_cache: Option<u64>,
     /// Size of the generated dataset (uncompressed).
     #[arg(long, value_parser = parse_size, default_value = "2G")]
     pub(crate) dataset_size: u64,

@@ -53,7 +53,9 @@ pub(crate) fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
         cold: args.io.cold,
         prewarm: !args.no_prewarm,
         io,
-        chunk_cache_bytes: usize::try_from(args.chunk_cache).unwrap_or(usize::MAX),
+        chunk_cache_bytes: args
+            .chunk_cache
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         progress,
         storage_options: args.storage_options.clone(),
     };
@@ -185,6 +187,24 @@ pub(crate) fn bench_array(args: &ArrayBenchArgs) -> Result<()> {
                 "{:.1}% of chunks ({})",
                 r.decoded_whole_share_of_chunks * 100.0,
                 reasons.join(", ")
+            )
+        },
+    );
+    row(
+        &mut t,
+        "chunk cache",
+        if r.chunk_cache_bytes == 0 {
+            "none".to_string()
+        } else {
+            format!(
+                "{} MiB{}, served {:.1}% of chunks",
+                r.chunk_cache_bytes >> 20,
+                if r.chunk_cache_shared {
+                    " (process-wide)"
+                } else {
+                    ""
+                },
+                100.0 * r.totals.chunks_cached as f64 / r.totals.chunks.max(1) as f64
             )
         },
     );

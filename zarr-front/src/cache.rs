@@ -97,6 +97,16 @@ impl<K: Hash + Eq + Clone, V: Clone> LruCache<K, V> {
         self.inner.insert(key, (value, cost.max(1)));
     }
 
+    /// The byte budget.
+    pub(crate) fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Keeps only the entries whose key `keep` accepts.
+    pub(crate) fn retain(&self, keep: impl Fn(&K) -> bool) {
+        self.inner.retain(|key, _| keep(key));
+    }
+
     /// Bytes held now.
     pub(crate) fn used(&self) -> usize {
         self.inner.weight() as usize
@@ -140,10 +150,23 @@ impl SeenRecently {
     /// Whether `key` was seen since its slot last changed hands; either way it is remembered
     /// now, until another key takes its slot.
     pub(crate) fn seen_again<Q: Hash + ?Sized>(&self, key: &Q) -> bool {
-        // 0 marks an empty slot.
-        let print = self.hasher.hash_one(key).max(1);
-        let slot = &self.slots[(print as usize) & (self.slots.len() - 1)];
+        let (slot, print) = self.slot(key);
         slot.swap(print, Ordering::Relaxed) == print
+    }
+
+    /// Whether `key` was seen since its slot last changed hands, without remembering it.
+    pub(crate) fn seen<Q: Hash + ?Sized>(&self, key: &Q) -> bool {
+        let (slot, print) = self.slot(key);
+        slot.load(Ordering::Relaxed) == print
+    }
+
+    /// The slot of `key` and its fingerprint there (never 0, which marks an empty slot).
+    fn slot<Q: Hash + ?Sized>(&self, key: &Q) -> (&AtomicU64, u64) {
+        let print = self.hasher.hash_one(key).max(1);
+        (
+            &self.slots[(print as usize) & (self.slots.len() - 1)],
+            print,
+        )
     }
 }
 
@@ -156,7 +179,9 @@ mod tests {
         let seen = SeenRecently::new(100);
         assert_eq!(seen.slots.len(), 128);
         let key = |i: u64| vec![i, 7, 3];
+        assert!(!seen.seen(key(1).as_slice()), "not yet");
         assert!(!seen.seen_again(key(1).as_slice()), "first time");
+        assert!(seen.seen(key(1).as_slice()), "seen, asked without counting");
         assert!(seen.seen_again(key(1).as_slice()), "again");
         assert!(
             seen.seen_again(&key(1)),

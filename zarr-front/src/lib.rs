@@ -51,8 +51,9 @@ mod throttle;
 pub mod transform;
 
 pub use array::{
-    Array, BlockFetch, DEFAULT_INDEX_CACHE_BYTES, OpenOptions, ReadOptions, ReadPart, ReadStats,
-    StorageSummary, VariableElements, VariableKind, WholeChunks, WholeReason, read_many,
+    Array, BlockFetch, DEFAULT_CHUNK_CACHE_BYTES, DEFAULT_INDEX_CACHE_BYTES, OpenOptions,
+    ReadOptions, ReadPart, ReadStats, StorageSummary, VariableElements, VariableKind, WholeChunks,
+    WholeReason, read_many, shared_chunk_cache_budget, shared_chunk_cache_usage,
 };
 pub use error::{Location, Result, ZarrError};
 pub use hierarchy::{Group, Node, NodeKind, open, open_with};

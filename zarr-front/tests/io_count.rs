@@ -6,6 +6,14 @@ use common::{assert_same, copy_store, expected, region};
 use zcrop_io::{BackendChoice, CoalesceLimits, IoConfig, IoEngine};
 use zcrop_zarr::{Array, OpenOptions, WholeReason};
 
+/// Options without a decoded-chunk cache, so that every read decodes.
+fn no_cache() -> OpenOptions {
+    OpenOptions {
+        chunk_cache_bytes: Some(0),
+        ..OpenOptions::default()
+    }
+}
+
 fn fresh(options: &OpenOptions) -> (Array, IoEngine) {
     // A private engine, so its counters see only this test's reads; no coalescing, so every
     // request is one physical read.
@@ -29,7 +37,7 @@ fn fresh(options: &OpenOptions) -> (Array, IoEngine) {
 
 #[test]
 fn a_crop_inside_one_inner_chunk_costs_two_reads_cold_one_warm() {
-    let (a, engine) = fresh(&OpenOptions::default());
+    let (a, engine) = fresh(&no_cache());
     // Inner chunks are (1, 1, 16, 16): this crop lies inside inner chunk (0, 0, 1, 1).
     let (origin, shape) = ([0, 0, 17, 18], [1, 1, 4, 5]);
     let before = engine.metrics();
@@ -96,7 +104,7 @@ fn check_each_chunk_read_once(
     crop: &[u64],
     max_submissions: u64,
 ) -> zcrop_zarr::ReadStats {
-    let (a, engine) = fresh(&OpenOptions::default());
+    let (a, engine) = fresh(&no_cache());
     let f = zcrop_fixtures::get("v3_workload_4d_u2");
     let (data, shape, es) = expected(&f);
     let crops = origins.len() / 4;
@@ -143,7 +151,7 @@ fn distinct_chunks(origins: &[u64], crop: &[u64]) -> u64 {
 #[test]
 fn decoded_chunk_cache_serves_repeated_reads() {
     let (a, engine) = fresh(&OpenOptions {
-        chunk_cache_bytes: 8 << 20,
+        chunk_cache_bytes: Some(8 << 20),
         ..OpenOptions::default()
     });
     let (origin, shape) = ([1u64, 0, 5, 5], [3u64, 3, 40, 40]);
@@ -160,8 +168,8 @@ fn decoded_chunk_cache_serves_repeated_reads() {
     );
     assert_eq!(stats.chunks_decoded, 0);
     assert_eq!(m.physical_reads, 0, "{m:?}");
-    // Off by default: the same read decodes again.
-    let (plain, _) = fresh(&OpenOptions::default());
+    // Without a cache the same read decodes again.
+    let (plain, _) = fresh(&no_cache());
     plain.read_region(&origin, &shape).unwrap();
     let mut again = vec![0u8; first.len()];
     let stats = plain.read_region_into(&origin, &shape, &mut again).unwrap();
@@ -174,7 +182,7 @@ fn decoded_chunk_cache_serves_repeated_reads() {
 fn a_full_chunk_cache_keeps_chunks_read_again_not_those_read_once() {
     // Room for 16 inner chunks of (1, 1, 16, 16) u16.
     let (a, _) = fresh(&OpenOptions {
-        chunk_cache_bytes: 16 * 512,
+        chunk_cache_bytes: Some(16 * 512),
         ..OpenOptions::default()
     });
     // 60 chunks read whole fill it.
@@ -212,7 +220,7 @@ fn a_full_chunk_cache_keeps_chunks_read_again_not_those_read_once() {
 #[test]
 fn a_chunk_cache_with_room_keeps_what_it_reads_first() {
     let (a, _) = fresh(&OpenOptions {
-        chunk_cache_bytes: 16 * 512,
+        chunk_cache_bytes: Some(16 * 512),
         ..OpenOptions::default()
     });
     let (origin, shape) = ([5u64, 2, 4, 4], [1u64, 1, 24, 24]);
@@ -231,7 +239,7 @@ fn a_chunk_cache_with_room_keeps_what_it_reads_first() {
 fn aligned_whole_chunk_crops_decode_straight_into_the_output() {
     // Crops aligned to inner chunks: every chunk is a whole, contiguous part of its crop, so the
     // read decodes into the output (the result must still be right).
-    let (a, _) = fresh(&OpenOptions::default());
+    let (a, _) = fresh(&no_cache());
     let f = zcrop_fixtures::get("v3_workload_4d_u2");
     let (data, shape, es) = expected(&f);
     let crop = [2u64, 1, 16, 16];
@@ -323,7 +331,7 @@ fn a_shard_replaced_between_reads_is_read_again() {
         ..IoConfig::default()
     })
     .unwrap();
-    for chunk_cache_bytes in [0, 8 << 20] {
+    for chunk_cache_bytes in [Some(0), Some(8 << 20), None] {
         let a = Array::open_with(
             &store,
             &OpenOptions {
@@ -340,20 +348,20 @@ fn a_shard_replaced_between_reads_is_read_again() {
         let read = |out: &mut Vec<u8>| a.read_region_into(&origin, &shape, out).unwrap();
         let cached =
             |s: &zcrop_zarr::ReadStats| (s.chunks_cached, s.index_cache_hits, s.index_reads);
-        let warm = if chunk_cache_bytes > 0 {
-            (1, 0, 0)
-        } else {
+        let warm = if chunk_cache_bytes == Some(0) {
             (0, 1, 0)
+        } else {
+            (1, 0, 0)
         };
-        assert_eq!(cached(&read(&mut out)), warm, "cache {chunk_cache_bytes}");
+        assert_eq!(cached(&read(&mut out)), warm, "cache {chunk_cache_bytes:?}");
         let shard = store.join("c/0/0/0/0");
         let tmp = store.join("c/0/0/0/0.tmp");
         std::fs::copy(&shard, &tmp).unwrap();
         std::fs::rename(&tmp, &shard).unwrap();
         let s = read(&mut out);
-        assert_eq!(cached(&s), (0, 0, 1), "cache {chunk_cache_bytes}: {s:?}");
+        assert_eq!(cached(&s), (0, 0, 1), "cache {chunk_cache_bytes:?}: {s:?}");
         assert_eq!(s.chunks_decoded, 1);
         assert_eq!(out, first);
-        assert_eq!(cached(&read(&mut out)), warm, "cache {chunk_cache_bytes}");
+        assert_eq!(cached(&read(&mut out)), warm, "cache {chunk_cache_bytes:?}");
     }
 }

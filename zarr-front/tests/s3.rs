@@ -13,7 +13,9 @@ use std::sync::OnceLock;
 use common::{assert_same, expected, read_many_outputs, region};
 use zcrop_fixtures::s3::Moto;
 use zcrop_io::{BackendChoice, CoalesceLimits, IoConfig, IoEngine, ObjectConfig, ObjectEngine};
-use zcrop_zarr::{Array, BlockFetch, Node, OpenOptions, ReadOptions, ZarrError};
+use zcrop_zarr::{
+    Array, BlockFetch, Node, OpenOptions, ReadOptions, ReadStats, WholeReason, ZarrError,
+};
 
 const BUCKET: &str = "zcrop-fixtures";
 
@@ -392,8 +394,13 @@ fn read_many_over_s3_equals_the_local_reads() {
 
 /// A Zarr v2 array of float32 (4, 512, 640) in (1, 512, 640) chunks of 1.25 MiB, blosc lz4
 /// with byte shuffle and a block size of 64 KiB asked for, uploaded under `prefix`; the values.
-fn upload_blosc_v2(moto: &Moto, bucket: &str, prefix: &str) -> Vec<f32> {
-    let (t, y, x) = (4usize, 512usize, 640usize);
+/// Rows and columns of the arrays [`upload_blosc_v2`] makes: one time step is a 1.3 MB chunk.
+const BLOSC_YX: (u64, u64) = (512, 640);
+
+/// Uploads a v2 array of `t` time steps of [`BLOSC_YX`] float32 values, one blosc-lz4 chunk of
+/// 256 KiB blocks per step; returns its values.
+fn upload_blosc_v2(moto: &Moto, bucket: &str, prefix: &str, t: usize) -> Vec<f32> {
+    let (y, x) = (BLOSC_YX.0 as usize, BLOSC_YX.1 as usize);
     let values: Vec<f32> = (0..t * y * x)
         .map(|i| ((i % x) as f32 * 0.01).sin() * 100.0 + (i * 7919 % 61) as f32 * 0.125)
         .collect();
@@ -420,18 +427,10 @@ fn upload_blosc_v2(moto: &Moto, bucket: &str, prefix: &str) -> Vec<f32> {
     values
 }
 
-/// Windows of a large blosc chunk fetch only the blocks they need (after one header read per
-/// chunk, then none: the header is cached) and give the values the whole chunks hold; with
-/// `BlockFetch::Never` the chunks are fetched whole.
-#[test]
-fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
-    let Some(moto) = server() else { return };
-    let values = upload_blosc_v2(moto, "zcrop-blosc-blocks", "era5.zarr");
-    let url = "s3://zcrop-blosc-blocks/era5.zarr";
-    let (y, x) = (512u64, 640u64);
-    let shape = [2u64, 64, 64];
-    let origins = [0u64, 10, 20, 2, 300, 500];
-    let expected: Vec<u8> = origins
+/// The windows of `shape` at `origins` of an array [`upload_blosc_v2`] made of `values`.
+fn blosc_windows(values: &[f32], origins: &[u64], shape: &[u64; 3]) -> Vec<u8> {
+    let (y, x) = BLOSC_YX;
+    origins
         .chunks(3)
         .flat_map(|o| {
             let mut crop = Vec::new();
@@ -447,7 +446,20 @@ fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
             }
             crop
         })
-        .collect();
+        .collect()
+}
+
+/// Windows of a large blosc chunk fetch only the blocks they need (after one header read per
+/// chunk, then none: the header is cached) and give the values the whole chunks hold; with
+/// `BlockFetch::Never` the chunks are fetched whole.
+#[test]
+fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
+    let Some(moto) = server() else { return };
+    let values = upload_blosc_v2(moto, "zcrop-blosc-blocks", "era5.zarr", 4);
+    let url = "s3://zcrop-blosc-blocks/era5.zarr";
+    let shape = [2u64, 64, 64];
+    let origins = [0u64, 10, 20, 2, 300, 500];
+    let expected = blosc_windows(&values, &origins, &shape);
     // Two reads of one array: the second finds the headers cached.
     let read = |options: &OpenOptions| {
         let a = Array::open_with(url, options).unwrap();
@@ -466,6 +478,8 @@ fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
     };
     let with = |blosc_blocks| OpenOptions {
         blosc_blocks,
+        // A cache would keep (so fetch whole) the chunks it has room for.
+        chunk_cache_bytes: Some(0),
         ..s3_options(moto)
     };
     let (all, _) = read(&with(BlockFetch::Never));
@@ -484,4 +498,72 @@ fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
         all.chunk_bytes_read
     );
     assert_eq!(first.chunk_bytes_read, second.chunk_bytes_read);
+}
+
+/// With a decoded-chunk cache, chunks it would keep are fetched whole (it holds whole chunks)
+/// and the others by block: while it has room, every chunk; once full, only chunks read
+/// again while remembered, then served from it.
+#[test]
+fn a_chunk_cache_fetches_whole_only_the_blosc_chunks_it_keeps() {
+    let Some(moto) = server() else { return };
+    let values = upload_blosc_v2(moto, "zcrop-blosc-cache", "era5.zarr", 8);
+    let chunk = (BLOSC_YX.0 * BLOSC_YX.1 * 4) as usize;
+    let a = Array::open_with(
+        "s3://zcrop-blosc-cache/era5.zarr",
+        &OpenOptions {
+            blosc_blocks: BlockFetch::Always,
+            // Room for four chunks, the fewest a cache takes.
+            chunk_cache_bytes: Some(4 * chunk),
+            ..s3_options(moto)
+        },
+    )
+    .unwrap();
+    let shape = [4u64, 64, 64];
+    let read = |t0: u64| {
+        let origin = [t0, 100, 200];
+        let mut out = vec![0u8; blosc_windows(&values, &origin, &shape).len()];
+        let stats = a
+            .read_batch_into_with(&origin, &shape, &mut out, ReadOptions::default())
+            .unwrap();
+        assert!(
+            out == blosc_windows(&values, &origin, &shape),
+            "steps {t0}..: values differ"
+        );
+        stats
+    };
+    let whole = |s: &ReadStats| {
+        (
+            s.chunks_cached,
+            s.index_reads,
+            s.whole_chunks.get(WholeReason::ChunkCache),
+        )
+    };
+    // Steps 0-3 fill the cache: fetched and decoded whole, kept.
+    let fill = read(0);
+    assert_eq!(whole(&fill), (0, 0, 4), "{fill:?}");
+    // Steps 4-7, read once: the cache is full, so their blocks only.
+    let once = read(4);
+    assert_eq!(whole(&once), (0, 4, 0), "{once:?}");
+    assert!(
+        once.chunk_bytes_read * 2 < fill.chunk_bytes_read,
+        "{} of {} bytes",
+        once.chunk_bytes_read,
+        fill.chunk_bytes_read
+    );
+    // Read again while remembered: fetched whole and kept, then served from the cache.
+    let again = read(4);
+    assert_eq!(whole(&again), (0, 0, 4), "{again:?}");
+    assert!(
+        again.chunk_bytes_read > 2 * once.chunk_bytes_read,
+        "{again:?}"
+    );
+    // Which of the full cache's entries make room is quick_cache's choice (of four, it keeps
+    // at least the two it holds for entries not yet used again).
+    let cached = read(4);
+    assert!(cached.chunks_cached >= 2, "{cached:?}");
+    assert_eq!(
+        cached.chunks_cached + cached.chunks_decoded,
+        4,
+        "{cached:?}"
+    );
 }

@@ -21,7 +21,7 @@ type plain ``except`` clauses expect).
 
 from typing import Any
 
-from zcrop._api import open, open_array, open_async, open_group
+from zcrop._api import chunk_cache_info, open, open_array, open_async, open_group
 from zcrop._array import Array, ArrayMetadata, AsyncArray, Attributes
 from zcrop._group import AsyncGroup, Group
 from zcrop._icechunk import IcechunkSnapshot, open_icechunk
@@ -76,6 +76,7 @@ __all__ = [
     "ValidMask",
     "ZcropError",
     "__version__",
+    "chunk_cache_info",
     "open",
     "open_array",
     "open_async",

@@ -13,9 +13,9 @@ first try; a read from a server that stops answering therefore raises
 "retry_timeout": 10}`` fails sooner; ``max_retries`` (default 10) bounds the tries. An
 unknown or malformed storage option is an :class:`~zcrop.errors.InvalidArgumentError`.
 
-``chunk_cache=`` (bytes, or a size such as ``"512M"``) keeps decoded chunks of the arrays
-opened in a least-recently-used cache of that budget, per array: worth it when reads overlap,
-such as random crops from a dataset of a few times the budget. Off by default.
+Decoded chunks go to one cache per process that every array shares (256 MiB, or
+``ZCROP_CHUNK_CACHE``). ``chunk_cache=`` (bytes, or a size such as ``"512M"``) gives the arrays
+opened a cache of their own of that budget instead; ``chunk_cache=0`` none.
 """
 
 from __future__ import annotations
@@ -158,8 +158,8 @@ def open(
 ) -> Array | Group:
     """Opens the array or group at ``store`` (a local path or a URL such as
     ``s3://bucket/data.zarr``, with ``storage_options=`` for it; ``path`` joins a sub-path).
-    ``chunk_cache=`` gives the arrays a decoded-chunk cache of that many bytes (or a size
-    such as ``"512M"``).
+    ``chunk_cache=`` gives the arrays a decoded-chunk cache of their own of that many bytes (or
+    a size such as ``"512M"``; ``0``: none) instead of the process-wide one.
 
     Raises :class:`FileNotFoundError` (:class:`zcrop.NodeNotFoundError`) when there is none.
     ``mode`` may be ``"r"``, ``"r+"`` or ``"a"``: zcrop only reads.
@@ -221,3 +221,13 @@ async def open_async(
     node = wrap_async(await _open_native_async(where, path, options))
     _check_format(node, zarr_format or zarr_version, where)
     return node
+
+
+def chunk_cache_info() -> dict[str, int]:
+    """The process-wide decoded-chunk cache that arrays opened without ``chunk_cache=`` share:
+    ``{"budget": bytes, "used": bytes}`` (both 0 where ``ZCROP_CHUNK_CACHE=0`` turned it off).
+    Each process (a ``DataLoader`` worker, say) has its own. Raises
+    :class:`~zcrop.errors.InvalidArgumentError` where ``ZCROP_CHUNK_CACHE`` does not parse."""
+    usage = _zcrop.chunk_cache_usage()
+    used, budget = usage if usage is not None else (0, 0)
+    return {"budget": budget, "used": used}

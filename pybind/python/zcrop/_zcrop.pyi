@@ -25,6 +25,7 @@ __all__ = [
     "SourceView",
     "__version__",
     "bool_runs",
+    "chunk_cache_usage",
     "cli_main",
     "counter_add",
     "fft_local",
@@ -70,6 +71,9 @@ def read_crops_many(
 
 def counter_add(counters: npt.NDArray[np.int64], index: int, delta: int) -> int:
     """Adds ``delta`` to ``counters[index]`` atomically (acquire/release); the new value."""
+
+def chunk_cache_usage() -> tuple[int, int] | None:
+    """``(bytes held, budget)`` of the process-wide decoded-chunk cache; ``None`` where it is off."""
 
 def spare_outputs() -> tuple[int, int]:
     """``(buffers, bytes)`` of the outputs of dropped arrays kept for reuse by later reads."""

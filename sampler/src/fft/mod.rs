@@ -161,7 +161,8 @@ fn open_options(budget: usize) -> Result<OpenOptions, FftError> {
     let io_bytes = (budget / 16).max(64 << 10) as u64;
     OpenOptions {
         index_cache_bytes: budget / 32,
-        chunk_cache_bytes: 0,
+        // Each chunk is read once per pass: a cache would only take memory from the budget.
+        chunk_cache_bytes: Some(0),
         verify_checksums: true,
         ..OpenOptions::default()
     }

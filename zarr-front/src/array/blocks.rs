@@ -28,15 +28,14 @@ const MIN_CHUNK: usize = 1 << 20;
 
 impl Array {
     /// Whether reads of this array fetch large blosc chunks by block: an unsharded array on an
-    /// object store, decoded by the blosc fast path, without a decoded-chunk cache (which holds
-    /// whole chunks).
+    /// object store, decoded by the blosc fast path. Chunks the decoded-chunk cache would keep
+    /// (which it holds whole) are still fetched whole.
     fn fetches_blosc_blocks(&self) -> bool {
         let core = &*self.core;
         core.options.blosc_blocks != BlockFetch::Never
             && matches!(core.reader, Reader::Object(_))
             && core.layout.levels.is_empty()
             && core.icechunk.is_none()
-            && core.caches().chunk.is_none()
             && core.decoder.is_plain_blosc()
             && core.decoder.chunk_bytes >= MIN_CHUNK
     }
@@ -76,11 +75,15 @@ impl Array {
         let core = &*self.core;
         let full = core.decoder.chunk_bytes;
         let cache = &core.caches().blosc;
+        let kept = |i: usize| {
+            (core.caches().chunk.as_ref())
+                .is_some_and(|c| c.would_keep(&plan.leaves[base + i].coords))
+        };
         let partial = |i: usize, s: &Source| match s {
             Source::Read {
                 storage,
                 range: ReadRange::Whole,
-            } if plan.leaves[base + i].needed.len() < full => Some(*storage),
+            } if plan.leaves[base + i].needed.len() < full && !kept(i) => Some(*storage),
             _ => None,
         };
         let mut indexes: FxHashMap<usize, Option<Arc<BlockIndex>>> = FxHashMap::default();

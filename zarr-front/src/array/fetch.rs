@@ -196,6 +196,9 @@ struct Fetched {
     range: ReadRange,
     /// The storage chunk's version when the read located it.
     stamp: Option<FileStamp>,
+    /// Whether `bytes` were assembled from the blocks the read needs (see [`super::blocks`]),
+    /// so decode only to those: such a chunk is never kept whole.
+    blocks_only: bool,
 }
 
 /// The first failure of a read. A decode task names a faulty chunk by its storage chunk's
@@ -301,7 +304,7 @@ impl Array {
             let mut stamps: FxHashMap<Vec<u64>, Option<FileStamp>> = FxHashMap::default();
             let (mut storage, mut inner) = (Vec::new(), vec![0; core.layout.levels.len()]);
             for (i, leaf) in plan.leaves.iter().enumerate() {
-                if let Some((stamp, chunk)) = cache.chunks.get(leaf.coords.as_slice()) {
+                if let Some((stamp, chunk)) = cache.get(&leaf.coords) {
                     core.layout.locate(&leaf.coords, &mut storage, &mut inner);
                     let now = match stamps.get(&storage) {
                         Some(&s) => s,
@@ -513,10 +516,12 @@ impl Array {
     }
 
     /// Whether the leaf `fetched` holds goes into the decoded-chunk cache (see
-    /// [`super::DecodedChunks::keeps`]); counts as its read there. Ask once per leaf.
+    /// [`super::DecodedChunks::keeps`]); counts as its read there, even where only its
+    /// blocks were fetched. Ask once per leaf.
     fn keeps(&self, ctx: &StitchCtx<'_, '_>, fetched: &Fetched) -> bool {
         let coords = &ctx.plan.leaves[fetched.leaf].coords;
         (self.core.caches().chunk.as_ref()).is_some_and(|cache| cache.keeps(coords))
+            && !fetched.blocks_only
     }
 
     /// Decodes the leaf `fetched` holds whole, writes all its copies and keeps it in the
@@ -547,10 +552,7 @@ impl Array {
         if let Some(cache) = &core.caches().chunk
             && zcrop_io::mapped_intact(bytes)
         {
-            let cost = chunk.len();
-            cache
-                .chunks
-                .insert(leaf.coords.to_vec(), (fetched.stamp, chunk), cost);
+            cache.insert(&leaf.coords, fetched.stamp, chunk);
         }
         Ok(stats)
     }
@@ -734,6 +736,7 @@ pub(crate) fn fetch_and_stitch_parts(
                                 storage: *storage,
                                 range: ReadRange::new(0, bytes.len() as u64),
                                 stamp: None,
+                                blocks_only: false,
                             });
                             if groups[k].len() == group_sizes[k] {
                                 let full = std::mem::replace(
@@ -827,6 +830,7 @@ pub(crate) fn fetch_and_stitch_parts(
                                 storage,
                                 range,
                                 stamp: storages[k].list[storage].stamp,
+                                blocks_only: blocks.is_some(),
                             });
                             if groups[k].len() == group_sizes[k] {
                                 let full = std::mem::replace(

@@ -8,9 +8,11 @@
 //!   the rayon pool as soon as its bytes arrive and copied into every output block that needs
 //!   it while it is still in cache;
 //! - [`options`]: how to open and read, and what a read did;
+//! - [`decoded`]: the decoded-chunk cache, one per process unless an array has its own;
 //! - [`variable`]: arrays of variable-length strings and bytes, read whole chunks at a time.
 
 mod blocks;
+mod decoded;
 mod fetch;
 mod locate;
 pub(crate) mod options;
@@ -24,7 +26,7 @@ use std::sync::Arc;
 use zcrop_io::fork::PerProcess;
 use zcrop_io::{IoEngine, ObjectEngine, ReadRange, ReadRequest};
 
-use crate::cache::{LruCache, SeenRecently};
+use crate::cache::LruCache;
 use crate::decode::LeafDecoder;
 use crate::error::{Location, Result, ZarrError};
 use crate::layout::Layout;
@@ -32,6 +34,10 @@ use crate::place::NodePlace;
 use crate::shard::{IndexEntry, ShardLevel};
 use crate::store::{Reader, Store};
 
+use self::decoded::DecodedChunks;
+pub use self::decoded::{
+    DEFAULT_CHUNK_CACHE_BYTES, shared_chunk_cache_budget, shared_chunk_cache_usage,
+};
 use self::fetch::decode_error;
 
 use self::locate::FileStamp;
@@ -90,6 +96,8 @@ pub(crate) struct Core {
     /// Built on first use in each process: a child of `fork` must not wait on a cache lock
     /// that a parent thread held at the fork.
     caches: PerProcess<Caches>,
+    /// This open's number, which keys its chunks in the process-wide decoded-chunk cache.
+    id: u64,
     /// For an array of an Icechunk repository: where its chunks are (not at their keys).
     pub(crate) icechunk: Option<Arc<crate::icechunk::ArrayChunks>>,
 }
@@ -102,54 +110,19 @@ struct Caches {
     chunk: Option<DecodedChunks>,
 }
 
-/// The decoded-chunk cache, and the chunks read recently, which decide what it keeps (see
-/// [`DecodedChunks::keeps`]).
-struct DecodedChunks {
-    chunks: ChunkCache,
-    seen: SeenRecently,
-    /// Bytes of a decoded chunk (every entry's cost).
-    chunk_bytes: usize,
-}
-
-impl DecodedChunks {
-    fn new(budget: usize, chunk_bytes: usize) -> Self {
-        DecodedChunks {
-            chunks: LruCache::admitted(budget),
-            // As many keys as chunks fit: a chunk read again within about a full cache's worth
-            // of other chunks is one the cache would have served.
-            seen: SeenRecently::new(budget / chunk_bytes.max(1)),
-            chunk_bytes,
-        }
-    }
-
-    /// Whether the chunk at `coords` is worth keeping: while the cache has room, every one is;
-    /// once full, one read again while remembered. Each call counts as a read of `coords`. A
-    /// chunk kept is decoded whole, which a read of part of it otherwise avoids, so chunks read
-    /// once (an array many times the budget) never pay for it.
-    fn keeps(&self, coords: &[u64]) -> bool {
-        let again = self.seen.seen_again(coords);
-        again || self.chunks.has_room_for(self.chunk_bytes)
-    }
-}
-
 impl Core {
     /// The array's caches in this process.
     fn caches(&self) -> &Caches {
         self.caches.get_or_init(|| Caches {
             index: LruCache::new(self.options.index_cache_bytes),
             blosc: LruCache::new(self.options.index_cache_bytes),
-            chunk: (self.options.chunk_cache_bytes > 0).then(|| {
-                DecodedChunks::new(self.options.chunk_cache_bytes, self.decoder.chunk_bytes)
-            }),
+            chunk: DecodedChunks::for_array(&self.options, self.id, self.decoder.chunk_bytes),
         })
     }
 }
 
 /// Decoded shard indexes by (file, level, shard start), with the version of their file.
 type IndexCache = LruCache<(Arc<Path>, usize, u64), (Option<FileStamp>, Arc<[u64]>)>;
-
-/// Decoded chunks by their leaf coordinates.
-type ChunkCache = LruCache<Vec<u64>, (Option<FileStamp>, Arc<[u8]>)>;
 
 /// `ZCROP_BLOSC_BLOCK_FETCH` (`auto`, `always`, `never`), which overrides
 /// [`OpenOptions::blosc_blocks`]; `None` where it is not set.
@@ -179,6 +152,7 @@ impl Array {
         if let Some(b) = blosc_block_fetch_env()? {
             options.blosc_blocks = b;
         }
+        decoded::check_options(&options)?;
         Ok(Array {
             core: Arc::new(Core {
                 place,
@@ -190,6 +164,7 @@ impl Array {
                 verify_checksums: options.verify_checksums,
                 options,
                 caches: PerProcess::new(),
+                id: decoded::next_array_id(),
                 icechunk: None,
             }),
         })
@@ -523,11 +498,18 @@ impl Array {
         Ok(summary)
     }
 
+    /// The byte budget of the decoded-chunk cache reads of this array go through, and whether
+    /// it is the process-wide one; `None` where they go through none (see
+    /// [`OpenOptions::chunk_cache_bytes`]).
+    pub fn chunk_cache(&self) -> Option<(usize, bool)> {
+        self.core.caches().chunk.as_ref().map(DecodedChunks::budget)
+    }
+
     /// Drops cached shard indexes and decoded chunks.
     pub fn clear_caches(&self) {
         self.core.caches().index.clear();
         if let Some(c) = &self.core.caches().chunk {
-            c.chunks.clear();
+            c.clear();
         }
     }
 

@@ -27,10 +27,12 @@ pub struct OpenOptions {
     pub object_engine: Option<ObjectEngine>,
     /// Byte budget of the shard-index cache.
     pub index_cache_bytes: usize,
-    /// Byte budget of the decoded-chunk cache; `0` (the default) turns it off. Worth enabling
-    /// when crops of successive reads overlap. Once full, it takes only chunks read again
-    /// while remembered, so that chunks read once are still decoded in part.
-    pub chunk_cache_bytes: usize,
+    /// The decoded-chunk cache: `None` (the default) shares the process-wide one (of
+    /// [`crate::shared_chunk_cache_budget`] bytes) with every array opened so; `Some(0)` uses
+    /// none; `Some(n)` gives the array one of its own of `n` bytes. Once full, a cache takes
+    /// only chunks read again while remembered, so that chunks read once are still decoded in
+    /// part; it holds no chunk of which fewer than four fit.
+    pub chunk_cache_bytes: Option<usize>,
     /// Verify checksums (crc32c, zstd, gzip, zlib) while decoding. On by default; turning it off
     /// lets gzip and zlib chunks stop decoding early.
     pub verify_checksums: bool,
@@ -74,7 +76,7 @@ impl Default for OpenOptions {
             storage_options: Vec::new(),
             object_engine: None,
             index_cache_bytes: DEFAULT_INDEX_CACHE_BYTES,
-            chunk_cache_bytes: 0,
+            chunk_cache_bytes: None,
             verify_checksums: true,
             blosc_blocks: BlockFetch::Auto,
         }

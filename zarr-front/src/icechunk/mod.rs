@@ -1034,6 +1034,8 @@ mod tests {
         .unwrap();
         let options = crate::array::OpenOptions {
             object_engine: Some(engine.clone()),
+            // Counts the GETs of reads that decode: no decoded-chunk cache.
+            chunk_cache_bytes: Some(0),
             ..crate::array::OpenOptions::default()
         };
         let snap = IcechunkSnapshot::open(
