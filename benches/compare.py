@@ -38,8 +38,9 @@ report goes to compare-corpus.md / .json / .png in --out.
     python3 benches/corpus.py --size 128M --out /tmp/corpus
     python3 benches/compare.py --corpus /tmp/corpus --datasets 'satellite-zstd3,*-v2-gzip' --modes warm
 
-For each local dataset `zcrop bench --json` also reads batches of the same crop shape and
-batch size (crops of its own seeded draw) and the report gives what zcrop's decoding did:
+For each local dataset `zcrop bench --json --chunk-cache 0` also reads batches of the same crop
+shape and batch size (crops of its own seeded draw; no decoded-chunk cache, which would decode
+the chunks it keeps whole) and the report gives what zcrop's decoding did:
 bytes decoded per output byte, the share of the decoded chunks' bytes that were decoded, the
 share of chunks decoded whole, and why they were (`whole_chunk_reasons`).
 
@@ -410,8 +411,10 @@ DECODE_FIELDS = ("crops_per_s", "decoded_bytes_per_output_byte", "decoded_share_
 
 
 def decode_stats(zcrop: str, path: str, shape: list[int], args) -> dict:
-    """What zcrop's decoding does on ``path``: `zcrop bench --json` over batches of ``shape``."""
-    out = subprocess.run([zcrop, "bench", path, "--json", "--no-progress", "--crop", ",".join(map(str, shape)),
+    """What zcrop's decoding does on ``path``: `zcrop bench --json` over batches of ``shape``,
+    without a decoded-chunk cache (its chunks are decoded whole)."""
+    out = subprocess.run([zcrop, "bench", path, "--json", "--no-progress", "--chunk-cache", "0",
+                          "--crop", ",".join(map(str, shape)),
                           "--batch-size", str(args.batch_size), "--batches", str(args.batches),
                           "--seed", str(args.seed)], text=True, capture_output=True,
                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
@@ -711,7 +714,8 @@ def decode_table(results) -> list[str]:
         return []
     lines = [
         "",
-        "zcrop's decoding (`zcrop bench --json`, same crop shape and batch size): decoded bytes per output byte, "
+        "zcrop's decoding (`zcrop bench --json --chunk-cache 0`, same crop shape and batch size; no decoded-chunk "
+        "cache, which decodes the chunks it keeps whole): decoded bytes per output byte, "
         "the decoded chunks' bytes that were decoded, the chunks decoded whole, and why (`needed_whole`: the crops "
         "needed every byte; the other reasons: a codec or a threshold made zcrop decode more than they needed).",
         "",

@@ -12,14 +12,19 @@ latitude 181 descending, longitude 360), chunks (1, 4, 91, 90), about --size in 
 Zarr v3 (zstd), `v2` Zarr v2 (blosc lz4). A window is 4 time steps x all levels x 64 x 64 of
 every variable. Readers, each in its own process, on the same windows:
 
-- `zcrop isel`: `xr.open_dataset(p, engine="zcrop")`, then `ds.isel(window).load()` per window;
+- `zcrop isel`: `xr.open_dataset(p, engine="zcrop")`, then `ds.isel(window).load()` per window
+  (zcrop's defaults: the process-wide 256 MiB decoded-chunk cache);
+- `zcrop isel (no cache)`: the same with `chunk_cache=0`;
 - `zcrop isel async`: `await ds.isel(window).load_async()` for --batch windows at once
   (`asyncio.gather`), every variable of every window read concurrently;
 - `zcrop batch`: `zcrop.read_windows(ds, starts, sizes)`, --batch windows per call;
 - `zarr`: `xr.open_zarr(p, chunks=None)`, `isel(window).load()` (zarr-python 3);
 - `zarrs`: the same with zarr-python's codec pipeline set to zarrs';
 - `tensorstore`: `xr.decode_cf(xarray_tensorstore.open_zarr(p, mask_and_scale=False))`
-  (xarray-tensorstore does not mask non-NaN fill values itself), `isel(window).load()`.
+  (xarray-tensorstore does not mask non-NaN fill values itself), `isel(window).load()`, with
+  its default context (no cache pool);
+- `tensorstore (256 MiB cache)`: the same with a context whose cache pool has the budget of
+  zcrop's default cache.
 
 Every reader's values are hashed per window and checked against zcrop's. Each reader runs
 --repeats times (order rotated); the median run counts; windows/s after one untimed window.
@@ -46,15 +51,20 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-READERS = ["zcrop-isel", "zcrop-async", "zcrop-batch", "zarr", "zarrs", "tensorstore"]
+READERS = ["zcrop-isel", "zcrop-isel-nocache", "zcrop-async", "zcrop-batch", "zarr", "zarrs",
+           "tensorstore", "tensorstore-cache"]
 LABEL = {
     "zcrop-isel": "zcrop isel",
+    "zcrop-isel-nocache": "zcrop isel (no cache)",
     "zcrop-async": "zcrop isel async",
     "zcrop-batch": "zcrop batch",
     "zarr": "zarr-python 3",
     "zarrs": "zarr-python + zarrs",
     "tensorstore": "xarray-tensorstore",
+    "tensorstore-cache": "xarray-tensorstore (256 MiB cache)",
 }
+#: The cache pool of `tensorstore-cache`: the budget of zcrop's default decoded-chunk cache.
+TS_CACHE_BYTES = 256 << 20
 WINDOW = {"time": 4, "latitude": 64, "longitude": 64}
 NLAT, NLON, NLEV = 181, 360, 4
 
@@ -121,6 +131,8 @@ def make_wide(path: str) -> None:
 def open_reader(reader: str, path: str):
     import xarray as xr
 
+    if reader == "zcrop-isel-nocache":
+        return xr.open_dataset(path, engine="zcrop", chunk_cache=0)
     if reader.startswith("zcrop"):
         return xr.open_dataset(path, engine="zcrop")
     if reader == "zarrs":
@@ -129,12 +141,16 @@ def open_reader(reader: str, path: str):
         zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
     if reader in ("zarr", "zarrs"):
         return xr.open_zarr(path, chunks=None)
-    if reader == "tensorstore":
+    if reader in ("tensorstore", "tensorstore-cache"):
+        import tensorstore
         import xarray_tensorstore
 
+        context = None
+        if reader == "tensorstore-cache":
+            context = tensorstore.Context({"cache_pool": {"total_bytes_limit": TS_CACHE_BYTES}})
         # xarray-tensorstore refuses CF masking of non-NaN fill values (the packed `q`):
         # opened raw, then decoded by xarray, as its error message advises.
-        return xr.decode_cf(xarray_tensorstore.open_zarr(path, mask_and_scale=False))
+        return xr.decode_cf(xarray_tensorstore.open_zarr(path, mask_and_scale=False, context=context))
     raise ValueError(reader)
 
 
@@ -311,13 +327,13 @@ def main() -> None:
              f"4 time steps x {NLEV} levels x 64 x 64 of 4 variables; windows/s, median of "
              f"{args.repeats} runs.", ""]
     cols = [r for r in readers]
-    lines.append("| dataset | " + " | ".join(LABEL[r] for r in cols) + " | zcrop isel / zarr | zcrop isel / tensorstore | zcrop isel async / tensorstore | zcrop batch / zarr |")
-    lines.append("|---" * (len(cols) + 5) + "|")
+    lines.append("| dataset | " + " | ".join(LABEL[r] for r in cols) + " | zcrop isel / zarr | zcrop isel / tensorstore | zcrop isel / tensorstore (256 MiB cache) | zcrop isel (no cache) / tensorstore | zcrop isel async / tensorstore | zcrop batch / zarr |")
+    lines.append("|---" * (len(cols) + 7) + "|")
     for key, med in results["runs"].items():
         def ratio(a: str, b: str) -> str:
             return f"{med[a] / med[b]:.2f}x" if a in med and b in med else "-"
         lines.append(f"| {key} | " + " | ".join(f"{med.get(r, float('nan')):.1f}" for r in cols)
-                     + f" | {ratio('zcrop-isel', 'zarr')} | {ratio('zcrop-isel', 'tensorstore')} | {ratio('zcrop-async', 'tensorstore')} | {ratio('zcrop-batch', 'zarr')} |")
+                     + f" | {ratio('zcrop-isel', 'zarr')} | {ratio('zcrop-isel', 'tensorstore')} | {ratio('zcrop-isel', 'tensorstore-cache')} | {ratio('zcrop-isel-nocache', 'tensorstore')} | {ratio('zcrop-async', 'tensorstore')} | {ratio('zcrop-batch', 'zarr')} |")
     o = results["open_s"]
     lines += ["", f"Opening 100 variables (consolidated v3): engine=zcrop {1e3 * o['zcrop-isel']:.1f} ms, "
               f"xr.open_zarr {1e3 * o['zarr']:.1f} ms ({o['zcrop-isel'] / o['zarr']:.2f}x its time)."]

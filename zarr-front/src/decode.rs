@@ -788,6 +788,23 @@ impl LeafDecoder {
         }
     }
 
+    /// Whether the chunk `encoded` decodes at about the speed of a memory copy (no compressor,
+    /// or blosc with LZ4 or BloscLZ inside, and no other codec), so that decoding it again
+    /// costs about what copying it out of a cache of decoded chunks does.
+    pub(crate) fn decodes_fast(&self, encoded: &[u8]) -> bool {
+        match &self.kind {
+            Kind::Fast {
+                compressor: Compressor::None,
+                ..
+            } => true,
+            Kind::Fast {
+                compressor: Compressor::Blosc,
+                ..
+            } => blosc::decodes_fast(encoded),
+            _ => false,
+        }
+    }
+
     /// Whether chunks decode through the blosc fast path alone (no checksum, no other codec):
     /// then a rebuilt chunk of the needed blocks decodes as the whole one would
     /// ([`zcrop_codec::blosc::BlockIndex`]).

@@ -96,6 +96,36 @@ fn arrays_share_one_cache_by_default_and_keep_apart_in_it() {
         0
     );
     assert_eq!(held(), 0);
+    // Chunks of local files that decode at about the speed of a copy (LZ4 inside blosc) stay
+    // out of the shared cache; a cache of the array's own takes them.
+    let lz4 = zcrop_fixtures::get("v2_blosc_lz4_shuffle");
+    let open_lz4 = |chunk_cache_bytes| {
+        let options = OpenOptions {
+            chunk_cache_bytes,
+            ..OpenOptions::default()
+        };
+        Array::open_with(lz4.store_path(), &options).unwrap()
+    };
+    let region = |a: &Array| {
+        let shape: Vec<u64> = a.shape().iter().map(|&n| n.min(8)).collect();
+        let mut out = vec![0u8; a.read_region(&vec![0; shape.len()], &shape).unwrap().len()];
+        let stats = a
+            .read_region_into(&vec![0; shape.len()], &shape, &mut out)
+            .unwrap();
+        (out, stats)
+    };
+    let shared_lz4 = open_lz4(None);
+    let (first, _) = region(&shared_lz4);
+    let (again, stats) = region(&shared_lz4);
+    assert_eq!(first, again);
+    assert_eq!(stats.chunks_cached, 0, "{stats:?}");
+    assert_eq!(held(), 0);
+    let own_lz4 = open_lz4(Some(1 << 20));
+    region(&own_lz4);
+    let (own, stats) = region(&own_lz4);
+    assert_eq!(own, first);
+    assert!(stats.chunks_cached > 0, "{stats:?}");
+
     // A cache that would hold fewer than four chunks is not used.
     assert_eq!(open(Some(4 * 512)).chunk_cache(), Some((4 * 512, false)));
     assert_eq!(open(Some(4 * 512 - 1)).chunk_cache(), None);

@@ -12,6 +12,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use quick_cache::Equivalent;
 use zcrop_io::fork::PerProcess;
 
@@ -37,7 +38,7 @@ const MIN_CHUNKS_IN_BUDGET: usize = 4;
 const MAX_SHARED_SEEN: usize = 1 << 16;
 
 /// Decoded chunks, with the version of the file they came from.
-pub(crate) type ChunkCache = LruCache<ChunkKey, (Option<FileStamp>, Arc<[u8]>)>;
+pub(crate) type ChunkCache = LruCache<ChunkKey, (Option<FileStamp>, Bytes)>;
 
 /// An entry's key: the array's number and the chunk's leaf coordinates.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -162,7 +163,7 @@ impl DecodedChunks {
     }
 
     /// The chunk at `coords`, if cached, with the version of its file.
-    pub(crate) fn get(&self, coords: &[u64]) -> Option<(Option<FileStamp>, Arc<[u8]>)> {
+    pub(crate) fn get(&self, coords: &[u64]) -> Option<(Option<FileStamp>, Bytes)> {
         self.chunks.get(&ChunkKeyRef {
             array: self.array,
             coords,
@@ -170,7 +171,7 @@ impl DecodedChunks {
     }
 
     /// Keeps the chunk at `coords`, decoded from the file of version `stamp`.
-    pub(crate) fn insert(&self, coords: &[u64], stamp: Option<FileStamp>, chunk: Arc<[u8]>) {
+    pub(crate) fn insert(&self, coords: &[u64], stamp: Option<FileStamp>, chunk: Bytes) {
         let cost = chunk.len();
         let key = ChunkKey {
             array: self.array,
@@ -191,6 +192,11 @@ impl DecodedChunks {
     /// Whether [`Self::keeps`] would keep the chunk at `coords` now, without counting a read.
     pub(crate) fn would_keep(&self, coords: &[u64]) -> bool {
         self.seen.seen(coords) || self.chunks.has_room_for(self.chunk_bytes)
+    }
+
+    /// Whether this is the process-wide cache.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.shared
     }
 
     /// Forgets the array's chunks.

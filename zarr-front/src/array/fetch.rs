@@ -135,7 +135,7 @@ pub(crate) enum Source {
     /// Not stored: fill value.
     Missing,
     /// In the decoded-chunk cache.
-    Cached(Arc<[u8]>),
+    Cached(Bytes),
     /// These bytes of storage chunk `storage`.
     Read { storage: usize, range: ReadRange },
     /// Encoded bytes at hand (an Icechunk chunk inline in its manifest, `storage`).
@@ -517,11 +517,21 @@ impl Array {
 
     /// Whether the leaf `fetched` holds goes into the decoded-chunk cache (see
     /// [`super::DecodedChunks::keeps`]); counts as its read there, even where only its
-    /// blocks were fetched. Ask once per leaf.
+    /// blocks were fetched. Ask once per leaf. The process-wide cache keeps no chunk of local
+    /// files that decodes at about the speed of a copy (LZ4 inside blosc, no compressor): read
+    /// again from the page cache and decoded, it costs about what a copy out of the cache
+    /// does, and keeping it costs a whole decode into new memory.
     fn keeps(&self, ctx: &StitchCtx<'_, '_>, fetched: &Fetched) -> bool {
+        let core = &*self.core;
+        let Some(cache) = core.caches().chunk.as_ref() else {
+            return false;
+        };
         let coords = &ctx.plan.leaves[fetched.leaf].coords;
-        (self.core.caches().chunk.as_ref()).is_some_and(|cache| cache.keeps(coords))
+        cache.keeps(coords)
             && !fetched.blocks_only
+            && !(cache.is_shared()
+                && matches!(core.reader, Reader::Local(_))
+                && core.decoder.decodes_fast(&fetched.bytes))
     }
 
     /// Decodes the leaf `fetched` holds whole, writes all its copies and keeps it in the
@@ -546,7 +556,8 @@ impl Array {
             cost.whole = Some(WholeReason::ChunkCache);
         }
         stats.add_cost(cost);
-        let chunk: Arc<[u8]> = chunk.into();
+        // Kept without a copy: `Bytes` takes the vector's allocation.
+        let chunk = Bytes::from(chunk);
         ctx.stitch_leaf(i, &chunk);
         // The caller reports lost bytes; a chunk decoded from them is not kept.
         if let Some(cache) = &core.caches().chunk
@@ -726,7 +737,7 @@ pub(crate) fn fetch_and_stitch_parts(
                             scope.spawn(move |_| ctx.fill_leaf(i, &core.layout.fill));
                         }
                         Source::Cached(chunk) => {
-                            let chunk = Arc::clone(chunk);
+                            let chunk = chunk.clone();
                             scope.spawn(move |_| ctx.stitch_leaf(i, &chunk));
                         }
                         Source::Inline { storage, bytes } => {

@@ -142,6 +142,13 @@ pub struct Chunk<'a> {
     pub(super) streams: Option<(usize, [&'a [u8]; 8])>,
 }
 
+/// Whether `src`, a blosc buffer, decodes at about the speed of a memory copy: stored raw,
+/// or compressed by LZ4 or BloscLZ (the header's flags only, not validated).
+pub fn decodes_fast(src: &[u8]) -> bool {
+    src.get(2)
+        .is_some_and(|&flags| flags & MEMCPYED != 0 || matches!(flags >> 5, 0 | LZ4_FORMAT))
+}
+
 /// Decompressed size of `src`, a blosc buffer (header only, not validated beyond its length).
 pub fn decoded_size(src: &[u8]) -> Option<usize> {
     let b = src.get(4..8)?;

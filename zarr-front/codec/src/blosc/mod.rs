@@ -32,7 +32,9 @@ mod frame;
 mod gather;
 
 pub use blocks::BlockIndex;
-pub use frame::{Chunk, Error, OTHER_COMPRESSOR, Scratch, decoded_size, open, prefetch};
+pub use frame::{
+    Chunk, Error, OTHER_COMPRESSOR, Scratch, decoded_size, decodes_fast, open, prefetch,
+};
 
 #[cfg(test)]
 mod tests {
@@ -53,6 +55,28 @@ mod tests {
             out.extend((0..elsize).map(|b| x.to_le_bytes()[b % 8]));
         }
         out
+    }
+
+    #[test]
+    fn the_header_tells_which_chunks_decode_at_copy_speed() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let plain = imagery(&mut rng, 1 << 14, 2);
+        for (cname, fast) in [
+            ("lz4", true),
+            ("lz4hc", true),
+            ("blosclz", true),
+            ("zstd", false),
+            ("zlib", false),
+        ] {
+            let encoded = compress(&plain, 2, 1, cname, 0);
+            assert_eq!(decodes_fast(&encoded), fast, "{cname}");
+        }
+        // Stored raw (random bytes do not compress): a copy.
+        let noise: Vec<u8> = (0..1 << 14).map(|_| rng.random()).collect();
+        let stored = compress(&noise, 1, 0, "zstd", 0);
+        assert_ne!(stored[2] & MEMCPYED, 0);
+        assert!(decodes_fast(&stored));
+        assert!(!decodes_fast(&stored[..2]), "no header");
     }
 
     fn check_ranges(encoded: &[u8], expected: &[u8], rng: &mut rand::rngs::StdRng, what: &str) {
