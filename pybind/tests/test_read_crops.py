@@ -107,14 +107,17 @@ def test_large_outputs_are_reused_only_when_numpy_is_done_with_them():
     first = arr.read_crops(batches[0], crop)
     kept = spare_outputs()
     del first
-    assert spare_outputs()[0] == kept[0] + 1, "the dropped output was not kept"
+    # Earlier tests may have left the pool full (four outputs): the oldest then makes room.
+    dropped = spare_outputs()
+    assert dropped[0] == min(kept[0] + 1, 4), "the dropped output was not kept"
     second = arr.read_crops(batches[1], crop)
-    assert spare_outputs() == kept, "the kept output was not reused"
+    reused = spare_outputs()
+    assert reused[0] == dropped[0] - 1, "the kept output was not reused"
     np.testing.assert_array_equal(second, _slices(expected, batches[1], crop))
 
     view = second[1:]
     del second
-    assert spare_outputs() == kept, "memory a live view uses was given back"
+    assert spare_outputs() == reused, "memory a live view uses was given back"
     third = arr.read_crops(batches[2], crop)
     np.testing.assert_array_equal(view, _slices(expected, batches[1], crop)[1:])
     np.testing.assert_array_equal(third, _slices(expected, batches[2], crop))
