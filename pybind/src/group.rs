@@ -149,7 +149,7 @@ pub(crate) fn cache_bytes(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u
         return Ok(None);
     };
     if let Ok(text) = value.extract::<String>() {
-        let bytes = zcrop::bench::synth::parse_size(&text)
+        let bytes = zcrop::io::parse_size(&text)
             .map_err(|e| PyValueError::new_err(format!("chunk_cache: {e}")))?;
         return usize::try_from(bytes)
             .map(Some)
