@@ -4,6 +4,7 @@ xarray-tensorstore: random windows of every variable of an ERA5-like dataset.
 
     python3 benches/xarray_bench.py                       # warm and cold, v3 and v2
     python3 benches/xarray_bench.py --modes warm --formats v3 --size 256M --repeats 3
+    python3 benches/xarray_bench.py --modes warm --warmup 300  # a long run's steady state
 
 The dataset is written by xarray (`Dataset.to_zarr` with its defaults: zarr-python's default
 codecs) into $ZCROP_BENCH_DATA (default $TMPDIR/zcrop-bench-data): four float32 variables
@@ -216,11 +217,14 @@ def worker(args: argparse.Namespace) -> None:
             if record:
                 hashes.append(digest([w[k].values for k in names]))
 
-    run(0, 1, False)  # untimed: first touches, lazy imports
+    # Untimed: first touches and lazy imports, then --warmup windows more (caches filled as a
+    # long training run has them filled).
+    first = 1 + args.warmup
+    run(0, first, False)
     wall = 0.0
-    run(1, n, True)
-    print(json.dumps({"reader": args.worker, "seconds": wall, "windows": n - 1,
-                      "windows_per_s": (n - 1) / wall, "hashes": hashes}))
+    run(first, n, True)
+    print(json.dumps({"reader": args.worker, "seconds": wall, "windows": n - first,
+                      "windows_per_s": (n - first) / wall, "hashes": hashes}))
 
 
 def open_worker(args: argparse.Namespace) -> None:
@@ -243,6 +247,9 @@ def main() -> None:
     ap.add_argument("--size", default="512M", help="dataset size (K/M/G suffix)")
     ap.add_argument("--nwindows", type=int, default=201, help="windows per run (the first untimed)")
     ap.add_argument("--batch", type=int, default=16, help="windows per read_windows call")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="windows each reader reads untimed first (other windows than the timed "
+                         "ones): the steady state of a long run, its caches filled")
     ap.add_argument("--formats", default="v3,v2")
     ap.add_argument("--modes", default="warm,cold")
     ap.add_argument("--readers", default=",".join(READERS))
@@ -286,10 +293,11 @@ def main() -> None:
             print(f"writing {path} ({ntime} time steps)", flush=True)
             subprocess.run([py, "-c", f"import sys; sys.path.insert(0, {HERE!r}); import xarray_bench as b; "
                             f"b.make_dataset({path!r}, {3 if fmt == 'v3' else 2}, {ntime})"], check=True, env=env)
+        nwin = args.warmup + args.nwindows
         windows = {
-            "time": [rng.randrange(0, ntime - WINDOW["time"] + 1) for _ in range(args.nwindows)],
-            "latitude": [rng.randrange(0, NLAT - WINDOW["latitude"] + 1) for _ in range(args.nwindows)],
-            "longitude": [rng.randrange(0, NLON - WINDOW["longitude"] + 1) for _ in range(args.nwindows)],
+            "time": [rng.randrange(0, ntime - WINDOW["time"] + 1) for _ in range(nwin)],
+            "latitude": [rng.randrange(0, NLAT - WINDOW["latitude"] + 1) for _ in range(nwin)],
+            "longitude": [rng.randrange(0, NLON - WINDOW["longitude"] + 1) for _ in range(nwin)],
         }
         for mode in args.modes.split(","):
             runs: dict[str, list] = {r: [] for r in readers}
@@ -302,7 +310,7 @@ def main() -> None:
                         print("cold runs need root (drop_caches); skipped", flush=True)
                         break
                     res = call("--worker", r, "--path", path, "--windows", json.dumps(windows),
-                               "--batch", str(args.batch))
+                               "--batch", str(args.batch), "--warmup", str(args.warmup))
                     runs[r].append(res)
                     print(f"{fmt} {mode} {LABEL[r]:22s} {res['windows_per_s']:8.1f} windows/s", flush=True)
             ref = next((runs[r][0]["hashes"] for r in readers if runs[r]), None)
@@ -325,7 +333,9 @@ def main() -> None:
     lines = [f"# xarray readers, {results['date']}", "",
              f"Machine: {results['machine']}. Command: `{results['command']}`. Window: "
              f"4 time steps x {NLEV} levels x 64 x 64 of 4 variables; windows/s, median of "
-             f"{args.repeats} runs.", ""]
+             f"{args.repeats} runs"
+             + (f", each timed after {args.warmup} untimed windows" if args.warmup else "")
+             + ".", ""]
     cols = [r for r in readers]
     lines.append("| dataset | " + " | ".join(LABEL[r] for r in cols) + " | zcrop isel / zarr | zcrop isel / tensorstore | zcrop isel / tensorstore (256 MiB cache) | zcrop isel (no cache) / tensorstore | zcrop isel async / tensorstore | zcrop batch / zarr |")
     lines.append("|---" * (len(cols) + 7) + "|")
