@@ -171,3 +171,50 @@ def test_a_bad_process_cache_budget_is_an_error_naming_the_variable():
     assert run.returncode != 0
     assert "InvalidArgumentError" in run.stderr, run.stderr
     assert 'ZCROP_CHUNK_CACHE="lots"' in run.stderr, run.stderr
+
+
+LZ4_SCRIPT = r"""
+import json, sys
+import numpy as np
+import zarr
+import zcrop
+
+store = sys.argv[1]
+expected = zarr.open_array(store, mode="r")[...]
+a = zcrop.open_array(store)
+used = []
+for i in range(300):
+    assert (a[...] == expected).all(), i
+    used.append(zcrop.chunk_cache_info()["used"])
+print(json.dumps(used))
+"""
+
+
+def test_lz4_chunks_enter_the_shared_cache_once_reads_show_it_would_serve_them(tmp_path):
+    numcodecs = pytest.importorskip("numcodecs")
+    zarr = pytest.importorskip("zarr")
+    store = tmp_path / "lz4.zarr"
+    data = np.random.default_rng(3).standard_normal((4, 128, 128)).astype("float32")
+    arr = zarr.create_array(str(store), shape=data.shape, chunks=(1, 128, 128), dtype="float32",
+                            zarr_format=2, compressors=numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE))
+    arr[...] = data
+    env = {k: v for k, v in os.environ.items() if k != "ZCROP_CHUNK_CACHE"}
+    run = subprocess.run([sys.executable, "-c", LZ4_SCRIPT, str(store)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    used = json.loads(run.stdout)
+    # Chunks that decode at copy speed stay out until 512 reads of the array's 4 chunks are
+    # counted, all of which the cache would have served; then all four go in.
+    chunk_bytes = 128 * 128 * 4
+    assert used[:100] == [0] * 100
+    assert used[-1] == 4 * chunk_bytes
+    first = used.index(4 * chunk_bytes)
+    assert 125 <= first <= 135, first
+    # Served from the cache, values stay right (checked each read in the script); a file that
+    # changes is read again.
+    a = zcrop.open_array(str(store))
+    for _ in range(140):
+        np.testing.assert_array_equal(a[...], data)
+    assert corrupt_chunks(store) > 0
+    with pytest.raises(zcrop.ZcropError):
+        a[...]

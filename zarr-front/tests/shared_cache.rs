@@ -126,6 +126,31 @@ fn arrays_share_one_cache_by_default_and_keep_apart_in_it() {
     assert_eq!(own, first);
     assert!(stats.chunks_cached > 0, "{stats:?}");
 
+    // They go in once the reads show the cache would serve them: an array read again and
+    // again (two chunks of 75600 bytes) is judged after 512 reads of its chunks.
+    drop((shared_lz4, own_lz4));
+    let blocks =
+        Array::open(zcrop_fixtures::get("v2_blosc_lz4_shuffle_blocks_u2").store_path()).unwrap();
+    let shape = blocks.shape().to_vec();
+    let all = blocks.read_region(&vec![0; shape.len()], &shape).unwrap();
+    let mut kept_at = None;
+    for i in 1..400 {
+        let mut out = vec![0u8; all.len()];
+        let stats = blocks
+            .read_region_into(&vec![0; shape.len()], &shape, &mut out)
+            .unwrap();
+        assert_eq!(out, all);
+        if stats.chunks_cached > 0 {
+            kept_at = Some(i);
+            break;
+        }
+    }
+    let kept_at = kept_at.expect("chunks read again and again are kept");
+    assert!((250..=300).contains(&kept_at), "kept after {kept_at} reads");
+    assert_eq!(held(), 2 * 75600);
+    drop(blocks);
+    assert_eq!(held(), 0);
+
     // A cache that would hold fewer than four chunks is not used.
     assert_eq!(open(Some(4 * 512)).chunk_cache(), Some((4 * 512, false)));
     assert_eq!(open(Some(4 * 512 - 1)).chunk_cache(), None);

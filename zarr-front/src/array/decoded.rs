@@ -7,10 +7,16 @@
 //! entries of an earlier open, and an array's entries leave the shared cache when it is
 //! dropped. Each array remembers its own recently read chunks, which decide what it keeps
 //! ([`DecodedChunks::keeps`]).
+//!
+//! Chunks of local files that decode at about the speed of a copy (LZ4 inside blosc, no
+//! compressor) go into the shared cache only where it would serve enough of their reads: the
+//! cache tracks the keys it would hold if it kept every such chunk ([`Ghost`]), and an array's
+//! share of reads found there is the hit rate keeping its chunks would give
+//! ([`DecodedChunks::keeps_fast_chunks`]).
 
 use std::hash::Hash;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use quick_cache::Equivalent;
@@ -40,6 +46,32 @@ const MAX_SHARED_SEEN: usize = 1 << 16;
 /// Decoded chunks, with the version of the file they came from.
 pub(crate) type ChunkCache = LruCache<ChunkKey, (Option<FileStamp>, Bytes)>;
 
+/// The keys of chunks that decode at copy speed the shared cache would hold if it kept every
+/// one read through it, each costing its decoded bytes: a cache of keys only.
+type Ghost = LruCache<ChunkKey, ()>;
+
+/// Keeping a chunk that decodes at copy speed pays where at least this share of an array's
+/// reads would find it in the cache: a hit saves a decode that costs about a copy, and each
+/// chunk kept costs a whole decode into new memory. Between the share at which keeping LZ4
+/// chunks cost reads and the share at which it paid (docs/performance.md).
+const FAST_KEEP_HIT_SHARE: f64 = 0.45;
+
+/// Reads of an array before its hit share decides anything.
+const FAST_MIN_READS: u32 = 512;
+
+/// The read count at which an array's counts are halved, so that they follow how it is read
+/// now.
+const FAST_DECAY_READS: u32 = 8192;
+
+/// Chunks smaller than this are not tracked in the [`Ghost`] (and so never kept when they
+/// decode at copy speed): it would hold too many keys for what their decoding costs.
+const FAST_MIN_CHUNK_BYTES: usize = 16 << 10;
+
+/// Whether an array's chunks decode at copy speed: not known until its first read.
+const FAST_UNKNOWN: u8 = 0;
+const FAST_YES: u8 = 1;
+const FAST_NO: u8 = 2;
+
 /// An entry's key: the array's number and the chunk's leaf coordinates.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct ChunkKey {
@@ -61,9 +93,9 @@ impl Equivalent<ChunkKey> for ChunkKeyRef<'_> {
     }
 }
 
-/// The process-wide cache, built on first use in each process (a child of `fork` builds its
-/// own); `None` where the budget is 0.
-static SHARED: PerProcess<Option<Arc<ChunkCache>>> = PerProcess::new();
+/// The process-wide cache and its [`Ghost`] of the same budget, built on first use in each
+/// process (a child of `fork` builds its own); `None` where the budget is 0.
+static SHARED: PerProcess<Option<(Arc<ChunkCache>, Arc<Ghost>)>> = PerProcess::new();
 
 /// Numbers arrays for the keys of the shared cache.
 static NEXT_ARRAY: AtomicU64 = AtomicU64::new(0);
@@ -92,18 +124,23 @@ pub fn shared_chunk_cache_budget() -> Result<usize> {
 
 /// The process-wide cache, if its budget is not 0. The budget is read once per process;
 /// arrays check it when they open ([`check_options`]), so a bad value is reported there.
-fn shared() -> Option<&'static Arc<ChunkCache>> {
+fn shared() -> Option<&'static (Arc<ChunkCache>, Arc<Ghost>)> {
     SHARED
         .get_or_init(|| {
             let budget = shared_chunk_cache_budget().unwrap_or(DEFAULT_CHUNK_CACHE_BYTES);
-            (budget > 0).then(|| Arc::new(LruCache::admitted(budget)))
+            (budget > 0).then(|| {
+                (
+                    Arc::new(LruCache::admitted(budget)),
+                    Arc::new(LruCache::new(budget)),
+                )
+            })
         })
         .as_ref()
 }
 
 /// Bytes the process-wide cache holds now, and its budget; `None` where it is off.
 pub fn shared_chunk_cache_usage() -> Option<(usize, usize)> {
-    shared().map(|c| (c.used(), c.budget()))
+    shared().map(|(c, _)| (c.used(), c.budget()))
 }
 
 /// Checks what the options ask of the cache when an array opens: a bad `ZCROP_CHUNK_CACHE`
@@ -119,12 +156,18 @@ pub(crate) fn check_options(options: &OpenOptions) -> Result<()> {
 /// read recently, which decide what it keeps (see [`DecodedChunks::keeps`]).
 pub(crate) struct DecodedChunks {
     chunks: Arc<ChunkCache>,
-    /// Whether `chunks` is the process-wide cache.
-    shared: bool,
     array: u64,
     seen: SeenRecently,
     /// Bytes of a decoded chunk (every entry's cost).
     chunk_bytes: usize,
+    /// The process-wide cache's [`Ghost`] where `chunks` is that cache (`None` for a cache of
+    /// the array's own).
+    ghost: Option<Arc<Ghost>>,
+    /// Whether the array's chunks decode at copy speed (`FAST_*`), learnt at its first read.
+    fast: AtomicU8,
+    /// Reads of the array tracked in the ghost, and those it held (both halved now and then).
+    ghost_reads: AtomicU32,
+    ghost_hits: AtomicU32,
 }
 
 impl DecodedChunks {
@@ -132,11 +175,15 @@ impl DecodedChunks {
     /// `options` asks for: the shared one (`None`), none (`Some(0)`) or one of its own.
     /// `None` where no cache is used, or it would hold too few of the array's chunks.
     pub(crate) fn for_array(options: &OpenOptions, array: u64, chunk_bytes: usize) -> Option<Self> {
-        let (chunks, shared) = match options.chunk_cache_bytes {
-            None => (Arc::clone(shared()?), true),
+        let (chunks, ghost) = match options.chunk_cache_bytes {
+            None => {
+                let (chunks, ghost) = shared()?;
+                (Arc::clone(chunks), Some(Arc::clone(ghost)))
+            }
             Some(0) => return None,
-            Some(budget) => (Arc::new(LruCache::admitted(budget)), false),
+            Some(budget) => (Arc::new(LruCache::admitted(budget)), None),
         };
+        let shared = ghost.is_some();
         let budget = chunks.budget();
         if chunk_bytes == 0 || chunk_bytes > budget / MIN_CHUNKS_IN_BUDGET {
             return None;
@@ -151,23 +198,82 @@ impl DecodedChunks {
                 keys
             }),
             chunks,
-            shared,
             array,
             chunk_bytes,
+            ghost,
+            fast: AtomicU8::new(FAST_UNKNOWN),
+            ghost_reads: AtomicU32::new(0),
+            ghost_hits: AtomicU32::new(0),
         })
     }
 
     /// The cache's byte budget, and whether it is the process-wide one.
     pub(crate) fn budget(&self) -> (usize, bool) {
-        (self.chunks.budget(), self.shared)
+        (self.chunks.budget(), self.is_shared())
     }
 
-    /// The chunk at `coords`, if cached, with the version of its file.
+    /// The chunk at `coords`, if cached, with the version of its file. Counts as a read of
+    /// it in the ghost where that tracks the array ([`Self::keeps_fast_chunks`]).
     pub(crate) fn get(&self, coords: &[u64]) -> Option<(Option<FileStamp>, Bytes)> {
-        self.chunks.get(&ChunkKeyRef {
+        let key = ChunkKeyRef {
             array: self.array,
             coords,
-        })
+        };
+        if let Some(ghost) = &self.ghost
+            && self.fast.load(Ordering::Relaxed) == FAST_YES
+            && self.chunk_bytes >= FAST_MIN_CHUNK_BYTES
+        {
+            let held = ghost.get(&key).is_some();
+            if !held {
+                let key = ChunkKey {
+                    array: self.array,
+                    coords: coords.to_vec(),
+                };
+                ghost.insert(key, (), self.chunk_bytes);
+            }
+            let reads = self.ghost_reads.fetch_add(1, Ordering::Relaxed) + 1;
+            let hits = self
+                .ghost_hits
+                .fetch_add(u32::from(held), Ordering::Relaxed)
+                + u32::from(held);
+            if reads >= FAST_DECAY_READS {
+                // Racing reads may lose a count here: the share stays about right.
+                self.ghost_reads.store(reads / 2, Ordering::Relaxed);
+                self.ghost_hits.store(hits / 2, Ordering::Relaxed);
+            }
+        }
+        self.chunks.get(&key)
+    }
+
+    /// Whether a chunk that decodes at copy speed (as `decodes_fast` tells, asked once per
+    /// array) may go into the shared cache: where the ghost has seen at least
+    /// `FAST_MIN_READS` reads of the array and the share of them it held is
+    /// `FAST_KEEP_HIT_SHARE` or more. True for chunks that do not decode at copy speed.
+    pub(crate) fn keeps_fast_chunks(&self, decodes_fast: impl FnOnce() -> bool) -> bool {
+        let fast = match self.fast.load(Ordering::Relaxed) {
+            FAST_UNKNOWN => {
+                let f = if decodes_fast() { FAST_YES } else { FAST_NO };
+                self.fast.store(f, Ordering::Relaxed);
+                f
+            }
+            f => f,
+        };
+        fast == FAST_NO || self.fast_hit_share_pays()
+    }
+
+    /// Whether the cache may keep or serve the array's chunks now: false while they decode at
+    /// copy speed and their hit share does not pay (the read path then skips what only a kept
+    /// chunk needs, such as the version of each chunk's file).
+    pub(crate) fn may_keep(&self) -> bool {
+        self.fast.load(Ordering::Relaxed) != FAST_YES || self.fast_hit_share_pays()
+    }
+
+    /// Whether at least `FAST_MIN_READS` reads of the array were tracked in the ghost and the
+    /// share of them it held is `FAST_KEEP_HIT_SHARE` or more.
+    fn fast_hit_share_pays(&self) -> bool {
+        let reads = self.ghost_reads.load(Ordering::Relaxed);
+        let hits = self.ghost_hits.load(Ordering::Relaxed);
+        reads >= FAST_MIN_READS && f64::from(hits) >= FAST_KEEP_HIT_SHARE * f64::from(reads)
     }
 
     /// Keeps the chunk at `coords`, decoded from the file of version `stamp`.
@@ -196,14 +302,15 @@ impl DecodedChunks {
 
     /// Whether this is the process-wide cache.
     pub(crate) fn is_shared(&self) -> bool {
-        self.shared
+        self.ghost.is_some()
     }
 
     /// Forgets the array's chunks.
     pub(crate) fn clear(&self) {
-        if self.shared {
+        if let Some(ghost) = &self.ghost {
             let array = self.array;
             self.chunks.retain(|key| key.array != array);
+            ghost.retain(|key| key.array != array);
         } else {
             self.chunks.clear();
         }
@@ -213,8 +320,76 @@ impl DecodedChunks {
 impl Drop for DecodedChunks {
     /// The shared cache lets go of the array's chunks with the array.
     fn drop(&mut self) {
-        if self.shared {
+        if self.is_shared() {
             self.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A view of a shared cache of `chunks` chunks of 16 KiB, with its ghost, for array 0.
+    fn shared_view(chunks: usize) -> DecodedChunks {
+        let chunk_bytes = FAST_MIN_CHUNK_BYTES;
+        let budget = chunks * chunk_bytes;
+        DecodedChunks {
+            chunks: Arc::new(LruCache::admitted(budget)),
+            array: 0,
+            seen: SeenRecently::new(chunks),
+            chunk_bytes,
+            ghost: Some(Arc::new(LruCache::new(budget))),
+            fast: AtomicU8::new(FAST_UNKNOWN),
+            ghost_reads: AtomicU32::new(0),
+            ghost_hits: AtomicU32::new(0),
+        }
+    }
+
+    /// Reads `keys` chunks in turn, `rounds` times over, as the read path asks the cache.
+    fn read_in_turn(view: &DecodedChunks, keys: u64, rounds: u64) {
+        for _ in 0..rounds {
+            for k in 0..keys {
+                if view.get(&[k]).is_none() {
+                    view.keeps_fast_chunks(|| true);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fast_chunks_are_kept_only_where_the_cache_would_serve_their_reads() {
+        // Chunks that do not decode at copy speed are not judged.
+        let slow = shared_view(64);
+        assert!(slow.keeps_fast_chunks(|| false));
+        slow.get(&[1]);
+        assert_eq!(slow.ghost_reads.load(Ordering::Relaxed), 0);
+
+        // 16 chunks read in turn fit in a cache of 64: nearly every read would be served.
+        let fits = shared_view(64);
+        read_in_turn(&fits, 16, 2);
+        assert!(
+            !fits.keeps_fast_chunks(|| true),
+            "judged before enough reads"
+        );
+        read_in_turn(&fits, 16, u64::from(FAST_MIN_READS) / 16);
+        assert!(fits.keeps_fast_chunks(|| unreachable!("asked once")));
+
+        // 256 chunks read in turn through a cache of 64: an LRU serves none of them.
+        let larger = shared_view(64);
+        read_in_turn(&larger, 256, 8);
+        assert!(larger.ghost_reads.load(Ordering::Relaxed) >= FAST_MIN_READS);
+        assert!(!larger.keeps_fast_chunks(|| true));
+
+        // Counts halve as reads go on, and follow a change in how the array is read.
+        read_in_turn(&larger, 8, u64::from(FAST_DECAY_READS) / 4);
+        assert!(larger.ghost_reads.load(Ordering::Relaxed) < FAST_DECAY_READS);
+        assert!(larger.keeps_fast_chunks(|| true));
+
+        // Dropping the view takes the array's keys out of the ghost too.
+        let ghost = Arc::clone(fits.ghost.as_ref().unwrap());
+        assert!(ghost.used() > 0);
+        drop(fits);
+        assert_eq!(ghost.used(), 0);
     }
 }

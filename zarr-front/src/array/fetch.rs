@@ -517,10 +517,11 @@ impl Array {
 
     /// Whether the leaf `fetched` holds goes into the decoded-chunk cache (see
     /// [`super::DecodedChunks::keeps`]); counts as its read there, even where only its
-    /// blocks were fetched. Ask once per leaf. The process-wide cache keeps no chunk of local
-    /// files that decodes at about the speed of a copy (LZ4 inside blosc, no compressor): read
-    /// again from the page cache and decoded, it costs about what a copy out of the cache
-    /// does, and keeping it costs a whole decode into new memory.
+    /// blocks were fetched. Ask once per leaf. The process-wide cache keeps chunks of local
+    /// files that decode at about the speed of a copy (LZ4 inside blosc, no compressor) only
+    /// where it would serve enough of their reads ([`super::DecodedChunks::keeps_fast_chunks`]):
+    /// read again from the page cache and decoded, such a chunk costs about what a copy out of
+    /// the cache does, and keeping it costs a whole decode into new memory.
     fn keeps(&self, ctx: &StitchCtx<'_, '_>, fetched: &Fetched) -> bool {
         let core = &*self.core;
         let Some(cache) = core.caches().chunk.as_ref() else {
@@ -529,9 +530,9 @@ impl Array {
         let coords = &ctx.plan.leaves[fetched.leaf].coords;
         cache.keeps(coords)
             && !fetched.blocks_only
-            && !(cache.is_shared()
-                && matches!(core.reader, Reader::Local(_))
-                && core.decoder.decodes_fast(&fetched.bytes))
+            && (!cache.is_shared()
+                || !matches!(core.reader, Reader::Local(_))
+                || cache.keeps_fast_chunks(|| core.decoder.decodes_fast(&fetched.bytes)))
     }
 
     /// Decodes the leaf `fetched` holds whole, writes all its copies and keeps it in the
@@ -559,9 +560,12 @@ impl Array {
         // Kept without a copy: `Bytes` takes the vector's allocation.
         let chunk = Bytes::from(chunk);
         ctx.stitch_leaf(i, &chunk);
-        // The caller reports lost bytes; a chunk decoded from them is not kept.
+        // The caller reports lost bytes; a chunk decoded from them is not kept. Nor is a chunk
+        // of a local file read without its file's version (read before the cache took the
+        // array's chunks): it could never be served.
         if let Some(cache) = &core.caches().chunk
             && zcrop_io::mapped_intact(bytes)
+            && (fetched.stamp.is_some() || !matches!(core.reader, Reader::Local(_)))
         {
             cache.insert(&leaf.coords, fetched.stamp, chunk);
         }

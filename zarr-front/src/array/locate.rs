@@ -16,6 +16,7 @@ use crate::shard::{IndexEntry, ShardLevel};
 use crate::store::Reader;
 
 use super::Array;
+use super::decoded::DecodedChunks;
 use super::fetch::{Source, Storage, Storages};
 use super::options::ReadStats;
 
@@ -75,11 +76,17 @@ pub(crate) const FIRST_LOCATED: usize = 256;
 
 impl Array {
     /// The version of the local file at `path`, where the caches need it (a sharded array's
-    /// index cache, the decoded-chunk cache); `None` elsewhere, and for object stores (whose
-    /// caches last as long as the array: open it again to see a rewritten store).
+    /// index cache, a decoded-chunk cache that may keep the array's chunks); `None` elsewhere,
+    /// and for object stores (whose caches last as long as the array: open it again to see a
+    /// rewritten store).
     pub(crate) fn stamp(&self, path: &Path) -> Option<FileStamp> {
         let core = &*self.core;
-        let cached = !core.layout.levels.is_empty() || core.caches().chunk.is_some();
+        let cached = !core.layout.levels.is_empty()
+            || core
+                .caches()
+                .chunk
+                .as_ref()
+                .is_some_and(DecodedChunks::may_keep);
         if cached && matches!(core.reader, Reader::Local(_)) {
             FileStamp::of(path)
         } else {
