@@ -245,20 +245,20 @@ impl DecodedChunks {
         self.chunks.get(&key)
     }
 
-    /// Whether a chunk that decodes at copy speed (as `decodes_fast` tells, asked once per
-    /// array) may go into the shared cache: where the ghost has seen at least
-    /// `FAST_MIN_READS` reads of the array and the share of them it held is
-    /// `FAST_KEEP_HIT_SHARE` or more. True for chunks that do not decode at copy speed.
+    /// Whether the array's chunks may go into its cache as far as their decoding speed goes:
+    /// always for a cache of the array's own, and for chunks that do not decode at copy speed
+    /// (as `decodes_fast` tells, asked once per array); in the shared cache, chunks that do
+    /// only where the ghost has seen at least `FAST_MIN_READS` reads of the array and the
+    /// share of them it held is `FAST_KEEP_HIT_SHARE` or more ([`Self::may_keep`]).
     pub(crate) fn keeps_fast_chunks(&self, decodes_fast: impl FnOnce() -> bool) -> bool {
-        let fast = match self.fast.load(Ordering::Relaxed) {
-            FAST_UNKNOWN => {
-                let f = if decodes_fast() { FAST_YES } else { FAST_NO };
-                self.fast.store(f, Ordering::Relaxed);
-                f
-            }
-            f => f,
-        };
-        fast == FAST_NO || self.fast_hit_share_pays()
+        if self.ghost.is_none() {
+            return true;
+        }
+        if self.fast.load(Ordering::Relaxed) == FAST_UNKNOWN {
+            let f = if decodes_fast() { FAST_YES } else { FAST_NO };
+            self.fast.store(f, Ordering::Relaxed);
+        }
+        self.may_keep()
     }
 
     /// Whether the cache may keep or serve the array's chunks now: false while they decode at
@@ -359,6 +359,11 @@ mod tests {
 
     #[test]
     fn fast_chunks_are_kept_only_where_the_cache_would_serve_their_reads() {
+        // A cache of the array's own keeps every chunk, without asking how fast it decodes.
+        let mut own = shared_view(64);
+        own.ghost = None;
+        assert!(own.keeps_fast_chunks(|| unreachable!("not asked")));
+
         // Chunks that do not decode at copy speed are not judged.
         let slow = shared_view(64);
         assert!(slow.keeps_fast_chunks(|| false));

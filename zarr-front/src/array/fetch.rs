@@ -530,8 +530,7 @@ impl Array {
         let coords = &ctx.plan.leaves[fetched.leaf].coords;
         cache.keeps(coords)
             && !fetched.blocks_only
-            && (!cache.is_shared()
-                || !matches!(core.reader, Reader::Local(_))
+            && (!matches!(core.reader, Reader::Local(_))
                 || cache.keeps_fast_chunks(|| core.decoder.decodes_fast(&fetched.bytes)))
     }
 
