@@ -17,8 +17,9 @@ cloud_compare.py's ERA5-like v2 array, read in (4, 64, 64) windows.
 With --peer-prefetch, TensorStore (compare.py's settings: 64 MiB cache pool, 64 requests in
 flight, each batch one ts.Batch) reads the Loader's batches, the same origins, keeping that
 many batches in flight beyond the one the consumer waits for; every run's batches are hashed
-and must agree. Runs in the benchmark virtualenv (compare.py's), with zcrop built from this
-checkout.
+and must agree. --whole-prefetch and --nocache-prefetch run the Loader again at those depths,
+fetching large blosc chunks whole and without a chunk cache. Runs in the benchmark virtualenv
+(compare.py's), with zcrop built from this checkout.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: The Loader run with other settings: the name in the table and the environment.
+VARIANTS = {
+    "zcrop-whole": ("zcrop Loader, whole chunks", {"ZCROP_BLOSC_BLOCK_FETCH": "never"}),
+    "zcrop-nocache": ("zcrop Loader, no chunk cache", {"ZCROP_CHUNK_CACHE": "0"}),
+}
 
 
 def stats(endpoint: str) -> dict:
@@ -120,6 +126,8 @@ def main() -> None:
     ap.add_argument("--peer-prefetch", default="", help="TensorStore's read-ahead depths to run (numbers; none by default)")
     ap.add_argument("--whole-prefetch", default="",
                     help="depths to run the Loader at with ZCROP_BLOSC_BLOCK_FETCH=never (whole blosc chunks; none by default)")
+    ap.add_argument("--nocache-prefetch", default="",
+                    help="depths to run the Loader at with ZCROP_CHUNK_CACHE=0 (no chunk cache; none by default)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per reader and depth, in rotated order (medians reported)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed batches before the timed ones")
     ap.add_argument("--batch-size", type=int, default=8)
@@ -145,7 +153,8 @@ def main() -> None:
     runs = [("zcrop", p if p == "auto" else int(p)) for p in args.prefetch.split(",") if p]
     if not runs:
         raise SystemExit("--prefetch names no depth: the Loader's run gives the batches every reader reads")
-    runs += [("zcrop-whole", p if p == "auto" else int(p)) for p in args.whole_prefetch.split(",") if p]
+    for variant, depths in (("zcrop-whole", args.whole_prefetch), ("zcrop-nocache", args.nocache_prefetch)):
+        runs += [(variant, p if p == "auto" else int(p)) for p in depths.split(",") if p]
     runs += [("tensorstore", int(p)) for p in args.peer_prefetch.split(",") if p]
     sim = CloudSim(root)
     results: dict[tuple, list[dict]] = {r: [] for r in runs}
@@ -159,14 +168,12 @@ def main() -> None:
                     "warmup": args.warmup, "origins_file": origins_file}
             if reader == "tensorstore":
                 spec["zarr_format"] = zarr_format
-            env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-            if reader == "zcrop-whole":
-                env["ZCROP_BLOSC_BLOCK_FETCH"] = "never"
+            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **VARIANTS.get(reader, (None, {}))[1])
             out = subprocess.run([py, os.path.abspath(__file__), "--worker", json.dumps(spec)], check=True, text=True,
                                  capture_output=True, env=env, cwd=HERE)
             row = json.loads(out.stdout.strip().splitlines()[-1])
-            if reader == "zcrop-whole":
-                row["reader"] = "zcrop Loader, whole chunks"
+            if reader in VARIANTS:
+                row["reader"] = VARIANTS[reader][0]
             results[(reader, depth)].append(row)
             reached = f" (depth {row['depth']} at the end)" if depth == "auto" and "depth" in row else ""
             print(f"{row['reader']} prefetch {depth}{reached}: {row['crops_per_s']:.1f} crops/s, "

@@ -500,6 +500,106 @@ fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
     assert_eq!(first.chunk_bytes_read, second.chunk_bytes_read);
 }
 
+/// A read alone on the link fetches large blosc chunks whole (`BlockFetch::Auto`), and keeps
+/// the headers it got with them: a later read of those chunks fetches only its blocks, with
+/// no round trip for the headers.
+#[test]
+fn a_chunk_fetched_whole_leaves_its_header_for_later_block_reads() {
+    let Some(moto) = server() else { return };
+    let values = upload_blosc_v2(moto, "zcrop-blosc-headers", "era5.zarr", 4);
+    let a = Array::open_with(
+        "s3://zcrop-blosc-headers/era5.zarr",
+        &OpenOptions {
+            blosc_blocks: BlockFetch::Auto,
+            chunk_cache_bytes: Some(0),
+            ..s3_options(moto)
+        },
+    )
+    .unwrap();
+    let shape = [2u64, 64, 64];
+    let read = |origins: &[u64]| {
+        let expected = blosc_windows(&values, origins, &shape);
+        let mut out = vec![0u8; expected.len()];
+        let stats = a
+            .read_batch_into_with(origins, &shape, &mut out, ReadOptions::default())
+            .unwrap();
+        assert!(out == expected, "windows at {origins:?}: values differ");
+        stats
+    };
+    let whole = read(&[0, 10, 20]);
+    assert_eq!((whole.index_reads, whole.index_cache_hits), (0, 0));
+    assert_eq!(whole.chunks_decoded, 2);
+    // The same chunks, other rows: their blocks only, headers from the cache.
+    let blocks = read(&[0, 300, 500]);
+    assert_eq!((blocks.index_reads, blocks.index_cache_hits), (0, 2));
+    assert!(
+        blocks.chunk_bytes_read * 2 < whole.chunk_bytes_read,
+        "{} of {} bytes",
+        blocks.chunk_bytes_read,
+        whole.chunk_bytes_read
+    );
+    // Chunks not read before are fetched whole again.
+    let other = read(&[2, 300, 500]);
+    assert_eq!((other.index_reads, other.index_cache_hits), (0, 0));
+    assert!(
+        other.chunk_bytes_read > 2 * blocks.chunk_bytes_read,
+        "{other:?}"
+    );
+}
+
+/// The process-wide cache keeps large blosc chunks (read by block otherwise) only once the
+/// reads show it would serve enough of them: two chunks read again and again are fetched by
+/// block for the first few hundred reads, then whole once, then served from the cache.
+#[test]
+fn the_shared_cache_takes_large_blosc_chunks_once_it_would_serve_them() {
+    let Some(moto) = server() else { return };
+    let values = upload_blosc_v2(moto, "zcrop-blosc-shared", "era5.zarr", 4);
+    let a = Array::open_with(
+        "s3://zcrop-blosc-shared/era5.zarr",
+        &OpenOptions {
+            blosc_blocks: BlockFetch::Always,
+            ..s3_options(moto)
+        },
+    )
+    .unwrap();
+    let (budget, shared) = a.chunk_cache().unwrap();
+    assert!(shared);
+    let (origin, shape) = ([1u64, 100, 200], [2u64, 64, 64]);
+    let expected = blosc_windows(&values, &origin, &shape);
+    let (mut fetched_whole, mut kept_at) = (None, None);
+    for i in 1..400 {
+        let mut out = vec![0u8; expected.len()];
+        let stats = a
+            .read_batch_into_with(&origin, &shape, &mut out, ReadOptions::default())
+            .unwrap();
+        assert!(out == expected, "read {i}: values differ");
+        if stats.chunks_cached == 2 {
+            kept_at = Some(i);
+            break;
+        }
+        assert_eq!(stats.chunks_cached, 0, "read {i}: {stats:?}");
+        // Until the cache takes them, reads fetch their blocks; the read that keeps them
+        // fetches them whole.
+        let by_block = stats.index_reads + stats.index_cache_hits;
+        let whole = stats.whole_chunks.get(WholeReason::ChunkCache);
+        if whole == 2 && fetched_whole.is_none() {
+            fetched_whole = Some(i);
+        } else {
+            assert_eq!((by_block, whole), (2, 0), "read {i}: {stats:?}");
+        }
+    }
+    let kept_at = kept_at.expect("kept within 400 reads");
+    assert_eq!(fetched_whole, Some(kept_at - 1));
+    // Each read counts two chunk reads; the hit share is judged after twice as many as the
+    // cache holds chunks (within 128..=512), and the next read fetches them whole.
+    let chunk = (BLOSC_YX.0 * BLOSC_YX.1 * 4) as usize;
+    let judged = (2 * budget / chunk).clamp(128, 512) / 2;
+    assert!(
+        (judged + 2..=judged + 8).contains(&kept_at),
+        "kept at read {kept_at}, judged after {judged}"
+    );
+}
+
 /// With a decoded-chunk cache, chunks it would keep are fetched whole (it holds whole chunks)
 /// and the others by block: while it has room, every chunk; once full, only chunks read
 /// again while remembered, then served from it.

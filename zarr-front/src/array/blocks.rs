@@ -7,8 +7,10 @@
 //! ([`BlockIndex`]). That moves a quarter of the bytes or less, for one more round trip on the
 //! first read of a chunk: the trade a loader reading ahead wants, where the link and the CPU
 //! time spent receiving bytes bound the rate, not the latency of one batch. A read alone on
-//! the link fetches whole chunks, unless told otherwise.
+//! the link fetches whole chunks, unless told otherwise, and keeps their headers: a later read
+//! of such a chunk fetches only its blocks, with no round trip for the header.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -29,8 +31,9 @@ const MIN_CHUNK: usize = 1 << 20;
 impl Array {
     /// Whether reads of this array fetch large blosc chunks by block: an unsharded array on an
     /// object store, decoded by the blosc fast path. Chunks the decoded-chunk cache would keep
-    /// (which it holds whole) are still fetched whole.
-    fn fetches_blosc_blocks(&self) -> bool {
+    /// (which it holds whole) are still fetched whole; the process-wide cache keeps such
+    /// chunks only where it would serve enough of their reads (see [`super::DecodedChunks`]).
+    pub(crate) fn fetches_blosc_blocks(&self) -> bool {
         let core = &*self.core;
         core.options.blosc_blocks != BlockFetch::Never
             && matches!(core.reader, Reader::Object(_))
@@ -55,6 +58,23 @@ impl Array {
         }
     }
 
+    /// Remembers the block index of a large blosc chunk fetched whole (its header and block
+    /// offsets are at the start of `bytes`), so that later reads of the chunk fetch only the
+    /// blocks they need without a round trip for the header.
+    pub(crate) fn note_block_index(&self, path: &Arc<Path>, bytes: &[u8]) {
+        if !self.fetches_blosc_blocks() {
+            return;
+        }
+        let cache = &self.core.caches().blosc;
+        if cache.get(path).is_some() {
+            return;
+        }
+        if let Some(index) = BlockIndex::parse(bytes, self.core.decoder.chunk_bytes) {
+            let cost = index_cost(&index);
+            cache.insert(Arc::clone(path), Arc::new(index), cost);
+        }
+    }
+
     /// Turns the whole-chunk reads among `sources` (plan leaves `base..`) into reads of the
     /// blocks each leaf needs, where that saves at least half of a chunk. The headers not
     /// cached yet are fetched first, in one submission, where that round trip pays (see
@@ -75,9 +95,11 @@ impl Array {
         let core = &*self.core;
         let full = core.decoder.chunk_bytes;
         let cache = &core.caches().blosc;
+        // A chunk the cache keeps is fetched whole, where its hit share pays for that.
         let kept = |i: usize| {
-            (core.caches().chunk.as_ref())
-                .is_some_and(|c| c.would_keep(&plan.leaves[base + i].coords))
+            (core.caches().chunk.as_ref()).is_some_and(|c| {
+                c.keeps_cheap_chunks(|| true) && c.would_keep(&plan.leaves[base + i].coords)
+            })
         };
         let partial = |i: usize, s: &Source| match s {
             Source::Read {
@@ -118,9 +140,10 @@ impl Array {
                     continue;
                 };
                 if let Some(index) = BlockIndex::parse(&bytes, full) {
+                    let cost = index_cost(&index);
                     let index = Arc::new(index);
                     let path = Arc::clone(&storages.list[storage].path);
-                    cache.insert(path, Arc::clone(&index), index.head_len() + 64);
+                    cache.insert(path, Arc::clone(&index), cost);
                     indexes.insert(storage, Some(index));
                 }
             }
@@ -142,4 +165,10 @@ impl Array {
             }
         }
     }
+}
+
+/// What a block index costs the index cache: its header and offsets, and a little for the
+/// entry.
+fn index_cost(index: &BlockIndex) -> usize {
+    index.head_len() + 64
 }

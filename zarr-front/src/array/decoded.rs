@@ -8,11 +8,13 @@
 //! dropped. Each array remembers its own recently read chunks, which decide what it keeps
 //! ([`DecodedChunks::keeps`]).
 //!
-//! Chunks of local files that decode at about the speed of a copy (LZ4 inside blosc, no
-//! compressor) go into the shared cache only where it would serve enough of their reads: the
-//! cache tracks the keys it would hold if it kept every such chunk ([`Ghost`]), and an array's
-//! share of reads found there is the hit rate keeping its chunks would give
-//! ([`DecodedChunks::keeps_fast_chunks`]).
+//! Chunks that cost little to read again go into the shared cache only where it would serve
+//! enough of their reads: chunks of local files that decode at about the speed of a copy (LZ4
+//! inside blosc, no compressor), and large blosc chunks an object store serves by block (a
+//! read fetches and decodes only the blocks it needs; keeping the chunk means fetching and
+//! decoding it whole). The cache tracks the keys it would hold if it kept every such chunk
+//! ([`Ghost`]), and an array's share of reads found there is the hit rate keeping its chunks
+//! would give ([`DecodedChunks::keeps_cheap_chunks`]).
 
 use std::hash::Hash;
 use std::sync::Arc;
@@ -46,31 +48,34 @@ const MAX_SHARED_SEEN: usize = 1 << 16;
 /// Decoded chunks, with the version of the file they came from.
 pub(crate) type ChunkCache = LruCache<ChunkKey, (Option<FileStamp>, Bytes)>;
 
-/// The keys of chunks that decode at copy speed the shared cache would hold if it kept every
+/// The keys of chunks cheap to read again that the shared cache would hold if it kept every
 /// one read through it, each costing its decoded bytes: a cache of keys only.
 type Ghost = LruCache<ChunkKey, ()>;
 
-/// Keeping a chunk that decodes at copy speed pays where at least this share of an array's
-/// reads would find it in the cache: a hit saves a decode that costs about a copy, and each
-/// chunk kept costs a whole decode into new memory. Between the share at which keeping LZ4
-/// chunks cost reads and the share at which it paid (docs/performance.md).
-const FAST_KEEP_HIT_SHARE: f64 = 0.45;
+/// Keeping a chunk cheap to read again pays where at least this share of an array's reads
+/// would find it in the cache: a hit saves a decode that costs about a copy (or a GET of a
+/// few blocks), and each chunk kept costs a whole decode into new memory (and a whole GET).
+/// Between the share at which keeping LZ4 chunks cost reads and the share at which it paid
+/// (docs/performance.md).
+const KEEP_HIT_SHARE: f64 = 0.45;
 
-/// Reads of an array before its hit share decides anything.
-const FAST_MIN_READS: u32 = 512;
+/// Reads of an array before its hit share decides anything: twice as many as the cache holds
+/// chunks of the array (by then the first reads of each chunk, misses whatever the cache,
+/// weigh little), within these bounds.
+const GHOST_MIN_READS: std::ops::RangeInclusive<u32> = 128..=512;
 
 /// The read count at which an array's counts are halved, so that they follow how it is read
 /// now.
-const FAST_DECAY_READS: u32 = 8192;
+const GHOST_DECAY_READS: u32 = 8192;
 
 /// Chunks smaller than this are not tracked in the [`Ghost`] (and so never kept when they
-/// decode at copy speed): it would hold too many keys for what their decoding costs.
-const FAST_MIN_CHUNK_BYTES: usize = 16 << 10;
+/// are cheap to read again): it would hold too many keys for what their decoding costs.
+const GHOST_MIN_CHUNK_BYTES: usize = 16 << 10;
 
-/// Whether an array's chunks decode at copy speed: not known until its first read.
-const FAST_UNKNOWN: u8 = 0;
-const FAST_YES: u8 = 1;
-const FAST_NO: u8 = 2;
+/// Whether an array's chunks are cheap to read again: not known until its first read.
+const CHEAP_UNKNOWN: u8 = 0;
+const CHEAP_YES: u8 = 1;
+const CHEAP_NO: u8 = 2;
 
 /// An entry's key: the array's number and the chunk's leaf coordinates.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -163,8 +168,11 @@ pub(crate) struct DecodedChunks {
     /// The process-wide cache's [`Ghost`] where `chunks` is that cache (`None` for a cache of
     /// the array's own).
     ghost: Option<Arc<Ghost>>,
-    /// Whether the array's chunks decode at copy speed (`FAST_*`), learnt at its first read.
-    fast: AtomicU8,
+    /// Whether the array's chunks are cheap to read again (`CHEAP_*`), learnt at its first
+    /// read.
+    cheap: AtomicU8,
+    /// Reads of the array tracked in the ghost before its hit share counts (`GHOST_MIN_READS`).
+    min_reads: u32,
     /// Reads of the array tracked in the ghost, and those it held (both halved now and then).
     ghost_reads: AtomicU32,
     ghost_hits: AtomicU32,
@@ -201,7 +209,8 @@ impl DecodedChunks {
             array,
             chunk_bytes,
             ghost,
-            fast: AtomicU8::new(FAST_UNKNOWN),
+            cheap: AtomicU8::new(CHEAP_UNKNOWN),
+            min_reads: min_reads(keys),
             ghost_reads: AtomicU32::new(0),
             ghost_hits: AtomicU32::new(0),
         })
@@ -213,15 +222,15 @@ impl DecodedChunks {
     }
 
     /// The chunk at `coords`, if cached, with the version of its file. Counts as a read of
-    /// it in the ghost where that tracks the array ([`Self::keeps_fast_chunks`]).
+    /// it in the ghost where that tracks the array ([`Self::keeps_cheap_chunks`]).
     pub(crate) fn get(&self, coords: &[u64]) -> Option<(Option<FileStamp>, Bytes)> {
         let key = ChunkKeyRef {
             array: self.array,
             coords,
         };
         if let Some(ghost) = &self.ghost
-            && self.fast.load(Ordering::Relaxed) == FAST_YES
-            && self.chunk_bytes >= FAST_MIN_CHUNK_BYTES
+            && self.cheap.load(Ordering::Relaxed) == CHEAP_YES
+            && self.chunk_bytes >= GHOST_MIN_CHUNK_BYTES
         {
             let held = ghost.get(&key).is_some();
             if !held {
@@ -236,7 +245,7 @@ impl DecodedChunks {
                 .ghost_hits
                 .fetch_add(u32::from(held), Ordering::Relaxed)
                 + u32::from(held);
-            if reads >= FAST_DECAY_READS {
+            if reads >= GHOST_DECAY_READS {
                 // Racing reads may lose a count here: the share stays about right.
                 self.ghost_reads.store(reads / 2, Ordering::Relaxed);
                 self.ghost_hits.store(hits / 2, Ordering::Relaxed);
@@ -245,35 +254,35 @@ impl DecodedChunks {
         self.chunks.get(&key)
     }
 
-    /// Whether the array's chunks may go into its cache as far as their decoding speed goes:
-    /// always for a cache of the array's own, and for chunks that do not decode at copy speed
-    /// (as `decodes_fast` tells, asked once per array); in the shared cache, chunks that do
-    /// only where the ghost has seen at least `FAST_MIN_READS` reads of the array and the
-    /// share of them it held is `FAST_KEEP_HIT_SHARE` or more ([`Self::may_keep`]).
-    pub(crate) fn keeps_fast_chunks(&self, decodes_fast: impl FnOnce() -> bool) -> bool {
+    /// Whether the array's chunks may go into its cache as far as the cost of reading them
+    /// again goes: always for a cache of the array's own, and for chunks that are not cheap to
+    /// read again (as `cheap` tells, asked once per array); in the shared cache, chunks that
+    /// are only where the ghost has seen enough reads of the array (`GHOST_MIN_READS`) and the
+    /// share of them it held is `KEEP_HIT_SHARE` or more ([`Self::may_keep`]).
+    pub(crate) fn keeps_cheap_chunks(&self, cheap: impl FnOnce() -> bool) -> bool {
         if self.ghost.is_none() {
             return true;
         }
-        if self.fast.load(Ordering::Relaxed) == FAST_UNKNOWN {
-            let f = if decodes_fast() { FAST_YES } else { FAST_NO };
-            self.fast.store(f, Ordering::Relaxed);
+        if self.cheap.load(Ordering::Relaxed) == CHEAP_UNKNOWN {
+            let f = if cheap() { CHEAP_YES } else { CHEAP_NO };
+            self.cheap.store(f, Ordering::Relaxed);
         }
         self.may_keep()
     }
 
-    /// Whether the cache may keep or serve the array's chunks now: false while they decode at
-    /// copy speed and their hit share does not pay (the read path then skips what only a kept
+    /// Whether the cache may keep or serve the array's chunks now: false while they are cheap
+    /// to read again and their hit share does not pay (the read path then skips what only a kept
     /// chunk needs, such as the version of each chunk's file).
     pub(crate) fn may_keep(&self) -> bool {
-        self.fast.load(Ordering::Relaxed) != FAST_YES || self.fast_hit_share_pays()
+        self.cheap.load(Ordering::Relaxed) != CHEAP_YES || self.hit_share_pays()
     }
 
-    /// Whether at least `FAST_MIN_READS` reads of the array were tracked in the ghost and the
-    /// share of them it held is `FAST_KEEP_HIT_SHARE` or more.
-    fn fast_hit_share_pays(&self) -> bool {
+    /// Whether enough reads of the array were tracked in the ghost (`GHOST_MIN_READS`) and the
+    /// share of them it held is `KEEP_HIT_SHARE` or more.
+    fn hit_share_pays(&self) -> bool {
         let reads = self.ghost_reads.load(Ordering::Relaxed);
         let hits = self.ghost_hits.load(Ordering::Relaxed);
-        reads >= FAST_MIN_READS && f64::from(hits) >= FAST_KEEP_HIT_SHARE * f64::from(reads)
+        reads >= self.min_reads && f64::from(hits) >= KEEP_HIT_SHARE * f64::from(reads)
     }
 
     /// Keeps the chunk at `coords`, decoded from the file of version `stamp`.
@@ -317,6 +326,12 @@ impl DecodedChunks {
     }
 }
 
+/// Reads of an array of whose chunks the cache holds `keys` before its hit share counts.
+fn min_reads(keys: usize) -> u32 {
+    let twice = u32::try_from(keys.saturating_mul(2)).unwrap_or(u32::MAX);
+    twice.clamp(*GHOST_MIN_READS.start(), *GHOST_MIN_READS.end())
+}
+
 impl Drop for DecodedChunks {
     /// The shared cache lets go of the array's chunks with the array.
     fn drop(&mut self) {
@@ -332,7 +347,7 @@ mod tests {
 
     /// A view of a shared cache of `chunks` chunks of 16 KiB, with its ghost, for array 0.
     fn shared_view(chunks: usize) -> DecodedChunks {
-        let chunk_bytes = FAST_MIN_CHUNK_BYTES;
+        let chunk_bytes = GHOST_MIN_CHUNK_BYTES;
         let budget = chunks * chunk_bytes;
         DecodedChunks {
             chunks: Arc::new(LruCache::admitted(budget)),
@@ -340,7 +355,8 @@ mod tests {
             seen: SeenRecently::new(chunks),
             chunk_bytes,
             ghost: Some(Arc::new(LruCache::new(budget))),
-            fast: AtomicU8::new(FAST_UNKNOWN),
+            cheap: AtomicU8::new(CHEAP_UNKNOWN),
+            min_reads: min_reads(chunks),
             ghost_reads: AtomicU32::new(0),
             ghost_hits: AtomicU32::new(0),
         }
@@ -351,22 +367,22 @@ mod tests {
         for _ in 0..rounds {
             for k in 0..keys {
                 if view.get(&[k]).is_none() {
-                    view.keeps_fast_chunks(|| true);
+                    view.keeps_cheap_chunks(|| true);
                 }
             }
         }
     }
 
     #[test]
-    fn fast_chunks_are_kept_only_where_the_cache_would_serve_their_reads() {
+    fn cheap_chunks_are_kept_only_where_the_cache_would_serve_their_reads() {
         // A cache of the array's own keeps every chunk, without asking how fast it decodes.
         let mut own = shared_view(64);
         own.ghost = None;
-        assert!(own.keeps_fast_chunks(|| unreachable!("not asked")));
+        assert!(own.keeps_cheap_chunks(|| unreachable!("not asked")));
 
-        // Chunks that do not decode at copy speed are not judged.
+        // Chunks not cheap to read again are not judged.
         let slow = shared_view(64);
-        assert!(slow.keeps_fast_chunks(|| false));
+        assert!(slow.keeps_cheap_chunks(|| false));
         slow.get(&[1]);
         assert_eq!(slow.ghost_reads.load(Ordering::Relaxed), 0);
 
@@ -374,22 +390,25 @@ mod tests {
         let fits = shared_view(64);
         read_in_turn(&fits, 16, 2);
         assert!(
-            !fits.keeps_fast_chunks(|| true),
+            !fits.keeps_cheap_chunks(|| true),
             "judged before enough reads"
         );
-        read_in_turn(&fits, 16, u64::from(FAST_MIN_READS) / 16);
-        assert!(fits.keeps_fast_chunks(|| unreachable!("asked once")));
+        read_in_turn(&fits, 16, u64::from(fits.min_reads) / 16);
+        assert!(fits.keeps_cheap_chunks(|| unreachable!("asked once")));
 
         // 256 chunks read in turn through a cache of 64: an LRU serves none of them.
         let larger = shared_view(64);
         read_in_turn(&larger, 256, 8);
-        assert!(larger.ghost_reads.load(Ordering::Relaxed) >= FAST_MIN_READS);
-        assert!(!larger.keeps_fast_chunks(|| true));
+        assert!(larger.ghost_reads.load(Ordering::Relaxed) >= larger.min_reads);
+        assert!(!larger.keeps_cheap_chunks(|| true));
 
         // Counts halve as reads go on, and follow a change in how the array is read.
-        read_in_turn(&larger, 8, u64::from(FAST_DECAY_READS) / 4);
-        assert!(larger.ghost_reads.load(Ordering::Relaxed) < FAST_DECAY_READS);
-        assert!(larger.keeps_fast_chunks(|| true));
+        read_in_turn(&larger, 8, u64::from(GHOST_DECAY_READS) / 4);
+        assert!(larger.ghost_reads.load(Ordering::Relaxed) < GHOST_DECAY_READS);
+        assert!(larger.keeps_cheap_chunks(|| true));
+
+        // Judged after twice the chunks the cache holds, within bounds.
+        assert_eq!([4, 64, 200, 4096].map(min_reads), [128, 128, 400, 512]);
 
         // Dropping the view takes the array's keys out of the ghost too.
         let ghost = Arc::clone(fits.ghost.as_ref().unwrap());

@@ -517,21 +517,27 @@ impl Array {
 
     /// Whether the leaf `fetched` holds goes into the decoded-chunk cache (see
     /// [`super::DecodedChunks::keeps`]); counts as its read there, even where only its
-    /// blocks were fetched. Ask once per leaf. The process-wide cache keeps chunks of local
-    /// files that decode at about the speed of a copy (LZ4 inside blosc, no compressor) only
-    /// where it would serve enough of their reads ([`super::DecodedChunks::keeps_fast_chunks`]):
-    /// read again from the page cache and decoded, such a chunk costs about what a copy out of
-    /// the cache does, and keeping it costs a whole decode into new memory.
+    /// blocks were fetched. Ask once per leaf. The process-wide cache keeps chunks cheap to
+    /// read again only where it would serve enough of their reads
+    /// ([`super::DecodedChunks::keeps_cheap_chunks`]): chunks of local files that decode at
+    /// about the speed of a copy (LZ4 inside blosc, no compressor), which read again from the
+    /// page cache cost about what a copy out of the cache does, and large blosc chunks from an
+    /// object store, read again as the few blocks a read needs ([`Self::fetches_blosc_blocks`]).
+    /// Keeping either costs a whole decode into new memory.
     fn keeps(&self, ctx: &StitchCtx<'_, '_>, fetched: &Fetched) -> bool {
         let core = &*self.core;
         let Some(cache) = core.caches().chunk.as_ref() else {
             return false;
         };
         let coords = &ctx.plan.leaves[fetched.leaf].coords;
-        cache.keeps(coords)
-            && !fetched.blocks_only
-            && (!matches!(core.reader, Reader::Local(_))
-                || cache.keeps_fast_chunks(|| core.decoder.decodes_fast(&fetched.bytes)))
+        let again = cache.keeps(coords);
+        let cheap = match core.reader {
+            Reader::Local(_) => {
+                cache.keeps_cheap_chunks(|| core.decoder.decodes_fast(&fetched.bytes))
+            }
+            Reader::Object(_) => !self.fetches_blosc_blocks() || cache.keeps_cheap_chunks(|| true),
+        };
+        again && cheap && !fetched.blocks_only
     }
 
     /// Decodes the leaf `fetched` holds whole, writes all its copies and keeps it in the
@@ -838,6 +844,9 @@ pub(crate) fn fetch_and_stitch_parts(
                     };
                     match result {
                         Ok(bytes) => {
+                            if blocks.is_none() && range == ReadRange::Whole {
+                                array.note_block_index(&storages[k].list[storage].path, &bytes);
+                            }
                             groups[k].push(Fetched {
                                 leaf: i,
                                 bytes,
