@@ -449,6 +449,23 @@ fn blosc_windows(values: &[f32], origins: &[u64], shape: &[u64; 3]) -> Vec<u8> {
         .collect()
 }
 
+/// Opens the array [`upload_blosc_v2`] put in `bucket` with `options`.
+fn open_blosc_v2(bucket: &str, options: &OpenOptions) -> Array {
+    Array::open_with(format!("s3://{bucket}/era5.zarr"), options).unwrap()
+}
+
+/// Reads the windows of `shape` at `origins` of `a`, an array [`upload_blosc_v2`] made of
+/// `values`, checks them and returns the read's stats.
+fn read_blosc_windows(a: &Array, values: &[f32], origins: &[u64], shape: &[u64; 3]) -> ReadStats {
+    let expected = blosc_windows(values, origins, shape);
+    let mut out = vec![0u8; expected.len()];
+    let stats = a
+        .read_batch_into_with(origins, shape, &mut out, ReadOptions::default())
+        .unwrap();
+    assert!(out == expected, "windows at {origins:?}: values differ");
+    stats
+}
+
 /// Windows of a large blosc chunk fetch only the blocks they need (after one header read per
 /// chunk, then none: the header is cached) and give the values the whole chunks hold; with
 /// `BlockFetch::Never` the chunks are fetched whole.
@@ -507,25 +524,15 @@ fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
 fn a_chunk_fetched_whole_leaves_its_header_for_later_block_reads() {
     let Some(moto) = server() else { return };
     let values = upload_blosc_v2(moto, "zcrop-blosc-headers", "era5.zarr", 4);
-    let a = Array::open_with(
-        "s3://zcrop-blosc-headers/era5.zarr",
+    let a = open_blosc_v2(
+        "zcrop-blosc-headers",
         &OpenOptions {
             blosc_blocks: BlockFetch::Auto,
             chunk_cache_bytes: Some(0),
             ..s3_options(moto)
         },
-    )
-    .unwrap();
-    let shape = [2u64, 64, 64];
-    let read = |origins: &[u64]| {
-        let expected = blosc_windows(&values, origins, &shape);
-        let mut out = vec![0u8; expected.len()];
-        let stats = a
-            .read_batch_into_with(origins, &shape, &mut out, ReadOptions::default())
-            .unwrap();
-        assert!(out == expected, "windows at {origins:?}: values differ");
-        stats
-    };
+    );
+    let read = |origins: &[u64]| read_blosc_windows(&a, &values, origins, &[2, 64, 64]);
     let whole = read(&[0, 10, 20]);
     assert_eq!((whole.index_reads, whole.index_cache_hits), (0, 0));
     assert_eq!(whole.chunks_decoded, 2);
@@ -554,25 +561,18 @@ fn a_chunk_fetched_whole_leaves_its_header_for_later_block_reads() {
 fn the_shared_cache_takes_large_blosc_chunks_once_it_would_serve_them() {
     let Some(moto) = server() else { return };
     let values = upload_blosc_v2(moto, "zcrop-blosc-shared", "era5.zarr", 4);
-    let a = Array::open_with(
-        "s3://zcrop-blosc-shared/era5.zarr",
+    let a = open_blosc_v2(
+        "zcrop-blosc-shared",
         &OpenOptions {
             blosc_blocks: BlockFetch::Always,
             ..s3_options(moto)
         },
-    )
-    .unwrap();
+    );
     let (budget, shared) = a.chunk_cache().unwrap();
     assert!(shared);
-    let (origin, shape) = ([1u64, 100, 200], [2u64, 64, 64]);
-    let expected = blosc_windows(&values, &origin, &shape);
     let (mut fetched_whole, mut kept_at) = (None, None);
     for i in 1..400 {
-        let mut out = vec![0u8; expected.len()];
-        let stats = a
-            .read_batch_into_with(&origin, &shape, &mut out, ReadOptions::default())
-            .unwrap();
-        assert!(out == expected, "read {i}: values differ");
+        let stats = read_blosc_windows(&a, &values, &[1, 100, 200], &[2, 64, 64]);
         if stats.chunks_cached == 2 {
             kept_at = Some(i);
             break;
@@ -608,29 +608,16 @@ fn a_chunk_cache_fetches_whole_only_the_blosc_chunks_it_keeps() {
     let Some(moto) = server() else { return };
     let values = upload_blosc_v2(moto, "zcrop-blosc-cache", "era5.zarr", 8);
     let chunk = (BLOSC_YX.0 * BLOSC_YX.1 * 4) as usize;
-    let a = Array::open_with(
-        "s3://zcrop-blosc-cache/era5.zarr",
+    let a = open_blosc_v2(
+        "zcrop-blosc-cache",
         &OpenOptions {
             blosc_blocks: BlockFetch::Always,
             // Room for four chunks, the fewest a cache takes.
             chunk_cache_bytes: Some(4 * chunk),
             ..s3_options(moto)
         },
-    )
-    .unwrap();
-    let shape = [4u64, 64, 64];
-    let read = |t0: u64| {
-        let origin = [t0, 100, 200];
-        let mut out = vec![0u8; blosc_windows(&values, &origin, &shape).len()];
-        let stats = a
-            .read_batch_into_with(&origin, &shape, &mut out, ReadOptions::default())
-            .unwrap();
-        assert!(
-            out == blosc_windows(&values, &origin, &shape),
-            "steps {t0}..: values differ"
-        );
-        stats
-    };
+    );
+    let read = |t0: u64| read_blosc_windows(&a, &values, &[t0, 100, 200], &[4, 64, 64]);
     let whole = |s: &ReadStats| {
         (
             s.chunks_cached,

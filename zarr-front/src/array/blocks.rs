@@ -62,17 +62,18 @@ impl Array {
     /// offsets are at the start of `bytes`), so that later reads of the chunk fetch only the
     /// blocks they need without a round trip for the header.
     pub(crate) fn note_block_index(&self, path: &Arc<Path>, bytes: &[u8]) {
-        if !self.fetches_blosc_blocks() {
-            return;
+        if self.fetches_blosc_blocks() && self.core.caches().blosc.get(path).is_none() {
+            self.keep_block_index(path, bytes);
         }
-        let cache = &self.core.caches().blosc;
-        if cache.get(path).is_some() {
-            return;
-        }
-        if let Some(index) = BlockIndex::parse(bytes, self.core.decoder.chunk_bytes) {
-            let cost = index_cost(&index);
-            cache.insert(Arc::clone(path), Arc::new(index), cost);
-        }
+    }
+
+    /// Parses the block index at the start of `bytes`, the chunk at `path` or a prefix of it,
+    /// and keeps it in the index cache; `None` where the chunk cannot be read by block.
+    fn keep_block_index(&self, path: &Arc<Path>, bytes: &[u8]) -> Option<Arc<BlockIndex>> {
+        let index = Arc::new(BlockIndex::parse(bytes, self.core.decoder.chunk_bytes)?);
+        let cost = index.head_len() + 64;
+        (self.core.caches().blosc).insert(Arc::clone(path), Arc::clone(&index), cost);
+        Some(index)
     }
 
     /// Turns the whole-chunk reads among `sources` (plan leaves `base..`) into reads of the
@@ -95,7 +96,8 @@ impl Array {
         let core = &*self.core;
         let full = core.decoder.chunk_bytes;
         let cache = &core.caches().blosc;
-        // A chunk the cache keeps is fetched whole, where its hit share pays for that.
+        // A chunk the cache keeps is fetched whole, where its hit share pays for that (these
+        // chunks are cheap to read again: their blocks only).
         let kept = |i: usize| {
             (core.caches().chunk.as_ref()).is_some_and(|c| {
                 c.keeps_cheap_chunks(|| true) && c.would_keep(&plan.leaves[base + i].coords)
@@ -139,11 +141,7 @@ impl Array {
                 let Ok(bytes) = done.result else {
                     continue;
                 };
-                if let Some(index) = BlockIndex::parse(&bytes, full) {
-                    let cost = index_cost(&index);
-                    let index = Arc::new(index);
-                    let path = Arc::clone(&storages.list[storage].path);
-                    cache.insert(path, Arc::clone(&index), cost);
+                if let Some(index) = self.keep_block_index(&storages.list[storage].path, &bytes) {
                     indexes.insert(storage, Some(index));
                 }
             }
@@ -165,10 +163,4 @@ impl Array {
             }
         }
     }
-}
-
-/// What a block index costs the index cache: its header and offsets, and a little for the
-/// entry.
-fn index_cost(index: &BlockIndex) -> usize {
-    index.head_len() + 64
 }

@@ -531,12 +531,10 @@ impl Array {
         };
         let coords = &ctx.plan.leaves[fetched.leaf].coords;
         let again = cache.keeps(coords);
-        let cheap = match core.reader {
-            Reader::Local(_) => {
-                cache.keeps_cheap_chunks(|| core.decoder.decodes_fast(&fetched.bytes))
-            }
-            Reader::Object(_) => !self.fetches_blosc_blocks() || cache.keeps_cheap_chunks(|| true),
-        };
+        let cheap = cache.keeps_cheap_chunks(|| match core.reader {
+            Reader::Local(_) => core.decoder.decodes_fast(&fetched.bytes),
+            Reader::Object(_) => self.fetches_blosc_blocks(),
+        });
         again && cheap && !fetched.blocks_only
     }
 
