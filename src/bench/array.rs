@@ -465,8 +465,13 @@ pub struct TotalsReport {
     pub bytes_decoded: u64,
     /// Encoded chunk bytes read.
     pub chunk_bytes_read: u64,
-    /// Shard indexes read.
+    /// Shard indexes and blosc headers read.
     pub index_reads: u64,
+    /// Blosc chunks fetched by block before their header was known (a guess of where their
+    /// blocks are, with the header in the same round trip).
+    pub block_guesses: u64,
+    /// Of those, chunks whose needed blocks lay outside the guess, fetched again.
+    pub block_guess_misses: u64,
     /// Output bytes.
     pub output_bytes: u64,
 }
@@ -811,6 +816,8 @@ pub fn run_array(
             bytes_decoded: totals.bytes_decoded,
             chunk_bytes_read: totals.chunk_bytes_read,
             index_reads: totals.index_reads,
+            block_guesses: totals.block_guesses,
+            block_guess_misses: totals.block_guess_misses,
             output_bytes: totals.output_bytes,
         },
         object: object_report,

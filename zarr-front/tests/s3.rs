@@ -404,6 +404,17 @@ fn upload_blosc_v2(moto: &Moto, bucket: &str, prefix: &str, t: usize) -> Vec<f32
     let values: Vec<f32> = (0..t * y * x)
         .map(|i| ((i % x) as f32 * 0.01).sin() * 100.0 + (i * 7919 % 61) as f32 * 0.125)
         .collect();
+    let blocks = vec![65536; t];
+    put_blosc_v2(moto, bucket, prefix, &values, &blocks);
+    values
+}
+
+/// Uploads `values` as a v2 array of [`BLOSC_YX`] float32 time steps under `prefix`, one
+/// blosc-lz4 chunk per step compressed with the block size of `blocks[step]` asked for
+/// (`None`: the step's chunk is not stored).
+fn put_blosc_v2(moto: &Moto, bucket: &str, prefix: &str, values: &[f32], blocks: &[usize]) {
+    let (y, x) = (BLOSC_YX.0 as usize, BLOSC_YX.1 as usize);
+    let t = values.len() / (y * x);
     moto.create_bucket(bucket);
     let zarray = serde_json::json!({
         "zarr_format": 2, "shape": [t, y, x], "chunks": [1, y, x], "dtype": "<f4",
@@ -417,14 +428,16 @@ fn upload_blosc_v2(moto: &Moto, bucket: &str, prefix: &str, t: usize) -> Vec<f32
         zarray.to_string().as_bytes(),
     );
     for step in 0..t {
+        if blocks[step] == 0 {
+            continue;
+        }
         let plain: Vec<u8> = values[step * y * x..(step + 1) * y * x]
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        let chunk = zcrop_codec::ffi::compress::blosc_compress(&plain, 4, 1, "lz4", 65536);
+        let chunk = zcrop_codec::ffi::compress::blosc_compress(&plain, 4, 1, "lz4", blocks[step]);
         moto.put(bucket, &format!("{prefix}/{step}.0.0"), &chunk);
     }
-    values
 }
 
 /// The windows of `shape` at `origins` of an array [`upload_blosc_v2`] made of `values`.
@@ -517,25 +530,31 @@ fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
     assert_eq!(first.chunk_bytes_read, second.chunk_bytes_read);
 }
 
+/// Opens the array [`upload_blosc_v2`] put in `bucket` with the defaults of reading by block
+/// (`BlockFetch::Auto`) and no chunk cache (which would fetch whole the chunks it keeps).
+fn open_blosc_v2_uncached(moto: &Moto, bucket: &str) -> Array {
+    let options = OpenOptions {
+        blosc_blocks: BlockFetch::Auto,
+        chunk_cache_bytes: Some(0),
+        ..s3_options(moto)
+    };
+    open_blosc_v2(bucket, &options)
+}
+
 /// A read alone on the link fetches large blosc chunks whole (`BlockFetch::Auto`), and keeps
 /// the headers it got with them: a later read of those chunks fetches only its blocks, with
-/// no round trip for the headers.
+/// no round trip for the headers. Chunks not read before are then fetched by block where the
+/// array's other chunks keep those blocks: the header and a range around them, in one round
+/// trip; their headers stay for later reads too.
 #[test]
-fn a_chunk_fetched_whole_leaves_its_header_for_later_block_reads() {
+fn headers_of_chunks_read_whole_serve_later_reads_and_guesses() {
     let Some(moto) = server() else { return };
-    let values = upload_blosc_v2(moto, "zcrop-blosc-headers", "era5.zarr", 4);
-    let a = open_blosc_v2(
-        "zcrop-blosc-headers",
-        &OpenOptions {
-            blosc_blocks: BlockFetch::Auto,
-            chunk_cache_bytes: Some(0),
-            ..s3_options(moto)
-        },
-    );
+    let values = upload_blosc_v2(moto, "zcrop-blosc-headers", "era5.zarr", 6);
+    let a = open_blosc_v2_uncached(moto, "zcrop-blosc-headers");
     let read = |origins: &[u64]| read_blosc_windows(&a, &values, origins, &[2, 64, 64]);
     let whole = read(&[0, 10, 20]);
     assert_eq!((whole.index_reads, whole.index_cache_hits), (0, 0));
-    assert_eq!(whole.chunks_decoded, 2);
+    assert_eq!((whole.chunks_decoded, whole.block_guesses), (2, 0));
     // The same chunks, other rows: their blocks only, headers from the cache.
     let blocks = read(&[0, 300, 500]);
     assert_eq!((blocks.index_reads, blocks.index_cache_hits), (0, 2));
@@ -545,12 +564,111 @@ fn a_chunk_fetched_whole_leaves_its_header_for_later_block_reads() {
         blocks.chunk_bytes_read,
         whole.chunk_bytes_read
     );
-    // Chunks not read before are fetched whole again.
-    let other = read(&[2, 300, 500]);
-    assert_eq!((other.index_reads, other.index_cache_hits), (0, 0));
+    // Four chunks never read, at rows in the first and last blocks.
+    let guessed = read(&[2, 0, 10, 4, 440, 570]);
+    assert_eq!(guessed.chunks_decoded, 4);
+    assert_eq!(
+        (guessed.block_guesses, guessed.block_guess_misses),
+        (4, 0),
+        "{guessed:?}"
+    );
+    assert_eq!((guessed.index_reads, guessed.index_cache_hits), (4, 0));
     assert!(
-        other.chunk_bytes_read > 2 * blocks.chunk_bytes_read,
-        "{other:?}"
+        guessed.chunk_bytes_read < whole.chunk_bytes_read,
+        "{} bytes for four chunks' blocks, {} for two whole",
+        guessed.chunk_bytes_read,
+        whole.chunk_bytes_read
+    );
+    // Their headers are kept: other rows of them read only their blocks.
+    let again = read(&[2, 300, 0, 4, 0, 0]);
+    assert_eq!(
+        (
+            again.index_reads,
+            again.index_cache_hits,
+            again.block_guesses
+        ),
+        (0, 4, 0)
+    );
+}
+
+/// Chunks unlike those seen before: blocks outside the guessed range (fetched again by
+/// block), a chunk shorter than the range (asked past its end: fetched again, not an error),
+/// a chunk whose header is damaged (fetched whole: a typed error naming it) and a chunk not
+/// stored (fill value). Every read gives the stored values.
+#[test]
+fn chunks_unlike_the_others_are_fetched_again_never_misread() {
+    let Some(moto) = server() else { return };
+    let (y, x) = (BLOSC_YX.0 as usize, BLOSC_YX.1 as usize);
+    let step = y * x;
+    // Step 0 is as `upload_blosc_v2` makes them; step 1 is noise in the low bits (blocks
+    // about half as long as their data, against a quarter); step 2 is constant (a few bytes a
+    // block); step 3 is step 0's chunk with a damaged header; step 4 is not stored.
+    let mut values: Vec<f32> = (0..5 * step)
+        .map(|i| {
+            let h = (i as u64 ^ 0x9E37_79B9_7F4A_7C15).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 32;
+            match i / step {
+                1 => f32::from_bits((h as u32 & 0x007F_FFFF) | 0x3F80_0000),
+                2 => 7.5,
+                _ => ((i % x) as f32 * 0.01).sin() * 100.0 + (i * 7919 % 61) as f32 * 0.125,
+            }
+        })
+        .collect();
+    let bucket = "zcrop-blosc-unlike";
+    put_blosc_v2(
+        moto,
+        bucket,
+        "era5.zarr",
+        &values,
+        &[65536, 65536, 65536, 0, 0],
+    );
+    let plain: Vec<u8> = values[..step]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mut damaged = zcrop_codec::ffi::compress::blosc_compress(&plain, 4, 1, "lz4", 65536);
+    damaged[0] = 9;
+    moto.put(bucket, "era5.zarr/3.0.0", &damaged);
+    values[4 * step..].fill(0.0);
+    let a = open_blosc_v2_uncached(moto, bucket);
+    let read = |origins: &[u64]| read_blosc_windows(&a, &values, origins, &[1, 64, 64]);
+    // Each case reads step 0 first, alone (whole), to learn where its blocks are from it.
+    let after_step_0 = |origins: &[u64]| {
+        a.clear_caches();
+        read(&[0, 300, 500]);
+        read(origins)
+    };
+    // Step 2 ends before the range guessed for its rows.
+    let short = after_step_0(&[2, 300, 100]);
+    assert_eq!(
+        (short.block_guesses, short.block_guess_misses),
+        (1, 1),
+        "{short:?}"
+    );
+    // Step 1's blocks lie far past where step 0's do.
+    let far = after_step_0(&[1, 400, 100]);
+    assert_eq!(
+        (far.block_guesses, far.block_guess_misses),
+        (1, 1),
+        "{far:?}"
+    );
+    // Step 3's header does not parse: the chunk is fetched whole, and its decoder names it.
+    a.clear_caches();
+    read(&[0, 300, 500]);
+    let mut out = vec![0u8; 64 * 64 * 4];
+    match a.read_batch_into_with(
+        &[3, 200, 100],
+        &[1, 64, 64],
+        &mut out,
+        ReadOptions::default(),
+    ) {
+        Err(ZarrError::Codec { at, .. }) => assert_eq!(at.key, "3.0.0"),
+        other => panic!("a damaged chunk read as {other:?}"),
+    }
+    let missing = after_step_0(&[4, 200, 100]);
+    assert_eq!(
+        (missing.block_guesses, missing.chunks_missing),
+        (1, 1),
+        "{missing:?}"
     );
 }
 

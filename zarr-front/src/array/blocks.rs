@@ -1,21 +1,27 @@
 //! Fetching only the needed blocks of large unsharded blosc chunks from object stores.
 //!
 //! Stores like ARCO-ERA5 hold one blosc chunk of about 4 MB per time step and variable, and a
-//! 64 x 64 window needs a band of its rows: one or two of its eight or so blocks. A read
-//! fetches such a chunk's header first (a short prefix holding the block offsets, cached per
-//! chunk object), then only the blocks its crops need, and decodes them from a rebuilt chunk
-//! ([`BlockIndex`]). That moves a quarter of the bytes or less, for one more round trip on the
-//! first read of a chunk: the trade a loader reading ahead wants, where the link and the CPU
-//! time spent receiving bytes bound the rate, not the latency of one batch. A read alone on
-//! the link fetches whole chunks, unless told otherwise, and keeps their headers: a later read
-//! of such a chunk fetches only its blocks, with no round trip for the header.
+//! 64 x 64 window needs a band of its rows: one or two of its eight or so blocks. Where a
+//! chunk's header (a short prefix holding the block offsets, cached per chunk object) is known,
+//! a read fetches only the blocks its crops need, and decodes them from a rebuilt chunk
+//! ([`BlockIndex`]). Where it is not, the array's other chunks tell where the needed blocks
+//! usually lie ([`BlockLayout`]: compressed fields of one variable differ little from step to
+//! step): the read fetches the header and a guessed range around those blocks together, in one
+//! round trip, and fetches again only the chunks whose blocks fell outside it. Before any
+//! header of the array is known, a read alone on the link fetches whole chunks (a round trip
+//! for headers first costs more than the bytes it saves) and keeps their headers; a loader
+//! reading ahead, whose rate the bytes moved bound rather than one batch's round trips, fetches
+//! headers first.
 
+use std::collections::VecDeque;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use rustc_hash::FxHashMap;
 use zcrop_codec::blosc::BlockIndex;
-use zcrop_io::{ReadRange, ReadRequest};
+use zcrop_io::{IoError, ReadRange, ReadRequest};
 
 use crate::plan::Plan;
 use crate::store::Reader;
@@ -27,6 +33,93 @@ use super::options::{BlockFetch, ReadStats};
 /// Chunks smaller than this are fetched whole: their blocks are few, and a round trip for
 /// the header costs more than the bytes it saves.
 const MIN_CHUNK: usize = 1 << 20;
+
+/// A guessed range reaches this share of the needed blocks' spread past it on each side
+/// (at least [`MIN_GUESS_PAD`]), for chunks that compress a little more or less than those
+/// seen.
+const GUESS_PAD_DIVISOR: usize = 16;
+/// The least a guessed range reaches past the needed blocks on each side.
+const MIN_GUESS_PAD: usize = 4096;
+
+/// Headers a [`BlockLayout`] learns from: the last ones read, so that chunks unlike the rest
+/// (an all-fill step, a burst of noise) stop widening its guesses once others follow.
+const LAYOUT_HEADERS: usize = 16;
+
+/// Where the blocks of an array's large blosc chunks tend to lie, learnt from the last
+/// headers its reads have seen.
+#[derive(Debug, Default)]
+pub(crate) struct BlockLayout {
+    /// Up to [`LAYOUT_HEADERS`] headers, the newest last, all splitting chunks alike.
+    recent: VecDeque<Arc<BlockIndex>>,
+}
+
+/// Where to look for the blocks a read needs of a chunk whose header is not known: its header
+/// (the first `head` bytes) and `body`, fetched together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Guess {
+    pub(crate) head: usize,
+    pub(crate) body: ReadRange,
+}
+
+impl BlockLayout {
+    /// Learns from the header of one chunk. A chunk split otherwise (another block size)
+    /// starts the layout again.
+    fn learn(&mut self, index: &Arc<BlockIndex>) {
+        let alike = self.recent.back().is_some_and(|s| {
+            s.blocksize() == index.blocksize() && s.extents().len() == index.extents().len()
+        });
+        if !alike {
+            self.recent.clear();
+        }
+        if self.recent.len() == LAYOUT_HEADERS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(Arc::clone(index));
+    }
+
+    /// Where the blocks holding the decoded bytes `want` of a chunk not seen yet probably
+    /// are: from the lowest start to the highest end those blocks had in the chunks seen, and
+    /// a little more. `None` before any header is known, where decoding `want` could read
+    /// other blocks, or where the range would not save half of a chunk. Blocks that were the
+    /// last of a chunk are asked for as the chunk's last bytes, so that a chunk a little
+    /// shorter than those seen is not read past its end.
+    fn guess(&self, want: &Range<usize>, elsize: usize) -> Option<Guess> {
+        let sample = self.recent.back()?;
+        let blocks = sample.blocks(want, elsize)?;
+        let (mut lo, mut hi, mut last, mut largest) = (usize::MAX, 0, false, 0);
+        for index in &self.recent {
+            for e in &index.extents()[blocks.clone()] {
+                (lo, hi) = (lo.min(e.start), hi.max(e.end));
+                last |= e.end == index.encoded_len();
+            }
+            largest = largest.max(index.encoded_len());
+        }
+        let pad = ((hi - lo) / GUESS_PAD_DIVISOR).max(MIN_GUESS_PAD);
+        let start = lo.saturating_sub(pad).max(sample.head_len());
+        let (body, len) = if last {
+            let len = largest.checked_sub(start)?;
+            (ReadRange::Suffix(len as u64), len)
+        } else {
+            let len = hi + pad - start;
+            (ReadRange::new(start as u64, len as u64), len)
+        };
+        ((len + sample.head_len()) * 2 <= largest).then_some(Guess {
+            head: sample.head_len(),
+            body,
+        })
+    }
+}
+
+/// What the header and guessed range of a chunk ([`Guess`]) came to.
+pub(crate) enum Guessed {
+    /// The chunk rebuilt from its header and the needed blocks, which the range held.
+    Chunk(Vec<u8>),
+    /// The needed blocks of the chunk, which the range missed: fetched again, by block.
+    Refetch(Arc<BlockIndex>, Range<usize>),
+    /// The header does not parse as one of a chunk read by block: the chunk is fetched
+    /// whole, and its decoder words any error.
+    Whole,
+}
 
 impl Array {
     /// Whether reads of this array fetch large blosc chunks by block: an unsharded array on an
@@ -72,16 +165,62 @@ impl Array {
     fn keep_block_index(&self, path: &Arc<Path>, bytes: &[u8]) -> Option<Arc<BlockIndex>> {
         let index = Arc::new(BlockIndex::parse(bytes, self.core.decoder.chunk_bytes)?);
         let cost = index.head_len() + 64;
-        (self.core.caches().blosc).insert(Arc::clone(path), Arc::clone(&index), cost);
+        let caches = self.core.caches();
+        caches
+            .blosc
+            .insert(Arc::clone(path), Arc::clone(&index), cost);
+        caches.blosc_layout.lock().learn(&index);
         Some(index)
     }
 
+    /// What the header `head` and the bytes `body` (asked for as `asked`) of a chunk at `path`
+    /// fetched on a guess ([`Guess`]) come to, for its decoded bytes `want`; an error of either
+    /// read (a body asked past the end of a chunk shorter than guessed is a miss, not an
+    /// error).
+    pub(crate) fn take_guess(
+        &self,
+        path: &Arc<Path>,
+        want: &Range<usize>,
+        head: Result<Bytes, IoError>,
+        body: Result<Bytes, IoError>,
+        asked: ReadRange,
+    ) -> Result<Guessed, IoError> {
+        let head = head?;
+        let body = match body {
+            Ok(body) => Some(body),
+            Err(IoError::RangePastEof { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let Some(index) = self.keep_block_index(path, &head) else {
+            return Ok(Guessed::Whole);
+        };
+        let Some(extent) = index.extent(want, self.core.layout.elsize) else {
+            return Ok(Guessed::Whole);
+        };
+        let start = match asked {
+            ReadRange::Bounded { offset, .. } => Some(offset as usize),
+            ReadRange::Suffix(n) => index.encoded_len().checked_sub(n as usize),
+            ReadRange::Whole => Some(0),
+        };
+        let held = body.as_ref().zip(start).and_then(|(body, start)| {
+            let at = extent.start.checked_sub(start)?;
+            body.get(at..at + extent.len())
+        });
+        Ok(match held.map(|blocks| index.assemble(&extent, blocks)) {
+            Some(Ok(chunk)) => Guessed::Chunk(chunk),
+            Some(Err(_)) => Guessed::Whole,
+            None => Guessed::Refetch(index, extent),
+        })
+    }
+
     /// Turns the whole-chunk reads among `sources` (plan leaves `base..`) into reads of the
-    /// blocks each leaf needs, where that saves at least half of a chunk. The headers not
-    /// cached yet are fetched first, in one submission, where that round trip pays (see
-    /// [`Self::worth_a_round_trip`]); a chunk whose header cannot be had or read (missing,
-    /// shorter than the prefix, damaged, one block) stays a whole read, which reports what
-    /// is wrong with it.
+    /// blocks each leaf needs, where that saves at least half of a chunk: by the cached
+    /// header, else with the header at a guessed range ([`BlockLayout`]; resolved as the
+    /// read's results come, [`Self::take_guess`]). Where the array has no header to guess
+    /// from, the headers are fetched first, in one submission, where that round trip pays
+    /// (see [`Self::worth_a_round_trip`]); a chunk whose header cannot be had or read
+    /// (missing, shorter than the prefix, damaged, one block) stays a whole read, which
+    /// reports what is wrong with it.
     pub(crate) fn fetch_needed_blocks(
         &self,
         plan: &Plan,
@@ -110,21 +249,34 @@ impl Array {
             } if plan.leaves[base + i].needed.len() < full && !kept(i) => Some(*storage),
             _ => None,
         };
+        let elsize = core.layout.elsize;
         let mut indexes: FxHashMap<usize, Option<Arc<BlockIndex>>> = FxHashMap::default();
+        let mut guesses: FxHashMap<usize, Guess> = FxHashMap::default();
         let mut to_read: Vec<usize> = Vec::new();
-        for (i, s) in sources.iter().enumerate() {
-            let Some(storage) = partial(i, s) else {
-                continue;
-            };
-            indexes.entry(storage).or_insert_with(|| {
-                let hit = cache.get(&storages.list[storage].path);
-                if hit.is_some() {
-                    stats.index_cache_hits += 1;
-                } else {
-                    to_read.push(storage);
+        {
+            let layout = core.caches().blosc_layout.lock();
+            for (i, s) in sources.iter().enumerate() {
+                let Some(storage) = partial(i, s) else {
+                    continue;
+                };
+                let index = indexes.entry(storage).or_insert_with(|| {
+                    let hit = cache.get(&storages.list[storage].path);
+                    if hit.is_some() {
+                        stats.index_cache_hits += 1;
+                    }
+                    hit
+                });
+                if index.is_some() {
+                    continue;
                 }
-                hit
-            });
+                match layout.guess(&plan.leaves[base + i].needed, elsize) {
+                    Some(guess) => {
+                        guesses.insert(i, guess);
+                    }
+                    None if !to_read.contains(&storage) => to_read.push(storage),
+                    None => {}
+                }
+            }
         }
         if !to_read.is_empty() && !self.worth_a_round_trip() {
             to_read.clear();
@@ -146,21 +298,105 @@ impl Array {
                 }
             }
         }
-        let elsize = core.layout.elsize;
         for (i, s) in sources.iter_mut().enumerate() {
             let Some(storage) = partial(i, s) else {
                 continue;
             };
-            let Some(Some(index)) = indexes.get(&storage) else {
-                continue;
-            };
-            if let Some(span) = index.span(&plan.leaves[base + i].needed, elsize) {
-                *s = Source::Blocks {
-                    storage,
-                    index: Arc::clone(index),
-                    span,
-                };
+            match (indexes.get(&storage), guesses.get(&i)) {
+                (Some(Some(index)), _) => {
+                    if let Some(span) = index.span(&plan.leaves[base + i].needed, elsize) {
+                        *s = Source::Blocks {
+                            storage,
+                            index: Arc::clone(index),
+                            span,
+                        };
+                    }
+                }
+                (_, Some(&guess)) => {
+                    stats.index_reads += 1;
+                    stats.block_guesses += 1;
+                    *s = Source::Guessed { storage, guess };
+                }
+                _ => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zcrop_codec::ffi::compress::blosc_compress;
+
+    const ROWS: usize = 512;
+    const ROW: usize = 640 * 4;
+
+    /// The header of a chunk of `ROWS` rows of float32, blosc-lz4 in 256 KiB blocks, whose
+    /// values carry `noise` bits of noise.
+    fn header(noise: u32, seed: u64) -> Arc<BlockIndex> {
+        let plain: Vec<u8> = (0..ROWS * ROW / 4)
+            .flat_map(|i| {
+                let h = ((i as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as u32;
+                let v = ((i % 640) as f32 * 0.01).sin() * 100.0;
+                f32::from_bits(v.to_bits() ^ (h & ((1 << noise) - 1))).to_le_bytes()
+            })
+            .collect();
+        let chunk = blosc_compress(&plain, 4, 1, "lz4", 65536);
+        Arc::new(
+            BlockIndex::parse(&chunk[..BlockIndex::prefix_len(plain.len())], plain.len()).unwrap(),
+        )
+    }
+
+    fn rows(r: Range<usize>) -> Range<usize> {
+        r.start * ROW..r.end * ROW
+    }
+
+    /// The range a guess asks for, as offsets in a chunk of `len` bytes.
+    fn span(guess: Guess, len: usize) -> Range<usize> {
+        match guess.body {
+            ReadRange::Bounded { offset, len } => offset as usize..(offset + len) as usize,
+            ReadRange::Suffix(n) => len - n as usize..len,
+            ReadRange::Whole => 0..len,
+        }
+    }
+
+    /// Guesses cover the needed blocks of chunks like those seen, ask for the last blocks as
+    /// a suffix, and forget a chunk unlike the rest once [`LAYOUT_HEADERS`] others follow.
+    #[test]
+    fn guesses_cover_chunks_like_those_seen() {
+        let mut layout = BlockLayout::default();
+        let band = rows(200..264);
+        assert_eq!(layout.guess(&band, 4), None);
+        let seen = header(6, 1);
+        layout.learn(&seen);
+        let other = header(6, 2);
+        let guess = layout.guess(&band, 4).unwrap();
+        assert_eq!(guess.head, seen.head_len());
+        assert!(matches!(guess.body, ReadRange::Bounded { .. }));
+        let needed = other.extent(&band, 4).unwrap();
+        let asked = span(guess, other.encoded_len());
+        assert!(
+            asked.start <= needed.start && needed.end <= asked.end,
+            "{asked:?} {needed:?}"
+        );
+        assert!(asked.len() * 2 <= other.encoded_len());
+        // The last rows: the chunk's last bytes, whatever its length.
+        let last = layout.guess(&rows(440..504), 4).unwrap();
+        assert!(matches!(last.body, ReadRange::Suffix(_)));
+        let needed = other.extent(&rows(440..504), 4).unwrap();
+        let asked = span(last, other.encoded_len());
+        assert!(asked.start <= needed.start && needed.end == asked.end);
+        // Most of a chunk: no guess.
+        assert_eq!(layout.guess(&rows(10..400), 4), None);
+        // A noisy chunk widens the guesses (no guess saves half), until enough others follow.
+        layout.learn(&header(20, 3));
+        assert_eq!(layout.guess(&band, 4), None);
+        let mut fresh = BlockLayout::default();
+        for seed in 0..LAYOUT_HEADERS as u64 {
+            layout.learn(&header(6, 10 + seed));
+            fresh.learn(&header(6, 10 + seed));
+        }
+        assert!(layout.guess(&band, 4).is_some());
+        assert_eq!(layout.guess(&band, 4), fresh.guess(&band, 4));
     }
 }

@@ -24,6 +24,7 @@ use crate::throttle::{Throttle, decode_scope, decode_threads};
 use crate::transform::StitchTransform;
 
 use super::Array;
+use super::blocks::{Guess, Guessed};
 use super::locate::{FIRST_LOCATED, FileStamp};
 use super::options::{ReadOptions, ReadStats, WholeReason};
 
@@ -147,6 +148,9 @@ pub(crate) enum Source {
         index: Arc<zcrop_codec::blosc::BlockIndex>,
         span: Range<usize>,
     },
+    /// Blosc chunk `storage`, whose header is not known: its header and a guess of where the
+    /// blocks the read needs are, fetched together (see [`super::blocks`]).
+    Guessed { storage: usize, guess: Guess },
 }
 
 impl Source {
@@ -158,6 +162,7 @@ impl Source {
                 *storage,
                 ReadRange::new(span.start as u64, span.len() as u64),
             )),
+            Source::Guessed { storage, guess } => Some((*storage, guess.body)),
             Source::Missing | Source::Cached(_) | Source::Inline { .. } => None,
         }
     }
@@ -653,10 +658,32 @@ pub(crate) struct Part<'a, 'p, 'o> {
     pub(crate) ctx: &'a StitchCtx<'p, 'o>,
 }
 
-/// A part's leaves of one submission: the first leaf's index and where each one is.
+/// A part's leaves of one submission: each one's index in the plan (in increasing order) and
+/// where it is.
 struct Located {
-    base: usize,
-    sources: Vec<Source>,
+    sources: Vec<(usize, Source)>,
+}
+
+impl Located {
+    /// Leaves `base..` of a plan.
+    fn from(base: usize, sources: Vec<Source>) -> Self {
+        Located {
+            sources: (base..).zip(sources).collect(),
+        }
+    }
+
+    /// Where leaf `i` is, if it is one of these.
+    fn get(&self, i: usize) -> Option<&Source> {
+        let at = self.sources.binary_search_by_key(&i, |(j, _)| *j).ok()?;
+        Some(&self.sources[at].1)
+    }
+}
+
+/// Whether any part has leaves in `located`.
+fn any_located(located: &[Option<Located>]) -> bool {
+    located
+        .iter()
+        .any(|l| l.as_ref().is_some_and(|l| !l.sources.is_empty()))
 }
 
 /// Reads the leaves of every part: locates them, submits the reads of all parts that share an
@@ -689,7 +716,7 @@ pub(crate) fn fetch_and_stitch_parts(
         p.array
             .fetch_needed_blocks(p.ctx.plan, 0, &mut sources, &storages[k], &mut stats[k]);
         rest.push((n_first, rest_known));
-        first.push(Some(Located { base: 0, sources }));
+        first.push(Some(Located::from(0, sources)));
     }
     // Parts submit together when they read through the same engine as an earlier part.
     let submitter: Vec<usize> = (0..parts.len())
@@ -724,20 +751,22 @@ pub(crate) fn fetch_and_stitch_parts(
         };
         let mut groups: Vec<Vec<Fetched>> =
             group_sizes.iter().map(|&g| Vec::with_capacity(g)).collect();
-        // Fetches, decodes and stitches the leaves `located[k]` of each part.
+        // Fetches, decodes and stitches the leaves `located[k]` of each part; returns the
+        // leaves to fetch again (blosc chunks whose needed blocks a guess missed).
         let mut run = |located: &[Option<Located>], storages: &[Storages]| {
+            let mut again: Vec<Vec<(usize, Source)>> = parts.iter().map(|_| Vec::new()).collect();
             // One batch per engine: each part's (sharing its submitter's), then the engines of
             // storage chunks outside the parts' stores.
             let mut batches: Vec<(Option<Reader>, Vec<ReadRequest>)> =
                 (0..parts.len()).map(|_| (None, Vec::new())).collect();
             for (k, loc) in located.iter().enumerate() {
-                let Some(Located { base, sources }) = loc else {
+                let Some(Located { sources }) = loc else {
                     continue;
                 };
                 let Part { array, ctx } = parts[k];
                 let core = &*array.core;
                 let mut missing = 0;
-                for (i, s) in (*base..).zip(sources) {
+                for &(i, ref s) in sources {
                     match s {
                         Source::Missing => {
                             missing += 1;
@@ -764,25 +793,29 @@ pub(crate) fn fetch_and_stitch_parts(
                                 spawn_group(k, full);
                             }
                         }
-                        Source::Read { .. } | Source::Blocks { .. } => {
+                        Source::Read { .. } | Source::Blocks { .. } | Source::Guessed { .. } => {
                             let Some((storage, range)) = s.read() else {
                                 continue;
                             };
                             let st = &storages[k].list[storage];
-                            let request = ReadRequest::new(
-                                (offsets[k] + i) as u64,
-                                Arc::clone(&st.path),
-                                range,
-                            );
+                            let id = offsets[k] + i;
+                            let mut requests =
+                                vec![ReadRequest::new(id as u64, Arc::clone(&st.path), range)];
+                            // A guess's header goes with its blocks, under an id past the leaves'.
+                            if let Source::Guessed { guess, .. } = s {
+                                let head = ReadRange::new(0, guess.head as u64);
+                                let path = Arc::clone(&st.path);
+                                requests.push(ReadRequest::new((total + id) as u64, path, head));
+                            }
                             match &st.reader {
-                                None => batches[submitter[k]].1.push(request),
+                                None => batches[submitter[k]].1.extend(requests),
                                 Some(r) => {
                                     let own = batches[parts.len()..].iter_mut().find(|(b, _)| {
                                         b.as_ref().is_some_and(|b| b.same_engine(r))
                                     });
                                     match own {
-                                        Some((_, requests)) => requests.push(request),
-                                        None => batches.push((Some(r.clone()), vec![request])),
+                                        Some((_, own)) => own.extend(requests),
+                                        None => batches.push((Some(r.clone()), requests)),
                                     }
                                 }
                             }
@@ -791,6 +824,9 @@ pub(crate) fn fetch_and_stitch_parts(
                 }
                 ctx.stats.lock().chunks_missing += missing;
             }
+            // The half of a guess (header or blocks) that came first, by leaf request id.
+            let mut halves: FxHashMap<usize, std::result::Result<Bytes, IoError>> =
+                FxHashMap::default();
             for (j, (reader, requests)) in batches.into_iter().enumerate() {
                 if requests.is_empty() {
                     continue;
@@ -807,43 +843,81 @@ pub(crate) fn fetch_and_stitch_parts(
                         p.ctx.fail(ZarrError::Cancelled);
                         break;
                     }
-                    let id = done.id as usize;
+                    let (id, head) = match (done.id as usize).checked_sub(total) {
+                        Some(id) => (id, true),
+                        None => (done.id as usize, false),
+                    };
                     let k = offsets.partition_point(|&o| o <= id) - 1;
                     let i = id - offsets[k];
-                    let Some(Located { base, sources }) = &located[k] else {
+                    let Some(source) = located[k].as_ref().and_then(|l| l.get(i)) else {
                         continue;
                     };
-                    let source = i.checked_sub(*base).and_then(|j| sources.get(j));
-                    let Some((storage, range)) = source.and_then(Source::read) else {
+                    let Some((storage, range)) = source.read() else {
                         continue;
-                    };
-                    let blocks = match source {
-                        Some(Source::Blocks { index, span, .. }) => Some((index, span)),
-                        _ => None,
                     };
                     let Part { array, ctx } = parts[k];
                     let core = &*array.core;
                     let sharded = !core.layout.levels.is_empty();
-                    // Blocks fetched alone become a chunk of their own (the header's, then
-                    // theirs), which decodes the needed bytes as the whole chunk would.
-                    let result = match (done.result, blocks) {
-                        (Ok(bytes), Some((index, span))) => match index.assemble(span, &bytes) {
-                            Ok(chunk) => Ok(Bytes::from(chunk)),
-                            Err(reason) => {
-                                let key = &storages[k].list[storage].key;
-                                ctx.fail(ZarrError::Codec {
-                                    at: array.location(key, Some(range)),
-                                    reason,
-                                });
-                                continue;
-                            }
+                    let path = &storages[k].list[storage].path;
+                    let result = match source {
+                        // Blocks fetched alone become a chunk of their own (the header's, then
+                        // theirs), which decodes the needed bytes as the whole chunk would.
+                        Source::Blocks { index, span, .. } => match done.result {
+                            Ok(bytes) => match index.assemble(span, &bytes) {
+                                Ok(chunk) => Ok(Bytes::from(chunk)),
+                                Err(reason) => {
+                                    let key = &storages[k].list[storage].key;
+                                    ctx.fail(ZarrError::Codec {
+                                        at: array.location(key, Some(range)),
+                                        reason,
+                                    });
+                                    continue;
+                                }
+                            },
+                            Err(e) => Err(e),
                         },
-                        (r, _) => r,
+                        // A guess needs its header and its blocks: the first to come waits.
+                        Source::Guessed { .. } => {
+                            let Some(first) = halves.remove(&id) else {
+                                halves.insert(id, done.result);
+                                continue;
+                            };
+                            let (head, body) = if head {
+                                (done.result, first)
+                            } else {
+                                (first, done.result)
+                            };
+                            let needed = &ctx.plan.leaves[i].needed;
+                            match array.take_guess(path, needed, head, body, range) {
+                                Ok(Guessed::Chunk(chunk)) => Ok(Bytes::from(chunk)),
+                                Ok(Guessed::Refetch(index, span)) => {
+                                    ctx.stats.lock().block_guess_misses += 1;
+                                    again[k].push((
+                                        i,
+                                        Source::Blocks {
+                                            storage,
+                                            index,
+                                            span,
+                                        },
+                                    ));
+                                    continue;
+                                }
+                                Ok(Guessed::Whole) => {
+                                    let range = ReadRange::Whole;
+                                    again[k].push((i, Source::Read { storage, range }));
+                                    continue;
+                                }
+                                Err(e) => Err(e),
+                            }
+                        }
+                        _ => done.result,
                     };
+                    let blocks_only =
+                        matches!(source, Source::Blocks { .. } | Source::Guessed { .. });
                     match result {
                         Ok(bytes) => {
-                            if blocks.is_none() && range == ReadRange::Whole {
-                                array.note_block_index(&storages[k].list[storage].path, &bytes);
+                            if !blocks_only && range == ReadRange::Whole {
+                                array.note_block_index(path, &bytes);
                             }
                             groups[k].push(Fetched {
                                 leaf: i,
@@ -851,7 +925,7 @@ pub(crate) fn fetch_and_stitch_parts(
                                 storage,
                                 range,
                                 stamp: storages[k].list[storage].stamp,
-                                blocks_only: blocks.is_some(),
+                                blocks_only,
                             });
                             if groups[k].len() == group_sizes[k] {
                                 let full = std::mem::replace(
@@ -874,8 +948,22 @@ pub(crate) fn fetch_and_stitch_parts(
                     }
                 }
             }
+            again
+                .into_iter()
+                .map(|mut sources| {
+                    sources.sort_by_key(|&(i, _)| i);
+                    Some(Located { sources })
+                })
+                .collect::<Vec<_>>()
         };
-        run(&first, &storages);
+        // Runs `located`, then what it leaves to fetch again (which leaves nothing more: its
+        // leaves are read by block or whole).
+        let mut run_all = |mut located: Vec<Option<Located>>, storages: &[Storages]| {
+            while any_located(&located) && !any_failed() {
+                located = run(&located, storages);
+            }
+        };
+        run_all(first, &storages);
         if !any_failed() {
             let mut later: Vec<Option<Located>> = Vec::with_capacity(parts.len());
             for (k, (n_first, known)) in rest.into_iter().enumerate() {
@@ -892,10 +980,7 @@ pub(crate) fn fetch_and_stitch_parts(
                                 &storages[k],
                                 &mut stats[k],
                             );
-                            Some(Located {
-                                base: n_first,
-                                sources,
-                            })
+                            Some(Located::from(n_first, sources))
                         }
                         Err(e) => {
                             ctx.fail(e);
@@ -906,7 +991,7 @@ pub(crate) fn fetch_and_stitch_parts(
                     None
                 });
             }
-            run(&later, &storages);
+            run_all(later, &storages);
         }
         for (k, group) in groups.into_iter().enumerate() {
             if !group.is_empty() {

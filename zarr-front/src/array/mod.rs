@@ -107,6 +107,8 @@ struct Caches {
     index: IndexCache,
     /// Where the blocks of large blosc chunks are (see [`blocks`]), by chunk object.
     blosc: LruCache<Arc<Path>, Arc<zcrop_codec::blosc::BlockIndex>>,
+    /// Where the blocks of its large blosc chunks tend to lie (see [`blocks`]).
+    blosc_layout: zcrop_io::sync::Mutex<blocks::BlockLayout>,
     chunk: Option<DecodedChunks>,
 }
 
@@ -116,6 +118,7 @@ impl Core {
         self.caches.get_or_init(|| Caches {
             index: LruCache::new(self.options.index_cache_bytes),
             blosc: LruCache::new(self.options.index_cache_bytes),
+            blosc_layout: zcrop_io::sync::Mutex::default(),
             chunk: DecodedChunks::for_array(&self.options, self.id, self.decoder.chunk_bytes),
         })
     }
@@ -505,10 +508,14 @@ impl Array {
         self.core.caches().chunk.as_ref().map(DecodedChunks::budget)
     }
 
-    /// Drops cached shard indexes and decoded chunks.
+    /// Drops cached shard indexes, blosc headers and decoded chunks, and what reads learnt
+    /// of where blosc chunks keep their blocks.
     pub fn clear_caches(&self) {
-        self.core.caches().index.clear();
-        if let Some(c) = &self.core.caches().chunk {
+        let caches = self.core.caches();
+        caches.index.clear();
+        caches.blosc.clear();
+        *caches.blosc_layout.lock() = blocks::BlockLayout::default();
+        if let Some(c) = &caches.chunk {
             c.clear();
         }
     }

@@ -122,6 +122,11 @@ pub struct ReadStats {
     pub index_reads: u64,
     /// Shard indexes and blosc headers served by the index cache.
     pub index_cache_hits: u64,
+    /// Blosc chunks fetched by block before their header was known: the header and a range
+    /// around the blocks the read needs, where the array's other chunks hold them, together.
+    pub block_guesses: u64,
+    /// Of those, chunks whose needed blocks lay outside the range, fetched again.
+    pub block_guess_misses: u64,
     /// Bytes written to the output.
     pub output_bytes: u64,
     /// Of the chunks decoded, those decoded whole (all of the chunk's bytes), by why.
@@ -255,6 +260,8 @@ impl std::ops::AddAssign for ReadStats {
         self.chunk_bytes_read += o.chunk_bytes_read;
         self.index_reads += o.index_reads;
         self.index_cache_hits += o.index_cache_hits;
+        self.block_guesses += o.block_guesses;
+        self.block_guess_misses += o.block_guess_misses;
         self.output_bytes += o.output_bytes;
         self.whole_chunks += o.whole_chunks;
     }

@@ -103,13 +103,21 @@ impl BlockIndex {
         self.head.len()
     }
 
-    /// The encoded bytes to fetch for the decoded bytes `want` (read as whole items of `elsize`
-    /// bytes): from the first to the end of the last of the blocks that hold them, in the
-    /// order they are stored. `None` when fetching them would not save
-    /// at least half the chunk, or when decoding `want` could read blocks outside them
-    /// (c-blosc's `getitem` is used only where it skips at least one block: the same test
-    /// as the decoder's).
-    pub fn span(&self, want: &Range<usize>, elsize: usize) -> Option<Range<usize>> {
+    /// Bytes of each block once decoded (the last may hold fewer).
+    pub fn blocksize(&self) -> usize {
+        self.blocksize
+    }
+
+    /// Where each block's bytes are in the encoded chunk, by block number.
+    pub fn extents(&self) -> &[Range<usize>] {
+        &self.extents
+    }
+
+    /// The numbers of the blocks that hold the decoded bytes `want` (read as whole items of
+    /// `elsize` bytes). `None` when decoding `want` could read other blocks too (c-blosc's
+    /// `getitem` is used only where it skips at least one block: the same test as the
+    /// decoder's).
+    pub fn blocks(&self, want: &Range<usize>, elsize: usize) -> Option<Range<usize>> {
         if want.is_empty() || want.end > self.nbytes {
             return None;
         }
@@ -121,10 +129,23 @@ impl BlockIndex {
         if end > self.nbytes || (end - start).checked_add(self.blocksize)? > self.nbytes {
             return None;
         }
-        let needed = &self.extents[start / self.blocksize..=(end - 1) / self.blocksize];
+        Some(start / self.blocksize..(end - 1) / self.blocksize + 1)
+    }
+
+    /// The encoded bytes of the blocks that hold the decoded bytes `want` ([`Self::blocks`]):
+    /// from the first to the end of the last of them, in the order they are stored.
+    pub fn extent(&self, want: &Range<usize>, elsize: usize) -> Option<Range<usize>> {
+        let needed = &self.extents[self.blocks(want, elsize)?];
         let lo = needed.iter().map(|e| e.start).min()?;
         let hi = needed.iter().map(|e| e.end).max()?;
-        ((hi - lo) * 2 <= self.cbytes).then_some(lo..hi)
+        Some(lo..hi)
+    }
+
+    /// The encoded bytes to fetch for the decoded bytes `want` ([`Self::extent`]), where
+    /// fetching them saves at least half the chunk.
+    pub fn span(&self, want: &Range<usize>, elsize: usize) -> Option<Range<usize>> {
+        self.extent(want, elsize)
+            .filter(|span| span.len() * 2 <= self.cbytes)
     }
 
     /// The chunk rebuilt from the header and `fetched`, the encoded bytes `span` (from
@@ -246,11 +267,24 @@ mod tests {
                 let a = rng.random_range(0..n);
                 let b = rng.random_range(a + 1..=(a + n / 5).min(n));
                 let want = a..b;
-                let Some(span) = index.span(&want, typesize) else { continue };
-                engaged += 1;
-                prop_assert!(span.len() * 2 <= whole.len());
-                let chunk = index.assemble(&span, &whole[span.clone()]).unwrap();
+                let Some(extent) = index.extent(&want, typesize) else {
+                    prop_assert!(index.span(&want, typesize).is_none());
+                    continue;
+                };
+                // Whether it saves half the chunk or not, the extent alone decodes `want`.
+                let chunk = index.assemble(&extent, &whole[extent.clone()]).unwrap();
                 prop_assert_eq!(decode(&chunk, &want).unwrap(), &plain[want.clone()]);
+                let blocks = index.blocks(&want, typesize).unwrap();
+                prop_assert!(blocks.start * index.blocksize() <= want.start);
+                prop_assert!(want.end <= (blocks.end * index.blocksize()).min(n));
+                match index.span(&want, typesize) {
+                    Some(span) => {
+                        engaged += 1;
+                        prop_assert_eq!(&span, &extent);
+                        prop_assert!(span.len() * 2 <= whole.len());
+                    }
+                    None => prop_assert!(extent.len() * 2 > whole.len()),
+                }
             }
             prop_assert!(engaged > 0 || index.blocksize * 3 > n);
         }
