@@ -318,10 +318,10 @@ pub(crate) fn icechunk(data: &[u8]) {
 /// Fetching a blosc chunk by block (`BlockIndex`). Head: mode (1 byte), the wanted range's
 /// start and length (u16 LE each), the item size (1 byte). Mode even: the rest is an
 /// arbitrary chunk, whose header and offsets are parsed from its prefix, and a chunk rebuilt
-/// from the needed blocks decodes (ours and c-blosc's `getitem`) to bytes or an error, never
-/// a panic or a read outside it. Mode odd: the rest is data, compressed by c-blosc (codec,
-/// shuffle, item size and block size from the head), and the rebuilt chunk must decode the
-/// range to the data's bytes.
+/// from the blocks holding the range (`extent`) decodes (ours and c-blosc's `getitem`) to
+/// bytes or an error, never a panic or a read outside it. Mode odd: the rest is data,
+/// compressed by c-blosc (codec, shuffle, item size and block size from the head), and the
+/// rebuilt chunk must decode the range to the data's bytes.
 pub(crate) fn blosc_blocks(data: &[u8]) {
     use zcrop_codec::blosc::{BlockIndex, Scratch, decoded_size, open};
     use zcrop_codec::ffi;
@@ -352,9 +352,12 @@ pub(crate) fn blosc_blocks(data: &[u8]) {
     };
     let start = start % nbytes;
     let want = start..(start + len.max(1)).min(nbytes);
-    let Some(span) = index.span(&want, elsize) else {
+    // The blocks that hold `want` (what a guessed fetch assembles), whether or not fetching
+    // them would save half of the chunk.
+    let Some(span) = index.extent(&want, elsize) else {
         return;
     };
+    assert!(index.span(&want, elsize).is_none_or(|s| s == span));
     let Some(fetched) = chunk.get(span.clone()) else {
         return;
     };
