@@ -13,9 +13,7 @@ use std::sync::OnceLock;
 use common::{assert_same, expected, read_many_outputs, region};
 use zcrop_fixtures::s3::Moto;
 use zcrop_io::{BackendChoice, CoalesceLimits, IoConfig, IoEngine, ObjectConfig, ObjectEngine};
-use zcrop_zarr::{
-    Array, BlockFetch, Node, OpenOptions, ReadOptions, ReadStats, WholeReason, ZarrError,
-};
+use zcrop_zarr::{Array, BlockFetch, Node, OpenOptions, ReadOptions, ReadStats, ZarrError};
 
 const BUCKET: &str = "zcrop-fixtures";
 
@@ -697,17 +695,29 @@ fn the_shared_cache_takes_large_blosc_chunks_once_it_would_serve_them() {
         }
         assert_eq!(stats.chunks_cached, 0, "read {i}: {stats:?}");
         // Until the cache takes them, reads fetch their blocks; the read that keeps them
-        // fetches them whole.
+        // fetches them whole, and keeps them as fetched (no chunk decoded whole).
         let by_block = stats.index_reads + stats.index_cache_hits;
-        let whole = stats.whole_chunks.get(WholeReason::ChunkCache);
-        if whole == 2 && fetched_whole.is_none() {
+        assert_eq!(stats.whole_chunks.total(), 0, "read {i}: {stats:?}");
+        if by_block == 0 && fetched_whole.is_none() {
             fetched_whole = Some(i);
         } else {
-            assert_eq!((by_block, whole), (2, 0), "read {i}: {stats:?}");
+            assert_eq!(by_block, 2, "read {i}: {stats:?}");
         }
     }
     let kept_at = kept_at.expect("kept within 400 reads");
     assert_eq!(fetched_whole, Some(kept_at - 1));
+    // Served from the cache: nothing fetched, the needed blocks decoded from what it keeps.
+    let served = read_blosc_windows(&a, &values, &[1, 300, 100], &[2, 64, 64]);
+    assert_eq!(
+        (
+            served.chunks_cached,
+            served.chunks_decoded,
+            served.chunk_bytes_read
+        ),
+        (2, 2, 0),
+        "{served:?}"
+    );
+    assert_eq!(served.index_reads + served.index_cache_hits, 0);
     // Each read counts two chunk reads; the hit share is judged after twice as many as the
     // cache holds chunks (within 128..=512), and the next read fetches them whole.
     let chunk = (BLOSC_YX.0 * BLOSC_YX.1 * 4) as usize;
@@ -718,11 +728,11 @@ fn the_shared_cache_takes_large_blosc_chunks_once_it_would_serve_them() {
     );
 }
 
-/// With a decoded-chunk cache, chunks it would keep are fetched whole (it holds whole chunks)
-/// and the others by block: while it has room, every chunk; once full, only chunks read
-/// again while remembered, then served from it.
+/// A chunk cache keeps large blosc chunks from an object store as they were fetched: the
+/// chunks it keeps are fetched whole (the others by block), none is decoded whole, and reads
+/// of kept chunks fetch nothing and decode the blocks they need from the cache.
 #[test]
-fn a_chunk_cache_fetches_whole_only_the_blosc_chunks_it_keeps() {
+fn a_chunk_cache_keeps_large_blosc_chunks_as_fetched() {
     let Some(moto) = server() else { return };
     let values = upload_blosc_v2(moto, "zcrop-blosc-cache", "era5.zarr", 8);
     let chunk = (BLOSC_YX.0 * BLOSC_YX.1 * 4) as usize;
@@ -730,45 +740,31 @@ fn a_chunk_cache_fetches_whole_only_the_blosc_chunks_it_keeps() {
         "zcrop-blosc-cache",
         &OpenOptions {
             blosc_blocks: BlockFetch::Always,
-            // Room for four chunks, the fewest a cache takes.
+            // Room for four decoded chunks, the fewest a cache takes.
             chunk_cache_bytes: Some(4 * chunk),
             ..s3_options(moto)
         },
     );
-    let read = |t0: u64| read_blosc_windows(&a, &values, &[t0, 100, 200], &[4, 64, 64]);
-    let whole = |s: &ReadStats| {
-        (
-            s.chunks_cached,
-            s.index_reads,
-            s.whole_chunks.get(WholeReason::ChunkCache),
-        )
-    };
-    // Steps 0-3 fill the cache: fetched and decoded whole, kept.
-    let fill = read(0);
-    assert_eq!(whole(&fill), (0, 0, 4), "{fill:?}");
-    // Steps 4-7, read once: the cache is full, so their blocks only.
-    let once = read(4);
-    assert_eq!(whole(&once), (0, 4, 0), "{once:?}");
-    assert!(
-        once.chunk_bytes_read * 2 < fill.chunk_bytes_read,
-        "{} of {} bytes",
-        once.chunk_bytes_read,
-        fill.chunk_bytes_read
-    );
-    // Read again while remembered: fetched whole and kept, then served from the cache.
-    let again = read(4);
-    assert_eq!(whole(&again), (0, 0, 4), "{again:?}");
-    assert!(
-        again.chunk_bytes_read > 2 * once.chunk_bytes_read,
-        "{again:?}"
-    );
-    // Which of the full cache's entries make room is quick_cache's choice (of four, it keeps
-    // at least the two it holds for entries not yet used again).
-    let cached = read(4);
-    assert!(cached.chunks_cached >= 2, "{cached:?}");
+    let read = |t0: u64, y: u64| read_blosc_windows(&a, &values, &[t0, y, 200], &[4, 64, 64]);
+    // Steps 0-3 fill the cache: fetched whole, kept as fetched.
+    let fill = read(0, 100);
+    assert_eq!((fill.chunks_cached, fill.index_reads), (0, 0), "{fill:?}");
+    assert_eq!(fill.whole_chunks.total(), 0, "{fill:?}");
+    // Other rows of them: from the cache, nothing fetched.
+    let kept = read(0, 400);
     assert_eq!(
-        cached.chunks_cached + cached.chunks_decoded,
-        4,
-        "{cached:?}"
+        (
+            kept.chunks_cached,
+            kept.chunks_decoded,
+            kept.chunk_bytes_read
+        ),
+        (4, 4, 0),
+        "{kept:?}"
     );
+    // The encoded chunks took less of the budget than decoded ones would have: steps 4-7
+    // still find room.
+    let more = read(4, 100);
+    assert_eq!((more.chunks_cached, more.index_reads), (0, 0), "{more:?}");
+    let all = read(4, 0);
+    assert_eq!(all.chunks_cached, 4, "{all:?}");
 }

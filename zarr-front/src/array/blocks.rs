@@ -136,6 +136,14 @@ impl Array {
             && core.decoder.chunk_bytes >= MIN_CHUNK
     }
 
+    /// Whether the chunk cache keeps this array's chunks encoded, as fetched
+    /// ([`Self::fetches_blosc_blocks`]): a read of a kept chunk decodes only the blocks it
+    /// needs, at about the speed of a copy, and keeping it costs no decode into new memory and
+    /// about half the bytes of the decoded chunk.
+    pub(crate) fn keeps_encoded_chunks(&self) -> bool {
+        self.fetches_blosc_blocks()
+    }
+
     /// Whether fetching headers first (one more round trip) pays: when other GETs are in
     /// flight, as where a loader reads batches ahead, the round trip overlaps their transfers
     /// and the bytes saved are what bounds the rate. A read alone on the link waits for the
@@ -249,6 +257,20 @@ impl Array {
             } if plan.leaves[base + i].needed.len() < full && !kept(i) => Some(*storage),
             _ => None,
         };
+        // Chunks the cache keeps (encoded) are read from there.
+        if let Some(chunks) = &core.caches().chunk {
+            for (i, s) in sources.iter_mut().enumerate() {
+                if let Source::Read {
+                    storage,
+                    range: ReadRange::Whole,
+                } = *s
+                    && let Some((_, bytes)) = chunks.get(&plan.leaves[base + i].coords)
+                {
+                    stats.chunks_cached += 1;
+                    *s = Source::KeptEncoded { storage, bytes };
+                }
+            }
+        }
         let elsize = core.layout.elsize;
         let mut indexes: FxHashMap<usize, Option<Arc<BlockIndex>>> = FxHashMap::default();
         let mut guesses: FxHashMap<usize, Guess> = FxHashMap::default();

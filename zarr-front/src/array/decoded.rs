@@ -11,8 +11,8 @@
 //! Chunks that cost little to read again go into the shared cache only where it would serve
 //! enough of their reads: chunks of local files that decode at about the speed of a copy (LZ4
 //! inside blosc, no compressor), and large blosc chunks an object store serves by block (a
-//! read fetches and decodes only the blocks it needs; keeping the chunk means fetching and
-//! decoding it whole). The cache tracks the keys it would hold if it kept every such chunk
+//! read fetches and decodes only the blocks it needs; keeping the chunk means fetching it
+//! whole, and it is kept as fetched: see `Array::keeps_encoded_chunks`). The cache tracks the keys it would hold if it kept every such chunk
 //! ([`Ghost`]), and an array's share of reads found there is the hit rate keeping its chunks
 //! would give ([`DecodedChunks::keeps_cheap_chunks`]).
 
@@ -45,7 +45,8 @@ const MIN_CHUNKS_IN_BUDGET: usize = 4;
 /// bounds the memory of arrays of tiny chunks, of which a process may open hundreds.
 const MAX_SHARED_SEEN: usize = 1 << 16;
 
-/// Decoded chunks, with the version of the file they came from.
+/// Decoded chunks (encoded, as fetched, for arrays that keep them so), with the version of the
+/// file they came from.
 pub(crate) type ChunkCache = LruCache<ChunkKey, (Option<FileStamp>, Bytes)>;
 
 /// The keys of chunks cheap to read again that the shared cache would hold if it kept every
@@ -54,7 +55,7 @@ type Ghost = LruCache<ChunkKey, ()>;
 
 /// Keeping a chunk cheap to read again pays where at least this share of an array's reads
 /// would find it in the cache: a hit saves a decode that costs about a copy (or a GET of a
-/// few blocks), and each chunk kept costs a whole decode into new memory (and a whole GET).
+/// few blocks), and each chunk kept costs a whole decode into new memory (or a whole GET).
 /// Between the share at which keeping LZ4 chunks cost reads and the share at which it paid
 /// (docs/performance.md).
 const KEEP_HIT_SHARE: f64 = 0.45;

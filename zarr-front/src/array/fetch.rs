@@ -141,6 +141,8 @@ pub(crate) enum Source {
     Read { storage: usize, range: ReadRange },
     /// Encoded bytes at hand (an Icechunk chunk inline in its manifest, `storage`).
     Inline { storage: usize, bytes: Bytes },
+    /// Encoded chunk `storage` as the chunk cache keeps it (see [`Array::keeps_encoded_chunks`]).
+    KeptEncoded { storage: usize, bytes: Bytes },
     /// The bytes `span` of blosc chunk `storage`: the blocks the read needs, which `index`
     /// rebuilds into a chunk (see [`super::blocks`]).
     Blocks {
@@ -163,7 +165,10 @@ impl Source {
                 ReadRange::new(span.start as u64, span.len() as u64),
             )),
             Source::Guessed { storage, guess } => Some((*storage, guess.body)),
-            Source::Missing | Source::Cached(_) | Source::Inline { .. } => None,
+            Source::Missing
+            | Source::Cached(_)
+            | Source::Inline { .. }
+            | Source::KeptEncoded { .. } => None,
         }
     }
 }
@@ -204,6 +209,19 @@ struct Fetched {
     /// Whether `bytes` were assembled from the blocks the read needs (see [`super::blocks`]),
     /// so decode only to those: such a chunk is never kept whole.
     blocks_only: bool,
+    /// Whether `bytes` came from the chunk cache (an encoded chunk it keeps), not storage.
+    cached: bool,
+}
+
+impl Fetched {
+    /// Encoded bytes this leaf read from storage (none where the chunk cache had them).
+    fn read_len(&self) -> u64 {
+        if self.cached {
+            0
+        } else {
+            self.bytes.len() as u64
+        }
+    }
 }
 
 /// The first failure of a read. A decode task names a faulty chunk by its storage chunk's
@@ -304,7 +322,11 @@ impl Array {
         let plan = ctx.plan;
         let n = plan.num_leaves();
         let mut known: Vec<Option<Source>> = vec![None; n];
-        if let Some(cache) = &core.caches().chunk {
+        // (An array whose cache keeps encoded chunks reads them once located: see
+        // `fetch_needed_blocks`.)
+        if let Some(cache) = &core.caches().chunk
+            && !self.keeps_encoded_chunks()
+        {
             // A cached chunk counts while its file is the one it was decoded from.
             let mut stamps: FxHashMap<Vec<u64>, Option<FileStamp>> = FxHashMap::default();
             let (mut storage, mut inner) = (Vec::new(), vec![0; core.layout.levels.len()]);
@@ -475,7 +497,7 @@ impl Array {
             results[k] = Some(cost.map(|c| {
                 let mut stats = ReadStats {
                     chunks_decoded: 1,
-                    chunk_bytes_read: group[k].bytes.len() as u64,
+                    chunk_bytes_read: group[k].read_len(),
                     ..ReadStats::default()
                 };
                 stats.add_cost(c);
@@ -528,7 +550,8 @@ impl Array {
     /// about the speed of a copy (LZ4 inside blosc, no compressor), which read again from the
     /// page cache cost about what a copy out of the cache does, and large blosc chunks from an
     /// object store, read again as the few blocks a read needs ([`Self::fetches_blosc_blocks`]).
-    /// Keeping either costs a whole decode into new memory.
+    /// Keeping the first costs a whole decode into new memory, the second a whole GET (they
+    /// are kept as fetched). A chunk read from the cache is not kept again.
     fn keeps(&self, ctx: &StitchCtx<'_, '_>, fetched: &Fetched) -> bool {
         let core = &*self.core;
         let Some(cache) = core.caches().chunk.as_ref() else {
@@ -540,12 +563,32 @@ impl Array {
             Reader::Local(_) => core.decoder.decodes_fast(&fetched.bytes),
             Reader::Object(_) => self.fetches_blosc_blocks(),
         });
-        again && cheap && !fetched.blocks_only
+        again && cheap && !fetched.blocks_only && !fetched.cached
+    }
+
+    /// Decodes the leaf `fetched` holds, writes all its copies and keeps it in the chunk
+    /// cache: decoded whole, or as fetched where the array's cache keeps encoded chunks
+    /// ([`Self::keeps_encoded_chunks`]; then decoded only where its crops need); returns what
+    /// it cost.
+    fn decode_and_keep(
+        &self,
+        ctx: &StitchCtx<'_, '_>,
+        fetched: &Fetched,
+    ) -> Result<ReadStats, DecodeError> {
+        if !self.keeps_encoded_chunks() {
+            return self.decode_whole_and_keep(ctx, fetched);
+        }
+        let stats = self.decode_part_and_stitch(ctx, fetched)?;
+        if let Some(cache) = &self.core.caches().chunk {
+            let coords = &ctx.plan.leaves[fetched.leaf].coords;
+            cache.insert(coords, fetched.stamp, fetched.bytes.clone());
+        }
+        Ok(stats)
     }
 
     /// Decodes the leaf `fetched` holds whole, writes all its copies and keeps it in the
     /// decoded-chunk cache; returns what it cost.
-    fn decode_and_keep(
+    fn decode_whole_and_keep(
         &self,
         ctx: &StitchCtx<'_, '_>,
         fetched: &Fetched,
@@ -555,7 +598,7 @@ impl Array {
         let leaf = &ctx.plan.leaves[i];
         let mut stats = ReadStats {
             chunks_decoded: 1,
-            chunk_bytes_read: bytes.len() as u64,
+            chunk_bytes_read: fetched.read_len(),
             ..ReadStats::default()
         };
         let mut chunk = Vec::new();
@@ -589,13 +632,23 @@ impl Array {
         if self.keeps(ctx, fetched) {
             return self.decode_and_keep(ctx, fetched);
         }
+        self.decode_part_and_stitch(ctx, fetched)
+    }
+
+    /// Decodes what crops need of the leaf `fetched` holds and writes all its copies; returns
+    /// what it cost.
+    fn decode_part_and_stitch(
+        &self,
+        ctx: &StitchCtx<'_, '_>,
+        fetched: &Fetched,
+    ) -> Result<ReadStats, DecodeError> {
         let (i, bytes) = (fetched.leaf, &fetched.bytes);
         let core = &*self.core;
         let plan = ctx.plan;
         let leaf = &plan.leaves[i];
         let mut stats = ReadStats {
             chunks_decoded: 1,
-            chunk_bytes_read: bytes.len() as u64,
+            chunk_bytes_read: fetched.read_len(),
             ..ReadStats::default()
         };
         // A copy that takes the whole chunk contiguously: decode straight into the output, then
@@ -776,7 +829,8 @@ pub(crate) fn fetch_and_stitch_parts(
                             let chunk = chunk.clone();
                             scope.spawn(move |_| ctx.stitch_leaf(i, &chunk));
                         }
-                        Source::Inline { storage, bytes } => {
+                        Source::Inline { storage, bytes }
+                        | Source::KeptEncoded { storage, bytes } => {
                             groups[k].push(Fetched {
                                 leaf: i,
                                 bytes: bytes.clone(),
@@ -784,6 +838,7 @@ pub(crate) fn fetch_and_stitch_parts(
                                 range: ReadRange::new(0, bytes.len() as u64),
                                 stamp: None,
                                 blocks_only: false,
+                                cached: matches!(s, Source::KeptEncoded { .. }),
                             });
                             if groups[k].len() == group_sizes[k] {
                                 let full = std::mem::replace(
@@ -926,6 +981,7 @@ pub(crate) fn fetch_and_stitch_parts(
                                 range,
                                 stamp: storages[k].list[storage].stamp,
                                 blocks_only,
+                                cached: false,
                             });
                             if groups[k].len() == group_sizes[k] {
                                 let full = std::mem::replace(
