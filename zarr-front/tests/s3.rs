@@ -398,13 +398,18 @@ const BLOSC_YX: (u64, u64) = (512, 640);
 /// Uploads a v2 array of `t` time steps of [`BLOSC_YX`] float32 values, one blosc-lz4 chunk of
 /// 256 KiB blocks per step; returns its values.
 fn upload_blosc_v2(moto: &Moto, bucket: &str, prefix: &str, t: usize) -> Vec<f32> {
-    let (y, x) = (BLOSC_YX.0 as usize, BLOSC_YX.1 as usize);
-    let values: Vec<f32> = (0..t * y * x)
-        .map(|i| ((i % x) as f32 * 0.01).sin() * 100.0 + (i * 7919 % 61) as f32 * 0.125)
-        .collect();
+    let values = blosc_values(t);
     let blocks = vec![65536; t];
     put_blosc_v2(moto, bucket, prefix, &values, &blocks);
     values
+}
+
+/// `t` time steps of [`BLOSC_YX`] values: smooth along rows, with a little noise.
+fn blosc_values(t: usize) -> Vec<f32> {
+    let (y, x) = (BLOSC_YX.0 as usize, BLOSC_YX.1 as usize);
+    (0..t * y * x)
+        .map(|i| ((i % x) as f32 * 0.01).sin() * 100.0 + (i * 7919 % 61) as f32 * 0.125)
+        .collect()
 }
 
 /// Uploads `values` as a v2 array of [`BLOSC_YX`] float32 time steps under `prefix`, one
@@ -767,4 +772,45 @@ fn a_chunk_cache_keeps_large_blosc_chunks_as_fetched() {
     assert_eq!((more.chunks_cached, more.index_reads), (0, 0), "{more:?}");
     let all = read(4, 0);
     assert_eq!(all.chunks_cached, 4, "{all:?}");
+}
+
+/// A chunk the cache keeps as fetched is decoded anew on every read: a damaged block that the
+/// reads before did not need is an error naming the chunk once a read needs it, never other
+/// bytes.
+#[test]
+fn a_kept_chunk_with_a_damaged_block_fails_when_that_block_is_read() {
+    let Some(moto) = server() else { return };
+    let bucket = "zcrop-blosc-kept-damaged";
+    let values = blosc_values(1);
+    // The metadata only; then the chunk, its last block's first split claiming more bytes
+    // than the chunk holds.
+    put_blosc_v2(moto, bucket, "era5.zarr", &values, &[0]);
+    let plain: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut chunk = zcrop_codec::ffi::compress::blosc_compress(&plain, 4, 1, "lz4", 65536);
+    let prefix = &chunk[..zcrop_codec::blosc::BlockIndex::prefix_len(plain.len())];
+    let index = zcrop_codec::blosc::BlockIndex::parse(prefix, plain.len()).unwrap();
+    let last = index.extents().last().unwrap().start;
+    chunk[last..last + 4].copy_from_slice(&i32::MAX.to_le_bytes());
+    moto.put(bucket, "era5.zarr/0.0.0", &chunk);
+    let a = open_blosc_v2(
+        bucket,
+        &OpenOptions {
+            blosc_blocks: BlockFetch::Always,
+            chunk_cache_bytes: Some(4 * plain.len()),
+            ..s3_options(moto)
+        },
+    );
+    let shape = [1, 64, 64];
+    read_blosc_windows(&a, &values, &[0, 0, 0], &shape);
+    let kept = read_blosc_windows(&a, &values, &[0, 10, 300], &shape);
+    assert_eq!(
+        (kept.chunks_cached, kept.chunk_bytes_read),
+        (1, 0),
+        "{kept:?}"
+    );
+    let mut out = vec![0u8; 64 * 64 * 4];
+    match a.read_batch_into_with(&[0, 440, 0], &shape, &mut out, ReadOptions::default()) {
+        Err(ZarrError::Codec { at, .. }) => assert_eq!(at.key, "0.0.0"),
+        other => panic!("a damaged block read as {other:?}"),
+    }
 }
