@@ -465,6 +465,16 @@ fn blosc_windows(values: &[f32], origins: &[u64], shape: &[u64; 3]) -> Vec<u8> {
         .collect()
 }
 
+/// Asserts that `part` times `k` read fewer chunk bytes than `whole` times `m`.
+fn assert_read_less(part: &ReadStats, k: u64, whole: &ReadStats, m: u64) {
+    assert!(
+        part.chunk_bytes_read * k < whole.chunk_bytes_read * m,
+        "{} bytes read (x{k}) against {} (x{m})",
+        part.chunk_bytes_read,
+        whole.chunk_bytes_read
+    );
+}
+
 /// Opens the array [`upload_blosc_v2`] put in `bucket` with `options`.
 fn open_blosc_v2(bucket: &str, options: &OpenOptions) -> Array {
     Array::open_with(format!("s3://{bucket}/era5.zarr"), options).unwrap()
@@ -524,12 +534,7 @@ fn windows_of_large_blosc_chunks_fetch_only_their_blocks() {
     assert_eq!((second.index_reads, second.index_cache_hits), (0, 4));
     // c-blosc makes the blocks 256 KiB (64 KiB times the item size, as it does for split
     // blocks): a 64-row window needs one or two of a chunk's five.
-    assert!(
-        first.chunk_bytes_read * 2 < all.chunk_bytes_read,
-        "{} of {} bytes",
-        first.chunk_bytes_read,
-        all.chunk_bytes_read
-    );
+    assert_read_less(&first, 2, &all, 1);
     assert_eq!(first.chunk_bytes_read, second.chunk_bytes_read);
 }
 
@@ -561,12 +566,7 @@ fn headers_of_chunks_read_whole_serve_later_reads_and_guesses() {
     // The same chunks, other rows: their blocks only, headers from the cache.
     let blocks = read(&[0, 300, 500]);
     assert_eq!((blocks.index_reads, blocks.index_cache_hits), (0, 2));
-    assert!(
-        blocks.chunk_bytes_read * 2 < whole.chunk_bytes_read,
-        "{} of {} bytes",
-        blocks.chunk_bytes_read,
-        whole.chunk_bytes_read
-    );
+    assert_read_less(&blocks, 2, &whole, 1);
     // Four chunks never read, at rows in the first and last blocks.
     let guessed = read(&[2, 0, 10, 4, 440, 570]);
     assert_eq!(guessed.chunks_decoded, 4);
@@ -576,12 +576,8 @@ fn headers_of_chunks_read_whole_serve_later_reads_and_guesses() {
         "{guessed:?}"
     );
     assert_eq!((guessed.index_reads, guessed.index_cache_hits), (4, 0));
-    assert!(
-        guessed.chunk_bytes_read < whole.chunk_bytes_read,
-        "{} bytes for four chunks' blocks, {} for two whole",
-        guessed.chunk_bytes_read,
-        whole.chunk_bytes_read
-    );
+    // Four chunks' blocks, fewer bytes than two whole chunks.
+    assert_read_less(&guessed, 1, &whole, 1);
     // Their headers are kept: other rows of them read only their blocks.
     let again = read(&[2, 300, 0, 4, 0, 0]);
     assert_eq!(

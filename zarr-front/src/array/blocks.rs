@@ -205,13 +205,10 @@ impl Array {
         let Some(extent) = index.extent(want, self.core.layout.elsize) else {
             return Ok(Guessed::Whole);
         };
-        let start = match asked {
-            ReadRange::Bounded { offset, .. } => Some(offset as usize),
-            ReadRange::Suffix(n) => index.encoded_len().checked_sub(n as usize),
-            ReadRange::Whole => Some(0),
-        };
-        let held = body.as_ref().zip(start).and_then(|(body, start)| {
-            let at = extent.start.checked_sub(start)?;
+        // Where the body starts in the chunk (a suffix: by the length its header gives).
+        let start = asked.resolve(index.encoded_len() as u64);
+        let held = body.as_ref().zip(start).and_then(|(body, (start, _))| {
+            let at = extent.start.checked_sub(start as usize)?;
             body.get(at..at + extent.len())
         });
         Ok(match held.map(|blocks| index.assemble(&extent, blocks)) {
