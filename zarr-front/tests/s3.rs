@@ -412,12 +412,13 @@ fn blosc_values(t: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Uploads `values` as a v2 array of [`BLOSC_YX`] float32 time steps under `prefix`, one
-/// blosc-lz4 chunk per step compressed with the block size of `blocks[step]` asked for
-/// (`None`: the step's chunk is not stored).
+/// Uploads a v2 array of `blocks.len()` time steps of [`BLOSC_YX`] float32 values under
+/// `prefix`, one blosc-lz4 chunk per step compressed with the block size of `blocks[step]`
+/// asked for, holding the step's `values` (where `blocks[step]` is 0 or `values` ends before
+/// the step, its chunk is not stored).
 fn put_blosc_v2(moto: &Moto, bucket: &str, prefix: &str, values: &[f32], blocks: &[usize]) {
     let (y, x) = (BLOSC_YX.0 as usize, BLOSC_YX.1 as usize);
-    let t = values.len() / (y * x);
+    let t = blocks.len();
     moto.create_bucket(bucket);
     let zarray = serde_json::json!({
         "zarr_format": 2, "shape": [t, y, x], "chunks": [1, y, x], "dtype": "<f4",
@@ -431,7 +432,7 @@ fn put_blosc_v2(moto: &Moto, bucket: &str, prefix: &str, values: &[f32], blocks:
         zarray.to_string().as_bytes(),
     );
     for step in 0..t {
-        if blocks[step] == 0 {
+        if blocks[step] == 0 || values.len() < (step + 1) * y * x {
             continue;
         }
         let plain: Vec<u8> = values[step * y * x..(step + 1) * y * x]
@@ -671,13 +672,18 @@ fn chunks_unlike_the_others_are_fetched_again_never_misread() {
     );
 }
 
-/// The process-wide cache keeps large blosc chunks (read by block otherwise) only once the
-/// reads show it would serve enough of them: two chunks read again and again are fetched by
-/// block for the first few hundred reads, then whole once, then served from the cache.
+/// The process-wide cache keeps large blosc chunks (read by block otherwise) of an array too
+/// large for it only once the reads show it would serve enough of them: two chunks read again
+/// and again are fetched by block for the first few hundred reads, then whole once, then
+/// served from the cache.
 #[test]
 fn the_shared_cache_takes_large_blosc_chunks_once_it_would_serve_them() {
     let Some(moto) = server() else { return };
-    let values = upload_blosc_v2(moto, "zcrop-blosc-shared", "era5.zarr", 4);
+    // 4096 steps of about a megabyte stored: more than the cache holds (4 of them stored).
+    let values = blosc_values(4);
+    let mut blocks = vec![0; 4096];
+    blocks[..4].fill(65536);
+    put_blosc_v2(moto, "zcrop-blosc-shared", "era5.zarr", &values, &blocks);
     let a = open_blosc_v2(
         "zcrop-blosc-shared",
         &OpenOptions {
@@ -727,6 +733,35 @@ fn the_shared_cache_takes_large_blosc_chunks_once_it_would_serve_them() {
         (judged + 2..=judged + 8).contains(&kept_at),
         "kept at read {kept_at}, judged after {judged}"
     );
+}
+
+/// The process-wide cache keeps the large blosc chunks of an array it holds whole (its chunk
+/// count times the stored size of those seen) from the first read: that read fetches them
+/// whole, the next ones fetch nothing.
+#[test]
+fn the_shared_cache_keeps_an_array_that_fits_from_its_first_read() {
+    let Some(moto) = server() else { return };
+    let values = upload_blosc_v2(moto, "zcrop-blosc-fits", "era5.zarr", 4);
+    let a = open_blosc_v2("zcrop-blosc-fits", &s3_options(moto));
+    assert!(a.chunk_cache().unwrap().1, "the process-wide cache");
+    let first = read_blosc_windows(&a, &values, &[1, 100, 200], &[2, 64, 64]);
+    assert_eq!(first.chunks_cached, 0, "{first:?}");
+    assert_eq!(first.index_reads + first.index_cache_hits, 0, "{first:?}");
+    for origin in [[1, 300, 100], [1, 0, 500]] {
+        let served = read_blosc_windows(&a, &values, &origin, &[2, 64, 64]);
+        assert_eq!(
+            (served.chunks_cached, served.chunk_bytes_read),
+            (2, 0),
+            "{served:?}"
+        );
+    }
+    // Steps 0 and 3, not read yet, are fetched whole and kept too (no block guess); steps 1
+    // and 2 come from the cache.
+    let rest = read_blosc_windows(&a, &values, &[0, 10, 10, 2, 10, 10], &[2, 64, 64]);
+    assert_eq!((rest.chunks_cached, rest.block_guesses), (2, 0), "{rest:?}");
+    assert!(rest.chunk_bytes_read > 2 * 200_000, "{rest:?}");
+    let served = read_blosc_windows(&a, &values, &[0, 400, 0], &[4, 64, 64]);
+    assert_eq!(served.chunks_cached, 4, "{served:?}");
 }
 
 /// A chunk cache keeps large blosc chunks from an object store as they were fetched: the

@@ -77,6 +77,13 @@ impl BlockLayout {
         self.recent.push_back(Arc::clone(index));
     }
 
+    /// The mean encoded size of the chunks whose headers were seen; `None` before any.
+    fn mean_encoded_len(&self) -> Option<u64> {
+        let n = self.recent.len() as u64;
+        let total: u64 = self.recent.iter().map(|i| i.encoded_len() as u64).sum();
+        (n > 0).then(|| total / n)
+    }
+
     /// Where the blocks holding the decoded bytes `want` of a chunk not seen yet probably
     /// are: from the lowest start to the highest end those blocks had in the chunks seen, and
     /// a little more. `None` before any header is known, where decoding `want` could read
@@ -169,7 +176,9 @@ impl Array {
     }
 
     /// Parses the block index at the start of `bytes`, the chunk at `path` or a prefix of it,
-    /// and keeps it in the index cache; `None` where the chunk cannot be read by block.
+    /// and keeps it in the index cache; `None` where the chunk cannot be read by block. Tells
+    /// the chunk cache, which keeps these chunks as fetched, what the whole array would take
+    /// there: its chunk count times the mean size of the chunks seen.
     fn keep_block_index(&self, path: &Arc<Path>, bytes: &[u8]) -> Option<Arc<BlockIndex>> {
         let index = Arc::new(BlockIndex::parse(bytes, self.core.decoder.chunk_bytes)?);
         let cost = index.head_len() + 64;
@@ -177,7 +186,15 @@ impl Array {
         caches
             .blosc
             .insert(Arc::clone(path), Arc::clone(&index), cost);
-        caches.blosc_layout.lock().learn(&index);
+        let mut layout = caches.blosc_layout.lock();
+        layout.learn(&index);
+        if let Some(chunks) = &caches.chunk
+            && let Some(mean) = layout.mean_encoded_len()
+        {
+            let count =
+                (self.core.layout.leaf_grid().iter()).fold(1u64, |n, &c| n.saturating_mul(c));
+            chunks.note_array_bytes(count.saturating_mul(mean));
+        }
         Some(index)
     }
 

@@ -14,11 +14,12 @@
 //! read fetches and decodes only the blocks it needs; keeping the chunk means fetching it
 //! whole, and it is kept as fetched: see `Array::keeps_encoded_chunks`). The cache tracks the keys it would hold if it kept every such chunk
 //! ([`Ghost`]), and an array's share of reads found there is the hit rate keeping its chunks
-//! would give ([`DecodedChunks::keeps_cheap_chunks`]).
+//! would give ([`DecodedChunks::keeps_cheap_chunks`]). An array known to fit in the cache
+//! whole is kept from its first reads ([`DecodedChunks::note_array_bytes`]).
 
 use std::hash::Hash;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use quick_cache::Equivalent;
@@ -59,6 +60,12 @@ type Ghost = LruCache<ChunkKey, ()>;
 /// Between the share at which keeping LZ4 chunks cost reads and the share at which it paid
 /// (docs/performance.md).
 const KEEP_HIT_SHARE: f64 = 0.45;
+
+/// An array whose chunks, as the cache keeps them, would all take at most this share of the
+/// budget (numerator, denominator) is kept from its first reads, before its hit share decides
+/// ([`DecodedChunks::note_array_bytes`]): every chunk kept is read from the cache from then on,
+/// and a quarter of the budget stays for other arrays' chunks.
+const FITS_SHARE: (usize, usize) = (3, 4);
 
 /// Reads of an array before its hit share decides anything: twice as many as the cache holds
 /// chunks of the array (by then the first reads of each chunk, misses whatever the cache,
@@ -177,6 +184,9 @@ pub(crate) struct DecodedChunks {
     /// Reads of the array tracked in the ghost, and those it held (both halved now and then).
     ghost_reads: AtomicU32,
     ghost_hits: AtomicU32,
+    /// Whether all the array's chunks fit in [`FITS_SHARE`] of the budget, as last noted
+    /// ([`Self::note_array_bytes`]).
+    fits: AtomicBool,
 }
 
 impl DecodedChunks {
@@ -214,6 +224,7 @@ impl DecodedChunks {
             min_reads: min_reads(keys),
             ghost_reads: AtomicU32::new(0),
             ghost_hits: AtomicU32::new(0),
+            fits: AtomicBool::new(false),
         })
     }
 
@@ -259,7 +270,8 @@ impl DecodedChunks {
     /// again goes: always for a cache of the array's own, and for chunks that are not cheap to
     /// read again (as `cheap` tells, asked once per array); in the shared cache, chunks that
     /// are only where the ghost has seen enough reads of the array (`GHOST_MIN_READS`) and the
-    /// share of them it held is `KEEP_HIT_SHARE` or more ([`Self::may_keep`]).
+    /// share of them it held is `KEEP_HIT_SHARE` or more, or before that where the whole array
+    /// fits ([`Self::may_keep`]).
     pub(crate) fn keeps_cheap_chunks(&self, cheap: impl FnOnce() -> bool) -> bool {
         if self.ghost.is_none() {
             return true;
@@ -272,18 +284,31 @@ impl DecodedChunks {
     }
 
     /// Whether the cache may keep or serve the array's chunks now: false while they are cheap
-    /// to read again and their hit share does not pay (the read path then skips what only a kept
-    /// chunk needs, such as the version of each chunk's file).
+    /// to read again and their hit share does not pay, unless the whole array fits and its hit
+    /// share has not been judged yet (the read path then skips what only a kept chunk needs,
+    /// such as the version of each chunk's file).
     pub(crate) fn may_keep(&self) -> bool {
-        self.cheap.load(Ordering::Relaxed) != CHEAP_YES || self.hit_share_pays()
+        if self.cheap.load(Ordering::Relaxed) != CHEAP_YES {
+            return true;
+        }
+        let reads = self.ghost_reads.load(Ordering::Relaxed);
+        if reads < self.min_reads {
+            return self.fits.load(Ordering::Relaxed);
+        }
+        let hits = self.ghost_hits.load(Ordering::Relaxed);
+        f64::from(hits) >= KEEP_HIT_SHARE * f64::from(reads)
     }
 
-    /// Whether enough reads of the array were tracked in the ghost (`GHOST_MIN_READS`) and the
-    /// share of them it held is `KEEP_HIT_SHARE` or more.
-    fn hit_share_pays(&self) -> bool {
-        let reads = self.ghost_reads.load(Ordering::Relaxed);
-        let hits = self.ghost_hits.load(Ordering::Relaxed);
-        reads >= self.min_reads && f64::from(hits) >= KEEP_HIT_SHARE * f64::from(reads)
+    /// Notes that the array's chunks, as the cache keeps them, come to about `bytes` in all.
+    /// An array whose chunks fit in [`FITS_SHARE`] of the budget is kept from its first reads
+    /// instead of after its hit share is judged ([`Self::may_keep`]): its hit share tends to
+    /// one, and the reads before the judgement are where keeping saves the most. The ghost
+    /// still judges it, which stops keeping an array that several others crowd out.
+    pub(crate) fn note_array_bytes(&self, bytes: u64) {
+        let (num, den) = FITS_SHARE;
+        let room = (self.chunks.budget() / den).saturating_mul(num);
+        let fits = usize::try_from(bytes).is_ok_and(|b| b <= room);
+        self.fits.store(fits, Ordering::Relaxed);
     }
 
     /// Keeps the chunk at `coords`, decoded from the file of version `stamp`.
@@ -360,6 +385,7 @@ mod tests {
             min_reads: min_reads(chunks),
             ghost_reads: AtomicU32::new(0),
             ghost_hits: AtomicU32::new(0),
+            fits: AtomicBool::new(false),
         }
     }
 
@@ -416,5 +442,27 @@ mod tests {
         assert!(ghost.used() > 0);
         drop(fits);
         assert_eq!(ghost.used(), 0);
+    }
+
+    #[test]
+    fn an_array_that_fits_is_kept_until_its_hit_share_says_otherwise() {
+        let budget = 64 * GHOST_MIN_CHUNK_BYTES;
+        let view = shared_view(64);
+        view.note_array_bytes((budget / 2) as u64);
+        assert!(view.keeps_cheap_chunks(|| true), "kept from the first read");
+        view.note_array_bytes(budget as u64);
+        assert!(
+            !view.keeps_cheap_chunks(|| true),
+            "more than 3/4 of the budget"
+        );
+        view.note_array_bytes((budget * 3 / 4) as u64);
+        read_in_turn(&view, 16, 2);
+        assert!(view.keeps_cheap_chunks(|| true));
+
+        // Past the judgement the ghost decides: reads that an LRU of the budget would not
+        // serve (other arrays crowding this one out) stop the keeping.
+        read_in_turn(&view, 256, 4);
+        assert!(view.ghost_reads.load(Ordering::Relaxed) >= view.min_reads);
+        assert!(!view.keeps_cheap_chunks(|| true));
     }
 }
