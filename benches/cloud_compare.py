@@ -137,10 +137,11 @@ def prepare(ds: str, size: str, py: str, zcrop: str, cache: str, seed: int) -> s
     return path
 
 
-def needed_bytes(path: str, origins_file: str, shape: list[int]) -> list[int]:
+def needed_bytes(path: str, origins_file: str, shape: list[int], timed_from: int | None = None) -> list[int]:
     """Per timed batch, the stored bytes of the chunks its crops touch (each once): inner chunks
-    of a sharded v3 array (from the shard indexes), chunk files of a v2 one. Run in the
-    benchmark virtualenv, for numpy."""
+    of a sharded v3 array (from the shard indexes), chunk files of a v2 one. The timed batches
+    are all but the last (this script's warm-up batch), or those from `timed_from` on (a
+    Loader's, whose untimed batches come first). Run in the benchmark virtualenv, for numpy."""
     import itertools
 
     import numpy as np
@@ -159,7 +160,8 @@ def needed_bytes(path: str, origins_file: str, shape: list[int]) -> list[int]:
         inner = meta["chunks"]
         sep = meta.get("dimension_separator", ".")
     out = []
-    for batch in np.load(origins_file)[:-1]:  # the last batch is the warm-up
+    batches = np.load(origins_file)
+    for batch in batches[:-1] if timed_from is None else batches[timed_from:]:
         touched = set()
         for o in batch:
             ranges = [range(a // c, (a + n - 1) // c + 1) for a, n, c in zip(o, shape, inner)]
@@ -189,6 +191,7 @@ def main() -> None:
     ap.add_argument("--needed-bytes", help=argparse.SUPPRESS)
     ap.add_argument("--origins", help=argparse.SUPPRESS)
     ap.add_argument("--shape", help=argparse.SUPPRESS)
+    ap.add_argument("--timed-from", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--latencies", default="0,20,80", help="first-byte latencies to run, ms")
     ap.add_argument("--jitter-ms", type=float, default=0.0, help="uniform jitter added to the latency")
     ap.add_argument("--tail-fraction", type=float, default=0.0, help="share of requests that wait --tail-factor times longer")
@@ -208,7 +211,8 @@ def main() -> None:
     if args.write_era5:
         return write_era5(args.write_era5, args.steps, args.seed)
     if args.needed_bytes:
-        return print(json.dumps(needed_bytes(args.needed_bytes, args.origins, [int(x) for x in args.shape.split(",")])))
+        return print(json.dumps(needed_bytes(args.needed_bytes, args.origins, [int(x) for x in args.shape.split(",")],
+                                             args.timed_from)))
 
     py = venv_python()
     zcrop = zcrop_binary()

@@ -11,7 +11,9 @@ cloud_compare.py reads one batch at a time, so each batch leaves the link idle f
 trip; the Loader reads `prefetch` batches ahead of the consumer (which here takes each batch
 and drops it); `auto` is the Loader's adaptive depth, timed after `--warmup` batches in which
 it settles. Per depth: batches/s, crops/s, the MB/s the simulator sent during the timed
-batches and that as a share of the cap (with one), and GETs per batch. `era5` is
+batches and that as a share of the cap (with one), the bytes it sent per stored byte of the
+chunks the timed batches' crops touch (each chunk once per batch; below 1 where a cache serves
+chunks again), and GETs per batch. `era5` is
 cloud_compare.py's ERA5-like v2 array, read in (4, 64, 64) windows.
 
 With --peer-prefetch, TensorStore (compare.py's settings: 64 MiB cache pool, 64 requests in
@@ -112,7 +114,8 @@ def report(reader: str, prefetch, n: int, batch_size: int, seconds: float, s0: d
            hashes: list[str]) -> dict:
     return {"reader": reader, "prefetch": prefetch, "batches": n, "seconds": seconds, "batches_per_s": n / seconds,
             "crops_per_s": n * batch_size / seconds, "mb_per_s": (s1["bytes_sent"] - s0["bytes_sent"]) / seconds / 1e6,
-            "gets_per_batch": (s1["gets"] - s0["gets"]) / n, "hashes": hashes}
+            "gets_per_batch": (s1["gets"] - s0["gets"]) / n, "bytes_sent": s1["bytes_sent"] - s0["bytes_sent"],
+            "hashes": hashes}
 
 
 def main() -> None:
@@ -180,10 +183,13 @@ def main() -> None:
                   f"{row['mb_per_s']:.0f} MB/s", file=sys.stderr)
     finally:
         sim.stop()
-    write_table(results, args, crop)
+    needed = json.loads(subprocess.run([py, os.path.join(HERE, "cloud_compare.py"), "--needed-bytes", path, "--origins",
+                                        origins_file, "--shape", ",".join(map(str, crop)), "--timed-from",
+                                        str(args.warmup)], check=True, text=True, capture_output=True, cwd=HERE).stdout)
+    write_table(results, args, crop, sum(needed))
 
 
-def write_table(results: dict[tuple, list[dict]], args, crop: list[int]) -> None:
+def write_table(results: dict[tuple, list[dict]], args, crop: list[int], needed: int) -> None:
     """Prints the medians per reader and depth, the best zcrop depth against the best peer
     depth, and whether every run delivered the same bytes."""
     import statistics
@@ -192,18 +198,19 @@ def write_table(results: dict[tuple, list[dict]], args, crop: list[int]) -> None
     print(f"Batches over `{args.dataset}` from zcrop-cloudsim at {args.latency_ms:g} ms, {cap}, "
           f"batches of {args.batch_size} {tuple(crop)} crops, {args.warmup} untimed and {args.steps} timed batches, "
           f"medians of {args.repeats}; `python3 benches/cloud_loader.py {' '.join(sys.argv[1:])}`.\n")
-    print("| reader | prefetch | batches/s | crops/s | MB/s fetched | share of the cap | GETs per batch |")
-    print("|---|---|---|---|---|---|---|")
+    print("| reader | prefetch | batches/s | crops/s | MB/s fetched | share of the cap | fetched / needed | GETs per batch |")
+    print("|---|---|---|---|---|---|---|---|")
     best: dict[str, float] = {}
     hashes = {tuple(r["hashes"]) for rows in results.values() for r in rows}
     for (reader, depth), rows in results.items():
-        med = {k: statistics.median(r[k] for r in rows) for k in ("batches_per_s", "crops_per_s", "mb_per_s", "gets_per_batch")}
+        med = {k: statistics.median(r[k] for r in rows)
+               for k in ("batches_per_s", "crops_per_s", "mb_per_s", "gets_per_batch", "bytes_sent")}
         best[reader] = max(best.get(reader, 0.0), med["crops_per_s"])
         share = f"{med['mb_per_s'] / args.total_mb_s:.0%}" if args.total_mb_s else "-"
         reached = sorted(r["depth"] for r in rows if "depth" in r)
         shown = f"{depth} (reached {', '.join(map(str, reached))})" if depth == "auto" and reached else depth
         print(f"| {rows[0]['reader']} | {shown} | {med['batches_per_s']:.2f} | {med['crops_per_s']:.1f} | "
-              f"{med['mb_per_s']:.0f} | {share} | {med['gets_per_batch']:.0f} |")
+              f"{med['mb_per_s']:.0f} | {share} | {med['bytes_sent'] / needed:.2f} | {med['gets_per_batch']:.0f} |")
     if "zcrop" in best and "tensorstore" in best:
         print(f"\nBest zcrop depth against TensorStore's best: {best['zcrop'] / best['tensorstore']:.2f}x.")
     print(f"Identical bytes across every run: {'yes' if len(hashes) == 1 else 'NO'}.")
