@@ -228,6 +228,7 @@ fn bench_reports_stable_json_fields() {
         "read_gbps",
         "chunks_per_s",
         "decoded_bytes_per_output_byte",
+        "last_needed_bytes_per_output_byte",
         "p50_ms",
         "p99_ms",
         "cold",
@@ -252,6 +253,10 @@ fn bench_reports_stable_json_fields() {
     assert!(llc > 0 && sample >= 2 * llc, "{v}");
     let share = v["decoded_share_of_chunks"].as_f64().unwrap();
     assert!(share > 0.0 && share <= 1.0, "{v}");
+    assert!(
+        v["last_needed_bytes_per_output_byte"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
     // A warm run of a local store reads all of it first.
     let store_bytes = tree_bytes(&fixture("v3_workload_4d_u2.zarr"));
     assert!(store_bytes > 0);
