@@ -12,10 +12,11 @@
 //! enough of their reads: chunks of local files that decode at about the speed of a copy (LZ4
 //! inside blosc, no compressor), and large blosc chunks an object store serves by block (a
 //! read fetches and decodes only the blocks it needs; keeping the chunk means fetching it
-//! whole, and it is kept as fetched: see `Array::keeps_encoded_chunks`). The cache tracks the keys it would hold if it kept every such chunk
-//! ([`Ghost`]), and an array's share of reads found there is the hit rate keeping its chunks
-//! would give ([`DecodedChunks::keeps_cheap_chunks`]). An array known to fit in the cache
-//! whole is kept from its first reads ([`DecodedChunks::note_array_bytes`]).
+//! whole, and it is kept as fetched: see `Array::keeps_encoded_chunks`). The cache tracks the
+//! keys it would hold if it kept every such chunk ([`Ghost`]), and an array's share of reads
+//! found there is the hit rate keeping its chunks would give
+//! ([`DecodedChunks::keeps_cheap_chunks`]). An array of large blosc chunks known to fit in the
+//! cache whole is kept from its first reads ([`DecodedChunks::note_array_bytes`]).
 
 use std::hash::Hash;
 use std::sync::Arc;
