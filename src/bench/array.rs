@@ -4,7 +4,7 @@
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -454,39 +454,6 @@ fn last_level_cache_bytes() -> u64 {
         .unwrap_or(32 << 20)
 }
 
-/// The bytes of each chunk that the crops of `crop` at `origins` (one batch, `crop.len()`
-/// coordinates each) need, from the chunk's start (C order, chunks of `chunk` elements of
-/// `elsize` bytes) to the last byte any of them needs of it; each chunk counted once.
-fn bytes_to_last_needed(origins: &[u64], crop: &[u64], chunk: &[u64], elsize: usize) -> u64 {
-    let nd = crop.len();
-    let mut last: HashMap<Vec<u64>, u64> = HashMap::new();
-    for o in origins.chunks_exact(nd) {
-        // Per dimension, the chunks the crop touches: (grid index, last local index needed).
-        let spans: Vec<Vec<(u64, u64)>> = (0..nd)
-            .map(|d| {
-                let (lo, hi) = (o[d], o[d] + crop[d]);
-                (lo / chunk[d]..hi.div_ceil(chunk[d]))
-                    .map(|g| (g, hi.min((g + 1) * chunk[d]) - 1 - g * chunk[d]))
-                    .collect()
-            })
-            .collect();
-        let mut pick = vec![0usize; nd];
-        loop {
-            let key: Vec<u64> = (0..nd).map(|d| spans[d][pick[d]].0).collect();
-            let end = (0..nd).fold(0u64, |at, d| at * chunk[d] + spans[d][pick[d]].1) + 1;
-            let slot = last.entry(key).or_default();
-            *slot = (*slot).max(end);
-            // The next combination of touched chunks, the last dimension fastest.
-            let Some(d) = (0..nd).rev().find(|&d| pick[d] + 1 < spans[d].len()) else {
-                break;
-            };
-            pick[d] += 1;
-            pick[d + 1..].fill(0);
-        }
-    }
-    last.values().sum::<u64>() * elsize as u64
-}
-
 /// Totals of [`ReadStats`] over the timed batches.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TotalsReport {
@@ -695,7 +662,6 @@ pub fn run_array(
     );
     let mut latencies = Vec::new();
     let mut totals = ReadStats::default();
-    let mut to_last_needed = 0u64;
     let object0 = object.as_ref().map(ObjectEngine::metrics);
     let io0 = engine.as_ref().map(IoEngine::metrics);
     let cpu0 = cpu_time();
@@ -714,10 +680,6 @@ pub fn run_array(
         let t0 = Instant::now();
         let results = read_at_once(&a, &origins, &crop, &mut outs);
         let took = t0.elapsed();
-        to_last_needed += origins
-            .iter()
-            .map(|o| bytes_to_last_needed(o, &crop, a.chunk_shape(), a.element_size()))
-            .sum::<u64>();
         for (stats, latency) in results {
             totals += stats?;
             latencies.push(latency.as_secs_f64() * 1e3);
@@ -813,7 +775,7 @@ pub fn run_array(
         chunks_per_s,
         decoded_bytes_per_output_byte: totals.bytes_decoded as f64
             / totals.output_bytes.max(1) as f64,
-        last_needed_bytes_per_output_byte: to_last_needed as f64
+        last_needed_bytes_per_output_byte: totals.bytes_to_last_needed as f64
             / totals.output_bytes.max(1) as f64,
         decoded_share_of_chunks: totals.bytes_decoded as f64
             / (totals.chunks_decoded.max(1) as f64
@@ -873,24 +835,6 @@ pub fn run_array(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn chunks_count_to_the_last_byte_crops_need() {
-        // A 2 x 2 crop at (1, 1) over chunks of 2 x 2 touches four chunks; of each it needs up
-        // to element 3 (the last), 2, 1 and 0 in C order.
-        assert_eq!(
-            bytes_to_last_needed(&[1, 1], &[2, 2], &[2, 2], 1),
-            4 + 3 + 2 + 1
-        );
-        // A second crop at (0, 0) needs all of the first chunk, already counted to its end;
-        // elements of 4 bytes.
-        assert_eq!(
-            bytes_to_last_needed(&[1, 1, 0, 0], &[2, 2], &[2, 2], 4),
-            4 * 10
-        );
-        // One crop over a whole chunk needs it to its end.
-        assert_eq!(bytes_to_last_needed(&[4, 0], &[2, 3], &[2, 3], 2), 12);
-    }
 
     #[test]
     fn the_default_crop_fits_any_array() {

@@ -365,3 +365,19 @@ fn a_shard_replaced_between_reads_is_read_again() {
         assert_eq!(cached(&read(&mut out)), warm, "cache {chunk_cache_bytes:?}");
     }
 }
+
+#[test]
+fn stats_count_each_chunk_to_the_last_byte_its_crops_need() {
+    let (a, _) = fresh(&no_cache());
+    // Inner chunks are (1, 1, 16, 16) of u16. A 2 x 2 crop at rows and columns 15 touches
+    // four of them; of each it needs up to element 255 (the last), 240, 15 and 0 in C order.
+    // A second crop at (0, 0) needs the first chunk only up to element 17: counted once, to
+    // its end.
+    let origins = [0, 0, 15, 15, 0, 0, 0, 0];
+    let mut out = vec![0u8; 2 * 4 * 2];
+    let stats = a
+        .read_batch_into(&origins, &[1, 1, 2, 2], &mut out)
+        .unwrap();
+    assert_eq!(stats.chunks, 4);
+    assert_eq!(stats.bytes_to_last_needed, (256 + 241 + 16 + 1) * 2);
+}

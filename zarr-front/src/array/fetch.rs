@@ -285,11 +285,7 @@ impl Array {
         out: &mut [u8],
         options: ReadOptions<'_>,
     ) -> Result<ReadStats> {
-        let mut stats = ReadStats {
-            chunks: plan.num_leaves() as u64,
-            output_bytes: plan.out_len as u64,
-            ..ReadStats::default()
-        };
+        let mut stats = ReadStats::for_plan(plan);
         self.fixed_size_elements()?;
         if options.cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
             return Err(ZarrError::Cancelled);

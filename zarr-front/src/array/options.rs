@@ -129,6 +129,10 @@ pub struct ReadStats {
     pub block_guess_misses: u64,
     /// Bytes written to the output.
     pub output_bytes: u64,
+    /// Of each leaf chunk the read needed, the bytes from its start to the last one the crops
+    /// need (summed): what a decoder that produces every byte up to there decodes (libzstd
+    /// stopping early, inflate), where no chunk is cached.
+    pub bytes_to_last_needed: u64,
     /// Of the chunks decoded, those decoded whole (all of the chunk's bytes), by why.
     pub whole_chunks: WholeChunks,
 }
@@ -241,6 +245,17 @@ impl std::ops::AddAssign for WholeChunks {
 }
 
 impl ReadStats {
+    /// What a read of `plan` counts before it runs: its leaf chunks, its output, and how far
+    /// into each leaf its crops reach.
+    pub(crate) fn for_plan(plan: &crate::plan::Plan) -> Self {
+        ReadStats {
+            chunks: plan.num_leaves() as u64,
+            output_bytes: plan.out_len as u64,
+            bytes_to_last_needed: plan.leaves.iter().map(|l| l.needed.end as u64).sum(),
+            ..ReadStats::default()
+        }
+    }
+
     /// Adds what decoding one chunk cost.
     pub(crate) fn add_cost(&mut self, cost: DecodeCost) {
         self.bytes_decoded += cost.bytes_decoded;
@@ -263,6 +278,7 @@ impl std::ops::AddAssign for ReadStats {
         self.block_guesses += o.block_guesses;
         self.block_guess_misses += o.block_guess_misses;
         self.output_bytes += o.output_bytes;
+        self.bytes_to_last_needed += o.bytes_to_last_needed;
         self.whole_chunks += o.whole_chunks;
     }
 }

@@ -362,14 +362,7 @@ pub fn read_many(parts: Vec<ReadPart<'_>>) -> Result<Vec<ReadStats>> {
         options.push(p.options);
         outs.push(p.out);
     }
-    let mut stats: Vec<ReadStats> = plans
-        .iter()
-        .map(|plan| ReadStats {
-            chunks: plan.num_leaves() as u64,
-            output_bytes: plan.out_len as u64,
-            ..ReadStats::default()
-        })
-        .collect();
+    let mut stats: Vec<ReadStats> = plans.iter().map(ReadStats::for_plan).collect();
     let outs: Vec<DisjointOut<'_>> = outs
         .into_iter()
         .zip(&plans)
