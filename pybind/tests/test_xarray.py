@@ -406,6 +406,30 @@ def test_variables_of_a_window_are_read_together_only_while_asked_together(corpu
     assert (group.started, group.strikes, group.active) == (6, 2, False)
 
 
+def test_a_corrupt_chunk_read_together_names_its_variable(corpus, tmp_path):
+    # "q" is read together with "t" once the pattern shows; a garbled chunk of "q" fails that
+    # batch, and the error comes from "q"'s own read, naming its key; "t" still reads.
+    import shutil
+
+    path = tmp_path / "garbled.zarr"
+    shutil.copytree(corpus[("era5", "v3")], path)
+    ours = xr.open_dataset(path, engine="zcrop", chunk_cache=0)
+    theirs = xr.open_zarr(corpus[("era5", "v3")])
+    group = _siblings(ours, "t")
+    for i in range(2):
+        ours[["t", "q"]].isel(time=slice(i, i + 2)).load()
+    assert group.active
+    garbled = [p for p in (path / "q" / "c" / "2").rglob("*") if p.is_file()]
+    assert garbled
+    for p in garbled:
+        p.write_bytes(b"\x28\xb5\x2f\xfd garbage, not a zstd frame")
+    window = dict(time=slice(8, 10), latitude=slice(3, 9))
+    with pytest.raises(zcrop.ZcropError, match=r"q/c/2"):
+        ours[["t", "q"]].isel(window).load()
+    assert group.started == 2
+    xr.testing.assert_identical(ours["t"].isel(window).load(), theirs["t"].isel(window).load())
+
+
 def test_datasets_pickle_lazy_and_loaded(corpus):
     ours, theirs = open_both(corpus[("era5", "v3-sharded")])
     window = dict(time=slice(1, 3), latitude=slice(2, 12))

@@ -140,6 +140,36 @@ def _selection(raw: Any) -> tuple[Any, ...] | None:
     return tuple(out)
 
 
+def _box(
+    raw: Any, shape: tuple[int, ...]
+) -> tuple[np.ndarray[Any, Any], list[int], tuple[int, ...]] | None:
+    """A selection of unit-step slices and integers as a crop: its origin ``(1, ndim)``, its
+    extent and the shape of the values it selects (integers drop their dimension); ``None``
+    for any other selection, and for one that selects nothing or lies outside ``shape``."""
+    if not isinstance(raw, tuple):
+        raw = (raw,)
+    if len(raw) != len(shape) or not shape:
+        return None
+    origin, crop, out = [], [], []
+    for k, n in zip(raw, shape, strict=True):
+        if isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            if step != 1 or stop <= start:
+                return None
+            origin.append(start)
+            crop.append(stop - start)
+            out.append(stop - start)
+        else:
+            i = int(k) + n if int(k) < 0 else int(k)
+            if not 0 <= i < n:
+                return None
+            origin.append(i)
+            crop.append(1)
+    if not out:
+        return None
+    return np.asarray([origin], dtype=np.uint64), crop, tuple(out)
+
+
 class _Siblings:
     """The variables of one dataset over the same dimensions, read together when they are read
     together.
@@ -148,9 +178,11 @@ class _Siblings:
     selection (``ds.isel(window).load()``), so the reads wait on each other. Once two of these
     variables have read one selection in a row, the first variable to read a new selection
     also starts, in the background, the reads of it by the variables that read the last one,
-    and they take those results when their turn comes. A read started so that no variable
-    takes (the caller changed which variables it reads) is a strike: reading ahead stops until
-    two variables read one selection again, and after two strikes for good.
+    and they take those results when their turn comes: a box of unit-step slices and integers
+    is one planned batch over all of them (as :func:`read_windows` reads), other selections one
+    read per variable. A read started so that no variable takes (the caller changed which
+    variables it reads) is a strike: reading ahead stops until two variables read one
+    selection again, and after two strikes for good.
     """
 
     def __init__(self) -> None:
@@ -175,6 +207,8 @@ class _Siblings:
             # A child of fork: the parent's lock may have been held by a thread that is not
             # here, and its reads started ahead never finish here.
             self.pid, self.lock, self.pending, self.key = os.getpid(), threading.Lock(), {}, None
+        together: list[tuple[ZcropBackendArray, concurrent.futures.Future[Any]]] = []
+        box = None
         with self.lock:
             if key != self.key:
                 if self.pending:
@@ -183,18 +217,49 @@ class _Siblings:
                     self.pending.clear()
                 previous, self.key, self.readers = self.readers, key, set()
                 if self.active:
-                    pool = _prefetch_pool()
-                    for m in self.members:
-                        if m is not member and id(m) in previous:
+                    others = [m for m in self.members if m is not member and id(m) in previous]
+                    box = _box(raw, member.shape)
+                    if box is not None and not any(m._array.native.variable_kind
+                                                   for m in (member, *others)):
+                        together = [(m, concurrent.futures.Future()) for m in others]
+                        self.pending.update((id(m), f) for m, f in together)
+                    else:
+                        pool = _prefetch_pool()
+                        for m in others:
                             self.pending[id(m)] = pool.submit(m._array.__getitem__, raw)
-                            self.started += 1
+                    self.started += len(others)
             self.readers.add(id(member))
             if len(self.readers) >= 2 and self.strikes < 2:
                 self.active = True
             ahead = self.pending.pop(id(member), None)
             if ahead is not None:
                 self.taken += 1
-        return method(raw) if ahead is None else ahead.result()
+        if together:
+            assert box is not None
+            _prefetch_pool().submit(self._read_together, together, box)
+        elif ahead is not None:
+            got = ahead.result()
+            if got is not None:
+                return got
+        return method(raw)
+
+    @staticmethod
+    def _read_together(
+        together: list[tuple[ZcropBackendArray, concurrent.futures.Future[Any]]],
+        box: tuple[np.ndarray[Any, Any], list[int], tuple[int, ...]],
+    ) -> None:
+        """The variables' reads of ``box`` as one batch; each future gets its variable's values,
+        or ``None`` where the batch failed (each variable then reads on its own, so an error
+        names the variable it belongs to)."""
+        origin, crop, shape = box
+        try:
+            got = read_crops_many([(m._array, origin, crop) for m, _ in together])
+        except BaseException:
+            for _, future in together:
+                future.set_result(None)
+            return
+        for (_, future), values in zip(together, got, strict=True):
+            future.set_result(values.reshape(shape))
 
 
 def _reopen_backend_array(
