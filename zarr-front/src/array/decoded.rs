@@ -325,15 +325,25 @@ impl DecodedChunks {
     /// Whether the chunk at `coords` is worth keeping: while the cache has room, every one is;
     /// once full, one read again while remembered. Each call counts as a read of `coords`. A
     /// chunk kept is decoded whole, which a read of part of it otherwise avoids, so chunks read
-    /// once (an array many times the budget) never pay for it.
+    /// once (an array many times the budget) never pay for it. Chunks cheap to read again go
+    /// into the shared cache only when read again, room or not (unless the whole array fits):
+    /// keeping one costs more than decoding it again, and one read once may never come back.
     pub(crate) fn keeps(&self, coords: &[u64]) -> bool {
-        let again = self.seen.seen_again(coords);
-        again || self.chunks.has_room_for(self.chunk_bytes)
+        self.seen.seen_again(coords) || self.fills_room()
     }
 
     /// Whether [`Self::keeps`] would keep the chunk at `coords` now, without counting a read.
     pub(crate) fn would_keep(&self, coords: &[u64]) -> bool {
-        self.seen.seen(coords) || self.chunks.has_room_for(self.chunk_bytes)
+        self.seen.seen(coords) || self.fills_room()
+    }
+
+    /// Whether a chunk read for the first time goes into the cache: while it has room, except
+    /// chunks cheap to read again in the shared cache (see [`Self::keeps`]).
+    fn fills_room(&self) -> bool {
+        let cheap = self.ghost.is_some()
+            && self.cheap.load(Ordering::Relaxed) == CHEAP_YES
+            && !self.fits.load(Ordering::Relaxed);
+        !cheap && self.chunks.has_room_for(self.chunk_bytes)
     }
 
     /// Whether this is the process-wide cache.
@@ -443,6 +453,30 @@ mod tests {
         assert!(ghost.used() > 0);
         drop(fits);
         assert_eq!(ghost.used(), 0);
+    }
+
+    #[test]
+    fn cheap_chunks_fill_the_room_only_where_their_array_fits() {
+        // Chunks costly to decode fill an empty cache from their first read.
+        let slow = shared_view(64);
+        slow.keeps_cheap_chunks(|| false);
+        assert!(slow.would_keep(&[1]) && slow.keeps(&[1]));
+
+        // Cheap ones only when read again, though the cache is empty...
+        let cheap = shared_view(64);
+        cheap.keeps_cheap_chunks(|| true);
+        assert!(!cheap.would_keep(&[1]) && !cheap.keeps(&[1]));
+        assert!(cheap.would_keep(&[1]) && cheap.keeps(&[1]));
+
+        // ...unless their whole array fits.
+        cheap.note_array_bytes(GHOST_MIN_CHUNK_BYTES as u64);
+        assert!(cheap.keeps(&[2]));
+
+        // A cache of the array's own keeps cheap chunks as any others.
+        let mut own = shared_view(64);
+        own.ghost = None;
+        own.cheap.store(CHEAP_YES, Ordering::Relaxed);
+        assert!(own.keeps(&[1]));
     }
 
     #[test]
