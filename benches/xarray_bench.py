@@ -5,6 +5,7 @@ xarray-tensorstore: random windows of every variable of an ERA5-like dataset.
     python3 benches/xarray_bench.py                       # warm and cold, v3 and v2
     python3 benches/xarray_bench.py --modes warm --formats v3 --size 256M --repeats 3
     python3 benches/xarray_bench.py --modes warm --warmup 300  # a long run's steady state
+    python3 benches/xarray_bench.py --touch-memory 1024  # memory backed, as on most machines
 
 The dataset is written by xarray (`Dataset.to_zarr` with its defaults: zarr-python's default
 codecs) into $ZCROP_BENCH_DATA (default $TMPDIR/zcrop-bench-data): four float32 variables
@@ -25,7 +26,11 @@ every variable. Readers, each in its own process, on the same windows:
   (xarray-tensorstore does not mask non-NaN fill values itself), `isel(window).load()`, with
   its default context (no cache pool);
 - `tensorstore (256 MiB cache)`: the same with a context whose cache pool has the budget of
-  zcrop's default cache.
+  zcrop's default cache;
+- `io floor`: no reader, only the files: per window, every chunk file its variables need read
+  whole at once (64 threads), nothing decoded. Cold, what a reader that reads a window's
+  chunks when asked (as `isel().load()` does) cannot beat, the files coming from disk; warm,
+  Python's threads bound it and it bounds nothing.
 
 Every reader's values are hashed per window and checked against zcrop's. Each reader runs
 --repeats times (order rotated); the median run counts; windows/s after one untimed window.
@@ -53,7 +58,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 READERS = ["zcrop-isel", "zcrop-isel-nocache", "zcrop-async", "zcrop-batch", "zarr", "zarrs",
-           "tensorstore", "tensorstore-cache"]
+           "tensorstore", "tensorstore-cache", "io-floor"]
 LABEL = {
     "zcrop-isel": "zcrop isel",
     "zcrop-isel-nocache": "zcrop isel (no cache)",
@@ -63,6 +68,7 @@ LABEL = {
     "zarrs": "zarr-python + zarrs",
     "tensorstore": "xarray-tensorstore",
     "tensorstore-cache": "xarray-tensorstore (256 MiB cache)",
+    "io-floor": "io floor",
 }
 #: The cache pool of `tensorstore-cache`: the budget of zcrop's default decoded-chunk cache.
 TS_CACHE_BYTES = 256 << 20
@@ -155,12 +161,41 @@ def open_reader(reader: str, path: str):
     raise ValueError(reader)
 
 
+def chunk_files(path: str, names: list[str]):
+    """For each variable, a function from a window's starts to the paths of the chunk files it
+    needs (from zarr-python's metadata: its chunk grid and chunk key encoding)."""
+    import itertools
+
+    import zarr
+
+    group = zarr.open_group(path, mode="r")
+
+    def files_of(name: str):
+        arr = group[name]
+        dims = list(arr.metadata.dimension_names if arr.metadata.zarr_format == 3
+                    else arr.attrs["_ARRAY_DIMENSIONS"])
+        chunks = arr.chunks
+
+        def files(start: dict) -> list[str]:
+            ranges = []
+            for d, c, n in zip(dims, chunks, arr.shape):
+                lo, size = (int(start[d]), WINDOW[d]) if d in WINDOW else (0, n)
+                ranges.append(range(lo // c, (lo + size - 1) // c + 1))
+            return [os.path.join(path, name, arr.metadata.encode_chunk_key(k))
+                    for k in itertools.product(*ranges)]
+        return files
+
+    return [files_of(n) for n in names]
+
+
 def worker(args: argparse.Namespace) -> None:
     import numpy as np
 
     windows = json.loads(args.windows)
     starts = {d: np.asarray(v) for d, v in windows.items()}
     n = len(starts["time"])
+    if args.worker == "io-floor":
+        return io_floor(args, starts, n)
     ds = open_reader(args.worker, args.path)
     names = sorted(ds.data_vars)
 
@@ -227,6 +262,33 @@ def worker(args: argparse.Namespace) -> None:
                       "windows_per_s": (n - first) / wall, "hashes": hashes}))
 
 
+def io_floor(args: argparse.Namespace, starts: dict, n: int) -> None:
+    import concurrent.futures
+
+    import xarray as xr
+
+    names = sorted(xr.open_zarr(args.path).data_vars)
+    per_var = chunk_files(args.path, names)
+    pool = concurrent.futures.ThreadPoolExecutor(64)
+
+    def read(p: str) -> int:
+        with open(p, "rb", buffering=0) as f:
+            return len(f.read())
+
+    def window(i: int) -> int:
+        start = {d: v[i] for d, v in starts.items()}
+        return sum(pool.map(read, [p for files in per_var for p in files(start)]))
+
+    first = 1 + args.warmup
+    for i in range(first):
+        window(i)
+    t0 = time.perf_counter()
+    nbytes = sum(window(i) for i in range(first, n))
+    wall = time.perf_counter() - t0
+    print(json.dumps({"reader": "io-floor", "seconds": wall, "windows": n - first,
+                      "windows_per_s": (n - first) / wall, "bytes": nbytes}))
+
+
 def open_worker(args: argparse.Namespace) -> None:
     times = []
     for _ in range(8):
@@ -250,6 +312,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=0,
                     help="windows each reader reads untimed first (other windows than the timed "
                          "ones): the steady state of a long run, its caches filled")
+    ap.add_argument("--touch-memory", type=int, default=0, metavar="MIB",
+                    help="before each reader, a separate process writes MIB MiB of new memory and "
+                         "exits, so that the reader's first touches of new memory cost what they "
+                         "cost on a machine that keeps its memory backed (docs/performance.md, "
+                         "'Fresh memory on these VMs')")
     ap.add_argument("--formats", default="v3,v2")
     ap.add_argument("--modes", default="warm,cold")
     ap.add_argument("--readers", default=",".join(READERS))
@@ -309,13 +376,16 @@ def main() -> None:
                     elif not drop_caches():
                         print("cold runs need root (drop_caches); skipped", flush=True)
                         break
+                    if args.touch_memory:
+                        subprocess.run([py, "-c", "import numpy as np; "
+                                        f"np.ones({args.touch_memory} << 20, np.uint8)"], check=True)
                     res = call("--worker", r, "--path", path, "--windows", json.dumps(windows),
                                "--batch", str(args.batch), "--warmup", str(args.warmup))
                     runs[r].append(res)
                     print(f"{fmt} {mode} {LABEL[r]:22s} {res['windows_per_s']:8.1f} windows/s", flush=True)
-            ref = next((runs[r][0]["hashes"] for r in readers if runs[r]), None)
+            ref = next((runs[r][0]["hashes"] for r in readers if runs[r] and r != "io-floor"), None)
             for r in readers:
-                for res in runs[r]:
+                for res in runs[r] if r != "io-floor" else []:
                     if res["hashes"] != ref:
                         raise SystemExit(f"{r} read different values than {readers[0]} ({fmt}, {mode})")
             results["runs"][f"{fmt}-{mode}"] = {
@@ -335,6 +405,8 @@ def main() -> None:
              f"4 time steps x {NLEV} levels x 64 x 64 of 4 variables; windows/s, median of "
              f"{args.repeats} runs"
              + (f", each timed after {args.warmup} untimed windows" if args.warmup else "")
+             + (f"; {args.touch_memory} MiB of memory touched before each reader"
+                if args.touch_memory else "")
              + ".", ""]
     cols = [r for r in readers]
     lines.append("| dataset | " + " | ".join(LABEL[r] for r in cols) + " | zcrop isel / zarr | zcrop isel / tensorstore | zcrop isel / tensorstore (256 MiB cache) | zcrop isel (no cache) / tensorstore | zcrop isel async / tensorstore | zcrop batch / zarr |")
