@@ -28,9 +28,9 @@ every variable. Readers, each in its own process, on the same windows:
 - `tensorstore (256 MiB cache)`: the same with a context whose cache pool has the budget of
   zcrop's default cache;
 - `io floor`: no reader, only the files: per window, every chunk file its variables need read
-  whole at once (64 threads), nothing decoded. Cold, what a reader that reads a window's
-  chunks when asked (as `isel().load()` does) cannot beat, the files coming from disk; warm,
-  Python's threads bound it and it bounds nothing.
+  whole at once (64 Python threads), nothing decoded. Cold, what plain file reads give a
+  reader that reads a window's chunks only when asked (as `isel().load()` does); not a tight
+  bound, as the threads add overhead of their own (warm, that overhead is all it measures).
 
 Every reader's values are hashed per window and checked against zcrop's. Each reader runs
 --repeats times (order rotated); the median run counts; windows/s after one untimed window.
