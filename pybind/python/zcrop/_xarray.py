@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from zcrop import _api
+from zcrop import _api, _indexing
 from zcrop._array import Array, AsyncArray, read_crops_many
 from zcrop._group import Group
 from zcrop._icechunk import IcechunkSnapshot, is_icechunk, open_icechunk
@@ -143,31 +143,19 @@ def _selection(raw: Any) -> tuple[Any, ...] | None:
 def _box(
     raw: Any, shape: tuple[int, ...]
 ) -> tuple[np.ndarray[Any, Any], list[int], tuple[int, ...]] | None:
-    """A selection of unit-step slices and integers as a crop: its origin ``(1, ndim)``, its
-    extent and the shape of the values it selects (integers drop their dimension); ``None``
-    for any other selection, and for one that selects nothing or lies outside ``shape``."""
-    if not isinstance(raw, tuple):
-        raw = (raw,)
-    if len(raw) != len(shape) or not shape:
+    """A basic selection whose every dimension is one range (unit-step slices and integers) as
+    a crop: its origin ``(1, ndim)``, its extent and the shape of the values it selects;
+    ``None`` for any other selection, and for one that selects nothing or lies outside
+    ``shape`` (its own read then says why)."""
+    try:
+        sel = _indexing.basic(raw, shape)
+    except IndexError:
         return None
-    origin, crop, out = [], [], []
-    for k, n in zip(raw, shape, strict=True):
-        if isinstance(k, slice):
-            start, stop, step = k.indices(n)
-            if step != 1 or stop <= start:
-                return None
-            origin.append(start)
-            crop.append(stop - start)
-            out.append(stop - start)
-        else:
-            i = int(k) + n if int(k) < 0 else int(k)
-            if not 0 <= i < n:
-                return None
-            origin.append(i)
-            crop.append(1)
-    if not out:
+    ranges = [d for d in sel.dims if isinstance(d, tuple)]
+    if not sel.shape or 0 in sel.shape or len(ranges) != len(sel.dims):
         return None
-    return np.asarray([origin], dtype=np.uint64), crop, tuple(out)
+    origin = np.asarray([[start for start, _ in ranges]], dtype=np.uint64)
+    return origin, [n for _, n in ranges], sel.shape
 
 
 class _Siblings:
